@@ -1,0 +1,63 @@
+"""ChainWeaver: typed tools wired into versioned, governed, deterministic flows.
+
+The core API imports without the ``mcp`` extra; ``chainweaver.mcp`` publishes flows
+to MCP clients.
+"""
+
+from .errors import (
+    ChainWeaverError,
+    DefinitionError,
+    DuplicateFlowError,
+    DuplicateToolError,
+    ExposureConfigError,
+    FlowNotFoundError,
+    FlowValidationError,
+    FlowVersionNotFoundError,
+    InvalidNameError,
+    InvalidVersionError,
+    LifecycleTransitionError,
+    PromptDefinitionError,
+    ToolNotFoundError,
+)
+from .executor import ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
+from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep
+from .prompts import FlowPrompt, PromptArgument, PromptMessage
+from .registry import FlowRegistry
+from .safety import SideEffectLevel, ToolSafetyContract, merge_safety_contracts
+from .tools import Tool, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChainWeaverError",
+    "DefinitionError",
+    "DuplicateFlowError",
+    "DuplicateToolError",
+    "ErrorInfo",
+    "ExecutionResult",
+    "ExposureConfigError",
+    "Flow",
+    "FlowExecutor",
+    "FlowGovernance",
+    "FlowLifecycle",
+    "FlowNotFoundError",
+    "FlowPrompt",
+    "FlowRegistry",
+    "FlowStep",
+    "FlowValidationError",
+    "FlowVersionNotFoundError",
+    "InvalidNameError",
+    "InvalidVersionError",
+    "LifecycleTransitionError",
+    "PromptArgument",
+    "PromptDefinitionError",
+    "PromptMessage",
+    "SideEffectLevel",
+    "StepRecord",
+    "Tool",
+    "ToolNotFoundError",
+    "ToolSafetyContract",
+    "__version__",
+    "merge_safety_contracts",
+    "tool",
+]

@@ -1,0 +1,61 @@
+"""The ChainWeaver exception hierarchy: every error the library raises derives from
+:class:`ChainWeaverError`."""
+
+from __future__ import annotations
+
+
+class ChainWeaverError(Exception):
+    """Base class of every exception ChainWeaver raises."""
+
+
+class DefinitionError(ChainWeaverError, ValueError):
+    """A tool, flow, prompt or server was defined with invalid values."""
+
+
+class InvalidNameError(DefinitionError):
+    """A flow, tool or prompt name does not match the required pattern."""
+
+
+class InvalidVersionError(DefinitionError):
+    """A version string is neither PEP 440 nor semver."""
+
+
+class PromptDefinitionError(DefinitionError):
+    """A ``FlowPrompt`` is malformed (bad name, role, placeholder or duplicate)."""
+
+
+class LifecycleTransitionError(ChainWeaverError):
+    """A governance lifecycle transition that is not allowed."""
+
+
+class DuplicateFlowError(ChainWeaverError):
+    """A flow with the same name and version is already registered."""
+
+
+class DuplicateToolError(ChainWeaverError):
+    """A tool with the same name is already registered."""
+
+
+class FlowNotFoundError(ChainWeaverError, LookupError):
+    """No flow is registered under that name."""
+
+
+class FlowVersionNotFoundError(FlowNotFoundError):
+    """The flow exists, but not in the requested version."""
+
+
+class ToolNotFoundError(ChainWeaverError, LookupError):
+    """No tool is registered under that name."""
+
+
+class FlowValidationError(ChainWeaverError):
+    """A flow references tools or fields that do not exist (see ``FlowExecutor.check_flow``)."""
+
+    def __init__(self, flow_name: str, problems: list[str]) -> None:
+        self.flow_name = flow_name
+        self.problems = list(problems)
+        super().__init__(f"flow {flow_name!r} is invalid: " + "; ".join(self.problems))
+
+
+class ExposureConfigError(DefinitionError):
+    """A ``FlowServer`` policy or naming configuration is invalid."""

@@ -1,0 +1,65 @@
+"""FlowRegistry: every registered flow, by name and version."""
+
+from __future__ import annotations
+
+from .errors import DuplicateFlowError, FlowNotFoundError, FlowVersionNotFoundError
+from .flows import Flow
+from .versions import version_key
+
+
+class FlowRegistry:
+    """Holds flows by name; each name may have many versions, compared as versions."""
+
+    def __init__(self) -> None:
+        # name -> versions sorted ascending by version key
+        self._flows: dict[str, list[Flow]] = {}
+
+    def register_flow(self, flow: Flow) -> Flow:
+        """Add ``flow``; the same name and version (as versions: 1.0 == 1.0.0) is an error."""
+        if not isinstance(flow, Flow):
+            raise TypeError(f"register_flow expects a Flow, got {type(flow).__name__}")
+        versions = self._flows.setdefault(flow.name, [])
+        key = flow.version_key
+        if any(existing.version_key == key for existing in versions):
+            raise DuplicateFlowError(
+                f"flow {flow.name!r} version {flow.version!r} is already registered"
+            )
+        versions.append(flow)
+        versions.sort(key=lambda f: f.version_key)
+        return flow
+
+    def get_flow(self, name: str, version: str | None = None) -> Flow:
+        """The flow ``name`` at ``version``, or its latest version when ``version`` is None."""
+        versions = self._flows.get(name)
+        if not versions:
+            raise FlowNotFoundError(f"no flow named {name!r} is registered")
+        if version is None:
+            return versions[-1]
+        key = version_key(version)
+        for flow in versions:
+            if flow.version_key == key:
+                return flow
+        raise FlowVersionNotFoundError(
+            f"flow {name!r} has no version {version!r} (registered: "
+            f"{', '.join(f.version for f in versions)})"
+        )
+
+    def list_flows(self) -> list[Flow]:
+        """Every registered flow, all versions, ordered by name then version."""
+        return [flow for name in sorted(self._flows) for flow in self._flows[name]]
+
+    def flow_names(self) -> list[str]:
+        """Registered flow names, sorted."""
+        return sorted(self._flows)
+
+    def versions(self, name: str) -> list[str]:
+        """Version strings of ``name``, oldest first."""
+        if name not in self._flows:
+            raise FlowNotFoundError(f"no flow named {name!r} is registered")
+        return [flow.version for flow in self._flows[name]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._flows
+
+    def __len__(self) -> int:
+        return len(self._flows)

@@ -1,0 +1,157 @@
+"""Typed tools: a Python function with a pydantic input model and (optionally) an output model."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, get_type_hints, overload
+
+from pydantic import BaseModel, create_model
+
+from .errors import DefinitionError, InvalidNameError
+from .safety import ToolSafetyContract
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def check_name(kind: str, name: object) -> str:
+    """Return ``name`` if it is a valid MCP tool name, else raise :class:`InvalidNameError`."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise InvalidNameError(
+            f"{kind} name {name!r} is invalid: use 1-64 characters from "
+            "letters, digits, '_', '-' and '.'"
+        )
+    return name
+
+
+def _is_model_class(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+class Tool:
+    """A named, typed function a flow step can call.
+
+    ``fn`` receives an instance of ``input_schema`` and returns a dict or a model
+    instance; it may be sync or async. ``output_schema`` is ``None`` when the output
+    shape is not declared (the output must then still be a dict).
+    """
+
+    __slots__ = ("name", "description", "input_schema", "output_schema", "fn",
+                 "safety", "is_async", "input_fields")
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        input_schema: type[BaseModel],
+        output_schema: type[BaseModel] | None,
+        fn: Callable[[Any], Any],
+        safety: ToolSafetyContract | None = None,
+    ) -> None:
+        self.name = check_name("tool", name)
+        if not _is_model_class(input_schema):
+            raise DefinitionError(f"tool {name!r}: input_schema must be a pydantic model class")
+        if output_schema is not None and not _is_model_class(output_schema):
+            raise DefinitionError(
+                f"tool {name!r}: output_schema must be a pydantic model class or None"
+            )
+        if not callable(fn):
+            raise DefinitionError(f"tool {name!r}: fn must be callable")
+        if safety is not None and not isinstance(safety, ToolSafetyContract):
+            raise DefinitionError(f"tool {name!r}: safety must be a ToolSafetyContract")
+        self.description = description or ""
+        self.input_schema = input_schema
+        self.output_schema = output_schema
+        self.fn = fn
+        self.safety = safety
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.input_fields: tuple[str, ...] = tuple(input_schema.model_fields)
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self.name!r})"
+
+
+def _first_paragraph(doc: str | None) -> str:
+    if not doc:
+        return ""
+    return inspect.cleandoc(doc).split("\n\n", 1)[0].replace("\n", " ").strip()
+
+
+def _tool_from_function(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    output_schema: type[BaseModel] | None,
+    safety: ToolSafetyContract | None,
+) -> Tool:
+    tool_name = name or fn.__name__
+    hints = get_type_hints(fn, include_extras=True)
+    params = list(inspect.signature(fn).parameters.values())
+    returned = hints.get("return")
+    if output_schema is None and _is_model_class(returned):
+        output_schema = returned
+
+    # A single parameter annotated with a model: that model is the input schema.
+    if len(params) == 1 and _is_model_class(hints.get(params[0].name)):
+        return Tool(tool_name, description or _first_paragraph(fn.__doc__),
+                    hints[params[0].name], output_schema, fn, safety)
+
+    fields: dict[str, Any] = {}
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise DefinitionError(f"tool {tool_name!r}: *args/**kwargs are not supported")
+        if param.name not in hints:
+            raise DefinitionError(
+                f"tool {tool_name!r}: parameter {param.name!r} needs a type hint"
+            )
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hints[param.name], default)
+    model_name = "".join(part.title() for part in re.split(r"[_.-]", tool_name)) + "Input"
+    input_model = create_model(model_name, **fields)
+    names = tuple(fields)
+
+    if inspect.iscoroutinefunction(fn):
+        async def call(model: BaseModel) -> Any:
+            return await fn(**{n: getattr(model, n) for n in names})
+    else:
+        def call(model: BaseModel) -> Any:
+            return fn(**{n: getattr(model, n) for n in names})
+
+    return Tool(tool_name, description or _first_paragraph(fn.__doc__),
+                input_model, output_schema, call, safety)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    output_schema: type[BaseModel] | None = None,
+    safety: ToolSafetyContract | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    output_schema: type[BaseModel] | None = None,
+    safety: ToolSafetyContract | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a type-hinted function into a :class:`Tool`.
+
+    The input model is built from the parameters (or is the parameter's own model
+    when the function takes a single pydantic model); the output model comes from a
+    pydantic return annotation or ``output_schema=``. The description defaults to
+    the docstring's first paragraph. Usable as ``@tool`` or ``@tool(...)``.
+    """
+
+    def build(function: Callable[..., Any]) -> Tool:
+        return _tool_from_function(function, name, description, output_schema, safety)
+
+    return build(fn) if fn is not None else build
