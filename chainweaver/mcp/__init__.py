@@ -1,0 +1,34 @@
+"""Publish ChainWeaver flows to MCP clients. Needs the ``mcp`` extra."""
+
+try:
+    import fastmcp  # noqa: F401
+    import jsonschema  # noqa: F401
+except ImportError as error:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "chainweaver.mcp needs the 'mcp' extra: pip install 'chainweaver[mcp]'"
+    ) from error
+
+from .exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
+from .security import (
+    GATE_REFUSED,
+    AuditEvent,
+    AuthorizationDecision,
+    CallerIdentity,
+    FixedWindowRateLimiter,
+    GateContext,
+)
+from .server import FlowServer
+
+__all__ = [
+    "GATE_REFUSED",
+    "GUIDE_PROMPT_NAME",
+    "INDEX_URI",
+    "AuditEvent",
+    "AuthorizationDecision",
+    "CallerIdentity",
+    "FixedWindowRateLimiter",
+    "FlowExposure",
+    "FlowServer",
+    "GateContext",
+    "schema_uri",
+]

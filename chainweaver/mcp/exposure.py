@@ -1,0 +1,292 @@
+"""The governance filter: ONE decision per registered flow, read by every primitive.
+
+``decide_exposure`` turns the registry, the executor and the server's policy into an
+:class:`Exposure`: for each flow name either the exposed version with all its
+published names (tool, schema resource, prompts), or the reason it is excluded.
+Tools, resources, templates, prompts, completions, the index, the guide and
+``exposure_report()`` all look names up here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ExposureConfigError
+from ..executor import FlowExecutor
+from ..flows import Flow, FlowLifecycle
+from ..prompts import FlowPrompt
+from ..safety import SideEffectLevel, ToolSafetyContract
+from ..tools import NAME_PATTERN
+
+logger = logging.getLogger("chainweaver.mcp")
+
+GUIDE_PROMPT_NAME = "chainweaver_guide"
+INDEX_URI = "chainweaver://flows"
+DEFAULT_LIFECYCLES = frozenset({FlowLifecycle.ACTIVE})
+DEFAULT_SIDE_EFFECTS = frozenset({SideEffectLevel.NONE, SideEffectLevel.READ})
+
+
+def schema_uri(tool_name: str) -> str:
+    """Address of a flow's schema resource."""
+    return f"chainweaver://flows/{tool_name}/schema"
+
+
+@dataclass(frozen=True)
+class ExposurePolicy:
+    """What a server is willing to publish."""
+
+    flow_names: frozenset[str] | None = None
+    server_prefix: str = ""
+    force_expose: bool = False
+    allowed_lifecycles: frozenset[FlowLifecycle] = DEFAULT_LIFECYCLES
+    allowed_side_effects: frozenset[SideEffectLevel] = DEFAULT_SIDE_EFFECTS
+    owners: frozenset[str] | None = None
+    allow_requires_approval: bool = False
+    expose_schemas: bool = False
+    expose_prompts: bool = False
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        flow_names: Iterable[str] | None = None,
+        server_prefix: str = "",
+        force_expose: bool = False,
+        allowed_lifecycles: Iterable[FlowLifecycle | str] | None = None,
+        allowed_side_effects: Iterable[SideEffectLevel | str] | None = None,
+        owners: Iterable[str] | None = None,
+        allow_requires_approval: bool = False,
+        expose_schemas: bool = False,
+        expose_prompts: bool = False,
+    ) -> ExposurePolicy:
+        """Normalise user-facing arguments (strings, lists) into a policy."""
+        if isinstance(flow_names, str) or isinstance(owners, str):
+            raise ExposureConfigError("flow_names and owners take a list of names, not a string")
+        if force_expose and flow_names is None:
+            raise ExposureConfigError(
+                "force_expose=True needs flow_names: it only bypasses the filters for "
+                "flows named there"
+            )
+        if server_prefix and not NAME_PATTERN.match(server_prefix):
+            raise ExposureConfigError(f"server_prefix {server_prefix!r} is not a valid name part")
+        try:
+            lifecycles = (DEFAULT_LIFECYCLES if allowed_lifecycles is None
+                          else frozenset(FlowLifecycle(x) for x in allowed_lifecycles))
+            side_effects = (DEFAULT_SIDE_EFFECTS if allowed_side_effects is None
+                            else frozenset(SideEffectLevel(x) for x in allowed_side_effects))
+        except ValueError as error:
+            raise ExposureConfigError(f"invalid policy value: {error}") from None
+        return cls(
+            flow_names=None if flow_names is None else frozenset(flow_names),
+            server_prefix=server_prefix,
+            force_expose=force_expose,
+            allowed_lifecycles=lifecycles,
+            allowed_side_effects=side_effects,
+            owners=None if owners is None else frozenset(owners),
+            allow_requires_approval=allow_requires_approval,
+            expose_schemas=expose_schemas,
+            expose_prompts=expose_prompts,
+        )
+
+    def tool_name(self, flow_name: str) -> str:
+        return f"{self.server_prefix}__{flow_name}" if self.server_prefix else flow_name
+
+
+@dataclass(frozen=True)
+class ExposedFlow:
+    """A flow that is published, with everything the primitives need to serve it."""
+
+    flow: Flow
+    tool_name: str
+    safety: ToolSafetyContract | None
+    forced: bool
+    schema_uri: str | None
+    # published prompt name -> the flow's authored prompt (server overrides removed)
+    authored_prompts: Mapping[str, FlowPrompt]
+    invocation_prompt: str | None
+
+    @property
+    def prompt_names(self) -> list[str]:
+        names = [self.invocation_prompt] if self.invocation_prompt else []
+        return names + list(self.authored_prompts)
+
+
+@dataclass(frozen=True)
+class FlowExposure:
+    """One line of ``exposure_report()``: a registered flow name and its fate."""
+
+    flow_name: str
+    version: str
+    exposed: bool
+    reason: str | None = None
+    forced: bool = False
+    tool_name: str | None = None
+    resource_uris: tuple[str, ...] = ()
+    prompt_names: tuple[str, ...] = ()
+    overridden_prompts: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flow_name": self.flow_name,
+            "version": self.version,
+            "exposed": self.exposed,
+            "reason": self.reason,
+            "forced": self.forced,
+            "tool_name": self.tool_name,
+            "resource_uris": list(self.resource_uris),
+            "prompt_names": list(self.prompt_names),
+            "overridden_prompts": list(self.overridden_prompts),
+        }
+
+
+@dataclass(frozen=True)
+class PromptEntry:
+    """A published prompt: schema-derived (``prompt`` None), authored, or server-level."""
+
+    name: str
+    exposed_flow: ExposedFlow | None
+    prompt: FlowPrompt | None
+
+
+@dataclass
+class Exposure:
+    """The single result every primitive reads."""
+
+    policy: ExposurePolicy
+    report: list[FlowExposure] = field(default_factory=list)
+    tools: dict[str, ExposedFlow] = field(default_factory=dict)
+    resources: dict[str, ExposedFlow] = field(default_factory=dict)
+    prompts: dict[str, PromptEntry] = field(default_factory=dict)
+
+    @property
+    def exposed_flows(self) -> list[ExposedFlow]:
+        return list(self.tools.values())
+
+
+def _exclusion_reason(
+    flow: Flow, executor: FlowExecutor, policy: ExposurePolicy, safety: ToolSafetyContract | None
+) -> str | None:
+    governance = flow.governance
+    if governance.lifecycle not in policy.allowed_lifecycles:
+        allowed = ", ".join(sorted(x.value for x in policy.allowed_lifecycles))
+        return f"lifecycle {governance.lifecycle.value!r} is not allowed (allowed: {allowed})"
+    if policy.owners is not None and governance.owner not in policy.owners:
+        allowed = ", ".join(sorted(policy.owners)) or "none"
+        return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
+    if safety is None:
+        missing = [s.tool_name for s in flow.steps
+                   if s.tool_name not in executor.tools or executor.tools[s.tool_name].safety is None]
+        return ("effective safety is unknown: no safety contract on the flow or on tool(s) "
+                + ", ".join(repr(n) for n in dict.fromkeys(missing)))
+    if safety.side_effects not in policy.allowed_side_effects:
+        allowed = ", ".join(x.value for x in sorted(policy.allowed_side_effects))
+        return (f"side effects {safety.side_effects.value!r} are not allowed "
+                f"(allowed: {allowed})")
+    if safety.requires_approval and not policy.allow_requires_approval:
+        why = f" ({safety.approval_reason})" if safety.approval_reason else ""
+        return f"requires approval{why} and allow_requires_approval is false"
+    return None
+
+
+def decide_exposure(
+    executor: FlowExecutor,
+    policy: ExposurePolicy,
+    server_prompts: Sequence[FlowPrompt] = (),
+) -> Exposure:
+    """Decide, once, what the server publishes. Raises ExposureConfigError on bad config."""
+    registry = executor.registry
+    if policy.flow_names is not None:
+        unknown = sorted(n for n in policy.flow_names if n not in registry)
+        if unknown:
+            raise ExposureConfigError(f"flow_names names unregistered flow(s): {', '.join(unknown)}")
+
+    exposure = Exposure(policy)
+    server_prompt_names = {p.name for p in server_prompts}
+    if len(server_prompt_names) != len(server_prompts):
+        raise ExposureConfigError("server-level prompts must have unique names")
+
+    for name in registry.flow_names():
+        flow = registry.get_flow(name)
+        if policy.flow_names is not None and name not in policy.flow_names:
+            exposure.report.append(FlowExposure(name, flow.version, False,
+                                                "not listed in flow_names"))
+            continue
+        problems = executor.check_flow(flow)
+        if problems:
+            # A flow that cannot run is never published, forced or not.
+            exposure.report.append(FlowExposure(name, flow.version, False,
+                                                "flow is invalid: " + "; ".join(problems)))
+            continue
+        safety = executor.effective_safety(flow)
+        reason = _exclusion_reason(flow, executor, policy, safety)
+        forced = reason is not None and policy.force_expose
+        if reason is not None and not forced:
+            exposure.report.append(FlowExposure(name, flow.version, False, reason))
+            continue
+        if forced:
+            logger.warning("force_expose publishes flow %r despite: %s", name, reason)
+        _publish(exposure, flow, safety, forced, server_prompt_names)
+
+    if policy.expose_prompts:
+        for prompt in server_prompts:
+            exposure.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
+        if GUIDE_PROMPT_NAME not in exposure.prompts:
+            exposure.prompts[GUIDE_PROMPT_NAME] = PromptEntry(GUIDE_PROMPT_NAME, None, None)
+    for entry in exposure.report:
+        if not entry.exposed:
+            logger.warning("flow %r v%s is not exposed: %s", entry.flow_name, entry.version,
+                           entry.reason)
+    return exposure
+
+
+def _publish(
+    exposure: Exposure,
+    flow: Flow,
+    safety: ToolSafetyContract | None,
+    forced: bool,
+    server_prompt_names: set[str],
+) -> None:
+    policy = exposure.policy
+    tool_name = policy.tool_name(flow.name)
+    if not NAME_PATTERN.match(tool_name):
+        raise ExposureConfigError(
+            f"published tool name {tool_name!r} for flow {flow.name!r} is not a valid MCP tool "
+            "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
+        )
+    if tool_name in exposure.tools:
+        raise ExposureConfigError(f"two flows publish the tool name {tool_name!r}")
+
+    uri = schema_uri(tool_name) if policy.expose_schemas else None
+    invocation = None
+    authored: dict[str, FlowPrompt] = {}
+    overridden: list[str] = []
+    if policy.expose_prompts:
+        published = {tool_name: None} | {f"{tool_name}__{p.name}": p for p in flow.prompts}
+        for prompt_name, prompt in published.items():
+            if prompt_name in exposure.prompts:
+                raise ExposureConfigError(
+                    f"prompt name {prompt_name!r} of flow {flow.name!r} collides with "
+                    f"another flow's prompt"
+                )
+            if prompt_name in server_prompt_names:
+                overridden.append(prompt_name)  # the operator's prompt takes this name
+            elif prompt is None:
+                invocation = prompt_name
+            else:
+                authored[prompt_name] = prompt
+    exposed = ExposedFlow(flow, tool_name, safety, forced, uri, authored, invocation)
+
+    exposure.tools[tool_name] = exposed
+    if uri is not None:
+        exposure.resources[uri] = exposed
+    for prompt_name in exposed.prompt_names:
+        exposure.prompts[prompt_name] = PromptEntry(
+            prompt_name, exposed, authored.get(prompt_name)
+        )
+    exposure.report.append(FlowExposure(
+        flow.name, flow.version, True, None, forced, tool_name,
+        (uri,) if uri else (), tuple(exposed.prompt_names), tuple(overridden),
+    ))

@@ -1,0 +1,145 @@
+"""A flow published as an MCP tool: schemas, annotations, metadata, and the call path.
+
+``tools/call`` -> ``FlowTool.run`` -> ``FlowExecutor.execute_flow_async`` -> a
+``ToolResult``: structured content when the output schema is known, an ``isError``
+result (never a protocol error) when the arguments or the flow fail.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import pydantic_core
+from fastmcp.tools.base import Tool as FastMCPTool
+from fastmcp.tools.base import ToolResult
+from fastmcp.utilities.json_schema import dereference_refs
+from mcp_types import TextContent, ToolAnnotations
+from pydantic import BaseModel, PrivateAttr
+
+from ..executor import ExecutionResult, FlowExecutor
+from ..safety import SideEffectLevel
+from ..schemas import model_json_schema
+from .exposure import ExposedFlow
+
+ErrorDetail = Literal["full", "type_only", "generic"]
+ERROR_DETAILS = ("full", "type_only", "generic")
+GENERIC_FAILURE = "The flow failed. Ask the server operator to check its logs."
+
+_PUBLISHED: dict[type[BaseModel], dict[str, Any]] = {}
+
+
+def published_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema a model is advertised with: refs inlined (some clients cannot
+    follow ``$ref``), computed once per class. Tools and schema resources share it."""
+    schema = _PUBLISHED.get(model)
+    if schema is None:
+        schema = dereference_refs(model_json_schema(model))
+        _PUBLISHED[model] = schema
+    return schema
+
+
+def flow_schemas(
+    executor: FlowExecutor, exposed: ExposedFlow
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(input schema, output schema or None) exactly as the flow's tool advertises them."""
+    input_model = executor.input_model(exposed.flow)
+    output_model = executor.output_model(exposed.flow)
+    assert input_model is not None  # exposed flows passed check_flow
+    return (published_schema(input_model),
+            published_schema(output_model) if output_model is not None else None)
+
+
+def tool_annotations(exposed: ExposedFlow) -> ToolAnnotations:
+    """MCP hints from the flow's effective safety; unknown safety (forced) is worst-case."""
+    safety = exposed.safety
+    title = exposed.flow.display_title
+    if safety is None:
+        return ToolAnnotations(title=title, read_only_hint=False, destructive_hint=True,
+                               idempotent_hint=False, open_world_hint=True)
+    read_only = safety.read_only
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=safety.side_effects == SideEffectLevel.DESTRUCTIVE,
+        idempotent_hint=bool(safety.idempotent),
+        open_world_hint=safety.side_effects == SideEffectLevel.EXTERNAL or safety.open_world,
+    )
+
+
+def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
+    flow = exposed.flow
+    return {
+        "flow": flow.name,
+        "version": flow.version,
+        "lifecycle": flow.governance.lifecycle.value,
+        "owner": flow.governance.owner,
+        "safety": exposed.safety.to_dict() if exposed.safety else None,
+        "forced": exposed.forced,
+    }
+
+
+class FlowTool(FastMCPTool):
+    """The MCP tool for one exposed flow."""
+
+    _executor: FlowExecutor = PrivateAttr()
+    _exposed: ExposedFlow = PrivateAttr()
+    _error_detail: str = PrivateAttr(default="full")
+    _timeout: float | None = PrivateAttr(default=None)
+
+    @classmethod
+    def build(
+        cls,
+        exposed: ExposedFlow,
+        executor: FlowExecutor,
+        *,
+        error_detail: ErrorDetail = "full",
+        timeout: float | None = None,
+    ) -> FlowTool:
+        flow = exposed.flow
+        input_schema, output_schema = flow_schemas(executor, exposed)
+        tool = cls(
+            name=exposed.tool_name,
+            title=flow.display_title,
+            description=flow.description,
+            parameters=input_schema,
+            output_schema=output_schema,
+            annotations=tool_annotations(exposed),
+            meta={"chainweaver": flow_meta(exposed)},
+        )
+        tool._executor = executor
+        tool._exposed = exposed
+        tool._error_detail = error_detail
+        tool._timeout = timeout
+        return tool
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        flow = self._exposed.flow
+        result = await self._executor.execute_flow_async(
+            flow.name, arguments, version=flow.version, timeout=self._timeout
+        )
+        if result.success:
+            return self._success(result)
+        return self._failure(result)
+
+    def _success(self, result: ExecutionResult) -> ToolResult:
+        output = pydantic_core.to_jsonable_python(result.final_output)
+        text = json.dumps(output, ensure_ascii=False)
+        if self.output_schema is None:
+            return ToolResult(content=[TextContent(type="text", text=text)])
+        return ToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content=output)
+
+    def _failure(self, result: ExecutionResult) -> ToolResult:
+        error = result.error
+        assert error is not None
+        if error.type == "InputValidationError":
+            # The caller's own mistake: always say which field, whatever error_detail says.
+            text = f"Invalid arguments for {self.name!r}: {error.message.split(': ', 1)[-1]}"
+        elif self._error_detail == "full":
+            text = f"{error.type}: {error.message}"
+        elif self._error_detail == "type_only":
+            text = error.type
+        else:
+            text = GENERIC_FAILURE
+        return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)

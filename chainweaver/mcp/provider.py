@@ -1,0 +1,164 @@
+"""One FastMCP Provider sourcing every tool, resource, template and prompt.
+
+Lists and lookups both read the exposure decision, so a name that is not exposed
+is simply absent: FastMCP then answers with its own "unknown" error, identical to
+a name that never existed. Components are built on first use and cached, which
+keeps construction linear and cheap and lookups O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import mcp_types
+from fastmcp.prompts.base import Prompt
+from fastmcp.resources.base import Resource
+from fastmcp.resources.template import ResourceTemplate
+from fastmcp.server.providers import Provider
+from fastmcp.tools.base import Tool
+from fastmcp.utilities.versions import VersionSpec
+
+from ..executor import FlowExecutor
+from . import prompt_render
+from .exposure import INDEX_URI, Exposure
+from .flow_tool import ErrorDetail, FlowTool, flow_schemas
+from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
+from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
+
+C = TypeVar("C")
+
+
+def _versioned(component: C | None, version: VersionSpec | None) -> C | None:
+    # Flow components carry no FastMCP version; a versioned request finds nothing.
+    if component is None or version is None:
+        return component
+    return component if version.matches(getattr(component, "version", None)) else None
+
+
+class FlowProvider(Provider):
+    """Publishes exactly what the exposure decision allows."""
+
+    def __init__(
+        self,
+        exposure: Exposure,
+        executor: FlowExecutor,
+        *,
+        error_detail: ErrorDetail = "full",
+        flow_timeout: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.exposure = exposure
+        self.executor = executor
+        self.error_detail = error_detail
+        self.flow_timeout = flow_timeout
+        self._cache: dict[tuple[str, str], Any] = {}
+        self._template = SchemaTemplate.build() if exposure.policy.expose_schemas else None
+
+    def __repr__(self) -> str:
+        return f"FlowProvider(tools={len(self.exposure.tools)})"
+
+    def _cached(self, kind: str, key: str, build: Callable[[], Any]) -> Any:
+        component = self._cache.get((kind, key))
+        if component is None:
+            component = build()
+            self._cache[(kind, key)] = component
+        return component
+
+    # ------------------------------------------------------------------ tools
+
+    def tool(self, name: str) -> FlowTool | None:
+        exposed = self.exposure.tools.get(name)
+        if exposed is None:
+            return None
+        return self._cached("tool", name, lambda: FlowTool.build(
+            exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout))
+
+    async def _list_tools(self) -> Sequence[Tool]:
+        return [self.tool(name) for name in self.exposure.tools]
+
+    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        return _versioned(self.tool(name), version)
+
+    # -------------------------------------------------------------- resources
+
+    def resource(self, uri: str) -> Resource | None:
+        if not self.exposure.policy.expose_schemas:
+            return None
+        if uri == INDEX_URI:
+            return self._cached("resource", uri, lambda: index_resource(self.exposure))
+        exposed = self.exposure.resources.get(uri)
+        if exposed is None:
+            return None
+        return self._cached("resource", uri, lambda: schema_resource(self.executor, exposed))
+
+    async def _list_resources(self) -> Sequence[Resource]:
+        if not self.exposure.policy.expose_schemas:
+            return []
+        return [self.resource(INDEX_URI), *(self.resource(uri) for uri in
+                                            self.exposure.resources)]
+
+    async def _get_resource(
+        self, uri: str, version: VersionSpec | None = None
+    ) -> Resource | None:
+        return _versioned(self.resource(uri), version)
+
+    async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
+        return [self._template] if self._template is not None else []
+
+    async def _get_resource_template(
+        self, uri: str, version: VersionSpec | None = None
+    ) -> ResourceTemplate | None:
+        # Every exposed URI is answered by its concrete resource before templates are
+        # consulted; anything else must stay "not found", so the template never matches.
+        return None
+
+    # ---------------------------------------------------------------- prompts
+
+    def prompt(self, name: str) -> Prompt | None:
+        entry = self.exposure.prompts.get(name)
+        if entry is None:
+            return None
+
+        def build() -> Prompt:
+            if entry.prompt is not None:
+                return AuthoredPrompt.build(name, entry.prompt, entry.exposed_flow)
+            if entry.exposed_flow is not None:
+                return FlowInvocationPrompt.build(entry.exposed_flow, self.executor)
+            return GuidePrompt.build(self.exposure)
+
+        return self._cached("prompt", name, build)
+
+    async def _list_prompts(self) -> Sequence[Prompt]:
+        return [self.prompt(name) for name in self.exposure.prompts]
+
+    async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
+        return _versioned(self.prompt(name), version)
+
+    # ------------------------------------------------------------ completions
+
+    def complete(
+        self,
+        ref: mcp_types.PromptReference | mcp_types.ResourceTemplateReference,
+        argument: mcp_types.CompletionArgument,
+        context: mcp_types.CompletionContext | None = None,
+    ) -> list[str]:
+        """Completion values for exposed prompts and the schema template only."""
+        typed = argument.value or ""
+        if isinstance(ref, mcp_types.ResourceTemplateReference):
+            if self._template is None or ref.uri != TEMPLATE_URI:
+                return []
+            if argument.name != "published_name":
+                return []
+            names = [exposed.tool_name for exposed in self.exposure.resources.values()]
+        else:
+            entry = self.exposure.prompts.get(ref.name)
+            if entry is None:
+                return []
+            if entry.prompt is not None:
+                return []  # authored arguments are free text
+            if entry.exposed_flow is None:
+                return []
+            input_schema, _ = flow_schemas(self.executor, entry.exposed_flow)
+            names = prompt_render.argument_choices(input_schema, argument.name)
+        return [value for value in names if value.startswith(typed)]
