@@ -53,7 +53,7 @@ def resolve_property(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, 
 
 
 def example_value(schema: dict[str, Any], root: dict[str, Any] | None = None) -> Any:
-    """A value that fits ``schema``: its example, default, first enum value, or a typed placeholder."""
+    """A value fitting ``schema``: its example, default, first enum value, or a placeholder."""
     root = root if root is not None else schema
     schema = _resolve(schema, root)
     if "examples" in schema and schema["examples"]:

@@ -44,7 +44,7 @@ def _strip_zeros(release: list[int]) -> tuple[int, ...]:
 
 @lru_cache(maxsize=4096)
 def version_key(version: str) -> VersionKey:
-    """Sort key for a version string; raises :class:`InvalidVersionError` if it is neither scheme."""
+    """Sort key for a version string; :class:`InvalidVersionError` if it is neither scheme."""
     if not isinstance(version, str) or not version.strip():
         raise InvalidVersionError(f"version must be a non-empty string, got {version!r}")
     text = version.strip()

@@ -177,8 +177,9 @@ def _exclusion_reason(
         allowed = ", ".join(sorted(policy.owners)) or "none"
         return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
     if safety is None:
+        tools = executor.tools
         missing = [s.tool_name for s in flow.steps
-                   if s.tool_name not in executor.tools or executor.tools[s.tool_name].safety is None]
+                   if s.tool_name not in tools or tools[s.tool_name].safety is None]
         return ("effective safety is unknown: no safety contract on the flow or on tool(s) "
                 + ", ".join(repr(n) for n in dict.fromkeys(missing)))
     if safety.side_effects not in policy.allowed_side_effects:
@@ -201,7 +202,9 @@ def decide_exposure(
     if policy.flow_names is not None:
         unknown = sorted(n for n in policy.flow_names if n not in registry)
         if unknown:
-            raise ExposureConfigError(f"flow_names names unregistered flow(s): {', '.join(unknown)}")
+            raise ExposureConfigError(
+                f"flow_names names unregistered flow(s): {', '.join(unknown)}"
+            )
 
     exposure = Exposure(policy)
     server_prompt_names = {p.name for p in server_prompts}
