@@ -14,7 +14,7 @@ from ..executor import FlowExecutor
 from ..flows import FlowLifecycle
 from ..prompts import FlowPrompt
 from ..safety import SideEffectLevel
-from .exposure import Exposure, ExposurePolicy, FlowExposure, decide_exposure
+from .exposure import INDEX_URI, Exposure, ExposurePolicy, FlowExposure, decide_exposure
 from .flow_tool import ERROR_DETAILS, ErrorDetail
 from .provider import FlowProvider
 from .security import AuditHook, Authenticator, Authorizer, RateLimiter, SecurityGate
@@ -55,6 +55,7 @@ class FlowServer:
         flow_timeout: float | None = None,
         hook_timeout: float = 5.0,
         instructions: str | None = None,
+        page_size: int | None = None,
     ) -> None:
         if error_detail not in ERROR_DETAILS:
             raise ExposureConfigError(
@@ -95,6 +96,7 @@ class FlowServer:
             providers=[self._provider],
             middleware=[self._gate],
             dereference_schemas=False,
+            list_page_size=page_size,
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
@@ -114,8 +116,6 @@ class FlowServer:
         """Published schema resource URIs (plus the index), empty without expose_schemas."""
         if not self._exposure.policy.expose_schemas:
             return []
-        from .exposure import INDEX_URI
-
         return [INDEX_URI, *sorted(self._exposure.resources)]
 
     @property
