@@ -21,7 +21,7 @@ from fastmcp.utilities.versions import VersionSpec
 
 from ..executor import FlowExecutor
 from . import prompt_render
-from .exposure import INDEX_URI, Exposure
+from .exposure import INDEX_URI, ExposedFlow, Exposure
 from .flow_tool import ErrorDetail, FlowTool, flow_schemas
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
@@ -29,11 +29,14 @@ from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_reso
 C = TypeVar("C")
 
 
-def _versioned(component: C | None, version: VersionSpec | None) -> C | None:
-    # Flow components carry no FastMCP version; a versioned request finds nothing.
-    if component is None or version is None:
+def _versioned(
+    component: C | None, version: VersionSpec | None, exposed: ExposedFlow | None
+) -> C | None:
+    # A client may ask for a version (MCP request _meta). Only the exposed flow
+    # version exists here: any other version is "not found", never silently served.
+    if component is None or version is None or exposed is None:
         return component
-    return component if version.matches(getattr(component, "version", None)) else None
+    return component if version.matches(exposed.flow.version) else None
 
 
 class FlowProvider(Provider):
@@ -78,7 +81,7 @@ class FlowProvider(Provider):
         return [self.tool(name) for name in self.exposure.tools]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return _versioned(self.tool(name), version)
+        return _versioned(self.tool(name), version, self.exposure.tools.get(name))
 
     # -------------------------------------------------------------- resources
 
@@ -101,7 +104,7 @@ class FlowProvider(Provider):
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
-        return _versioned(self.resource(uri), version)
+        return _versioned(self.resource(uri), version, self.exposure.resources.get(uri))
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
         return [self._template] if self._template is not None else []
@@ -133,7 +136,8 @@ class FlowProvider(Provider):
         return [self.prompt(name) for name in self.exposure.prompts]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
-        return _versioned(self.prompt(name), version)
+        entry = self.exposure.prompts.get(name)
+        return _versioned(self.prompt(name), version, entry.exposed_flow if entry else None)
 
     # ------------------------------------------------------------ completions
 

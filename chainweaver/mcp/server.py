@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -153,7 +155,10 @@ class FlowServer:
         processes can sit behind one load balancer.
         """
         if transport == "stdio":
-            await self._fastmcp.run_async("stdio", show_banner=False, log_level=log_level)
+            try:
+                await self._fastmcp.run_async("stdio", show_banner=False, log_level=log_level)
+            finally:
+                _flush_stray_stdout()
         elif transport == "streamable-http":
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
@@ -163,3 +168,27 @@ class FlowServer:
             raise ExposureConfigError(
                 f"transport must be 'stdio' or 'streamable-http', got {transport!r}"
             )
+
+
+def _flush_stray_stdout() -> None:
+    """Send text still buffered in ``sys.stdout`` (a tool's ``print``) to stderr.
+
+    While it serves, mcp's stdio transport points fd 1 at stderr, so printed text
+    cannot reach the client; when it stops it points fd 1 back at the MCP channel,
+    where anything the buffer still held would land at interpreter exit.
+    """
+    stream = sys.stdout
+    try:
+        if stream is None or stream.fileno() != 1:
+            return
+        channel = os.dup(1)
+    except (OSError, ValueError):
+        return
+    try:
+        os.dup2(2, 1)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.dup2(channel, 1)
+        os.close(channel)
