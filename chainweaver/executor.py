@@ -299,7 +299,9 @@ class FlowExecutor:
         model = self.input_model(flow)
         assert model is not None  # _plan guarantees the first tool exists
         try:
-            if isinstance(input, model):
+            # Exact class only: a subclass instance would carry undeclared fields into
+            # the context, so it is dumped and validated like any other model.
+            if type(input) is model:
                 validated = input
             elif isinstance(input, BaseModel):
                 validated = model.model_validate(input.model_dump())
@@ -344,8 +346,12 @@ class FlowExecutor:
         schema = tool.output_schema
         try:
             if schema is not None:
-                validated = raw if isinstance(raw, schema) else schema.model_validate(raw)
-                return validated.model_dump()
+                if type(raw) is schema:
+                    return raw.model_dump()
+                if isinstance(raw, BaseModel):
+                    # Another model (or a subclass with extra fields): validate its data.
+                    raw = raw.model_dump()
+                return schema.model_validate(raw).model_dump()
             if isinstance(raw, BaseModel):
                 return raw.model_dump()
             if isinstance(raw, Mapping):

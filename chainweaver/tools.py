@@ -86,7 +86,13 @@ def _tool_from_function(
     safety: ToolSafetyContract | None,
 ) -> Tool:
     tool_name = name or fn.__name__
-    hints = get_type_hints(fn, include_extras=True)
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except NameError as error:  # e.g. a string annotation naming a class local to a function
+        raise DefinitionError(
+            f"tool {tool_name!r}: cannot resolve the type hints ({error}); "
+            "define the annotated classes at module level"
+        ) from error
     params = list(inspect.signature(fn).parameters.values())
     returned = hints.get("return")
     if output_schema is None and _is_model_class(returned):
