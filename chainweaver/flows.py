@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from .errors import DefinitionError, LifecycleTransitionError, PromptDefinitionError
 from .prompts import FlowPrompt
 from .safety import ToolSafetyContract
-from .tools import check_name
+from .tools import check_model, check_name
 from .versions import version_key
 
 
@@ -84,8 +84,7 @@ class FlowStep:
 
 
 def _model_or_none(flow_name: str, label: str, value: object) -> None:
-    if value is not None and not (isinstance(value, type) and issubclass(value, BaseModel)):
-        raise DefinitionError(f"flow {flow_name!r}: {label} must be a pydantic model class")
+    check_model(f"flow {flow_name!r}", label, value, optional=True)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any, get_type_hints, overload
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, PydanticUndefinedAnnotation, PydanticUserError, create_model
 
 from .errors import DefinitionError, InvalidNameError
 from .safety import ToolSafetyContract
@@ -27,6 +27,27 @@ def check_name(kind: str, name: object) -> str:
 
 def _is_model_class(value: object) -> bool:
     return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+def check_model(owner: str, label: str, value: object, *, optional: bool = False) -> None:
+    """Raise :class:`DefinitionError` unless ``value`` is a complete pydantic model class.
+
+    A model whose annotations cannot be resolved yet would otherwise fail much later,
+    when a server first builds its JSON Schema, far from the code that caused it.
+    """
+    if value is None and optional:
+        return
+    if not _is_model_class(value):
+        suffix = " or None" if optional else ""
+        raise DefinitionError(f"{owner}: {label} must be a pydantic model class{suffix}")
+    if value.__pydantic_complete__:
+        return
+    try:
+        value.model_rebuild()
+    except (PydanticUserError, PydanticUndefinedAnnotation) as error:
+        raise DefinitionError(
+            f"{owner}: {label} {value.__name__} is not fully defined: {error.message}"
+        ) from None
 
 
 class Tool:
@@ -50,12 +71,8 @@ class Tool:
         safety: ToolSafetyContract | None = None,
     ) -> None:
         self.name = check_name("tool", name)
-        if not _is_model_class(input_schema):
-            raise DefinitionError(f"tool {name!r}: input_schema must be a pydantic model class")
-        if output_schema is not None and not _is_model_class(output_schema):
-            raise DefinitionError(
-                f"tool {name!r}: output_schema must be a pydantic model class or None"
-            )
+        check_model(f"tool {name!r}", "input_schema", input_schema)
+        check_model(f"tool {name!r}", "output_schema", output_schema, optional=True)
         if not callable(fn):
             raise DefinitionError(f"tool {name!r}: fn must be callable")
         if safety is not None and not isinstance(safety, ToolSafetyContract):

@@ -11,6 +11,8 @@ from pydantic import BaseModel, Field, ValidationError
 from chainweaver import (
     ChainWeaverError,
     DefinitionError,
+    Flow,
+    FlowStep,
     InvalidNameError,
     SideEffectLevel,
     Tool,
@@ -250,3 +252,31 @@ def test_unresolvable_type_hints_are_a_definition_error() -> None:
 
     with pytest.raises(DefinitionError, match="cannot resolve the type hints"):
         tool(local)
+
+
+class _Incomplete(BaseModel):
+    value: NotDefinedAnywhere  # noqa: F821 - deliberately unresolvable
+
+
+def test_incomplete_model_is_a_definition_error_for_tools_and_flows() -> None:
+    with pytest.raises(DefinitionError, match=r"tool 'half': input_schema _Incomplete is "
+                                              r"not fully defined: .*NotDefinedAnywhere"):
+        Tool("half", "d", _Incomplete, None, lambda model: {})
+    with pytest.raises(DefinitionError, match=r"flow 'half': output_schema _Incomplete is "
+                                              r"not fully defined"):
+        Flow("half", "d", [FlowStep("t")], output_schema=_Incomplete)
+
+
+class _ForwardLater(BaseModel):
+    child: _DefinedAfter
+
+
+class _DefinedAfter(BaseModel):
+    n: int
+
+
+def test_forward_reference_resolved_later_is_rebuilt_and_accepted() -> None:
+    assert not _ForwardLater.__pydantic_complete__
+    made = Tool("later", "d", _ForwardLater, None, lambda model: {"n": model.child.n})
+    assert made.input_schema.__pydantic_complete__
+    assert _ForwardLater.model_validate({"child": {"n": 3}}).child.n == 3

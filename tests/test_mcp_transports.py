@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from fastmcp import Client
 from fastmcp.client.transports import PythonStdioTransport, StreamableHttpTransport
 from mcp import MCPError
 from mcp_types.version import LATEST_MODERN_VERSION
+from procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 from chainweaver import ExposureConfigError
 from chainweaver.mcp import GATE_REFUSED, FlowServer
@@ -34,16 +33,6 @@ LEGACY_VERSION = "2025-11-25"
 # the initialize handshake.
 MODES = {"auto": LATEST_MODERN_VERSION, "legacy": LEGACY_VERSION}
 TOKEN = "test-token-5150"
-# Generous bounds that only stop a broken test from hanging; never a speed requirement.
-STARTUP_TIMEOUT = 60.0
-EXIT_TIMEOUT = 30.0
-
-
-def stop(process: subprocess.Popen) -> None:
-    """Kill a server process we started, and reap it."""
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=EXIT_TIMEOUT)
 
 
 # ------------------------------------------------------------------------ stdio
@@ -130,25 +119,6 @@ def test_stdio_stdout_carries_nothing_but_json_rpc() -> None:
 
 
 # ------------------------------------------------------------------------- HTTP
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_listening(process: subprocess.Popen, port: int) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"HTTP server exited early with code {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"HTTP server did not listen on port {port}")
 
 
 @pytest.fixture(scope="module")
