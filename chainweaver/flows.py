@@ -10,7 +10,7 @@ from types import MappingProxyType
 from pydantic import BaseModel
 
 from .errors import DefinitionError, LifecycleTransitionError, PromptDefinitionError
-from .prompts import FlowPrompt
+from .prompts import FlowPrompt, repeated_names
 from .safety import ToolSafetyContract
 from .tools import check_model, check_name
 from .versions import version_key
@@ -120,8 +120,7 @@ class Flow:
         prompts = tuple(self.prompts)
         if not all(isinstance(p, FlowPrompt) for p in prompts):
             raise PromptDefinitionError(f"flow {self.name!r}: prompts must be FlowPrompt values")
-        names = [p.name for p in prompts]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = repeated_names(p.name for p in prompts)
         if duplicates:
             raise PromptDefinitionError(
                 f"flow {self.name!r}: duplicate prompt name(s) {', '.join(duplicates)}"
