@@ -14,6 +14,7 @@ import textwrap
 import pytest
 from catalogue import EXCLUDED, EXPOSED, build_catalogue
 from fastmcp import Client
+from pydantic import BaseModel, ConfigDict
 
 from chainweaver import (
     ExposureConfigError,
@@ -23,6 +24,7 @@ from chainweaver import (
     FlowRegistry,
     FlowStep,
     SideEffectLevel,
+    Tool,
     ToolSafetyContract,
     tool,
 )
@@ -394,3 +396,31 @@ def test_owner_filter_excludes_flows_without_an_owner() -> None:
     server = FlowServer(executor, owners=["search-team"])
     assert "orphan_search" not in server.registered_tool_names
     assert "owner None" in report_by_name(server)["orphan_search"].reason
+
+
+class _Opaque:
+    """A plain class: pydantic can validate it but cannot describe it in JSON Schema."""
+
+
+class _OpaqueInput(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    handle: _Opaque | None = None
+
+
+@pytest.mark.anyio
+async def test_flow_whose_schema_cannot_be_generated_is_excluded_not_fatal() -> None:
+    executor = build_catalogue()
+    executor.register_tool(Tool("opaque", "Takes an opaque handle.", _OpaqueInput, None,
+                                lambda model: {}, safety=ToolSafetyContract("none")))
+    executor.registry.register_flow(Flow("opaque_flow", "Opaque.", [FlowStep("opaque")]))
+    # Even forcing it does not publish it: it could not be listed.
+    server = FlowServer(executor, flow_names=["opaque_flow", "product_search"],
+                        force_expose=True, expose_schemas=True, expose_prompts=True)
+    entry = report_by_name(server)["opaque_flow"]
+    assert not entry.exposed
+    assert entry.reason.startswith("its input JSON Schema cannot be generated from "
+                                   "_OpaqueInput: Cannot generate a JsonSchema")
+    async with Client(server.fastmcp) as client:
+        # The other flow is still listed in full: one bad model does not empty the list.
+        assert [t.name for t in await client.list_tools()] == ["product_search"]
+        assert "opaque_flow" not in {p.name for p in await client.list_prompts()}

@@ -19,6 +19,7 @@ from ..executor import FlowExecutor
 from ..flows import Flow, FlowLifecycle
 from ..prompts import FlowPrompt
 from ..safety import SideEffectLevel, ToolSafetyContract
+from ..schemas import model_json_schema
 from ..tools import NAME_PATTERN
 
 logger = logging.getLogger("chainweaver.mcp")
@@ -192,6 +193,24 @@ def _exclusion_reason(
     return None
 
 
+def _schema_problem(executor: FlowExecutor, flow: Flow) -> str | None:
+    """Why the flow's JSON Schemas cannot be generated, or None when they can.
+
+    Generation is cached per model class, so the tools and resources built later
+    reuse this work.
+    """
+    for label, model in (("input", executor.input_model(flow)),
+                         ("output", executor.output_model(flow))):
+        if model is None:
+            continue
+        try:
+            model_json_schema(model)
+        except Exception as error:  # pydantic raises several error types here
+            detail = str(error).splitlines()[0]
+            return f"its {label} JSON Schema cannot be generated from {model.__name__}: {detail}"
+    return None
+
+
 def decide_exposure(
     executor: FlowExecutor,
     policy: ExposurePolicy,
@@ -228,6 +247,11 @@ def decide_exposure(
         forced = reason is not None and policy.force_expose
         if reason is not None and not forced:
             exposure.report.append(FlowExposure(name, flow.version, False, reason))
+            continue
+        unpublishable = _schema_problem(executor, flow)
+        if unpublishable is not None:
+            # Publishing it would break tools/list for every flow, so never, forced or not.
+            exposure.report.append(FlowExposure(name, flow.version, False, unpublishable))
             continue
         if forced:
             logger.warning("force_expose publishes flow %r despite: %s", name, reason)
