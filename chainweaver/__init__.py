@@ -10,6 +10,7 @@ from .errors import (
     DuplicateFlowError,
     DuplicateToolError,
     ExposureConfigError,
+    FlowFileError,
     FlowNotFoundError,
     FlowValidationError,
     FlowVersionNotFoundError,
@@ -20,6 +21,7 @@ from .errors import (
     ToolNotFoundError,
 )
 from .executor import ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
+from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
 from .registry import FlowRegistry
@@ -38,6 +40,7 @@ __all__ = [
     "ExposureConfigError",
     "Flow",
     "FlowExecutor",
+    "FlowFileError",
     "FlowGovernance",
     "FlowLifecycle",
     "FlowNotFoundError",
@@ -58,6 +61,7 @@ __all__ = [
     "ToolNotFoundError",
     "ToolSafetyContract",
     "__version__",
+    "load_flows",
     "merge_safety_contracts",
     "tool",
 ]

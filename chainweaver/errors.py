@@ -59,3 +59,14 @@ class FlowValidationError(ChainWeaverError):
 
 class ExposureConfigError(DefinitionError):
     """A ``FlowServer`` policy or naming configuration is invalid."""
+
+
+class FlowFileError(DefinitionError):
+    """A flow file is unreadable or invalid: names the file, the field and the problem."""
+
+    def __init__(self, path: object, field: str | None, problem: str) -> None:
+        self.path = str(path)
+        self.field = field
+        self.problem = problem
+        where = f"{self.path}: {field}" if field else self.path
+        super().__init__(f"{where}: {problem}")

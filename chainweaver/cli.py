@@ -1,0 +1,339 @@
+"""The ``chainweaver`` command: serve flow files over MCP, or inspect what would be served.
+
+    chainweaver serve PATH... --tools MODULE [options]
+    chainweaver inspect PATH... --tools MODULE [options] [--json]
+
+Everything (tools, flow files, policy, the exposure decision) is loaded and checked
+before anything is served, so a bad file never starts a half-configured server.
+Exit codes: 0 success, 1 invalid flow file, tool set or policy, 2 a missing (or
+unloadable) file or module, and argparse's usual 2 for a malformed command line.
+Errors are one line on stderr; under stdio, stdout carries nothing but MCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
+from enum import Enum
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from . import __version__
+from .errors import ChainWeaverError, DuplicateToolError
+from .executor import FlowExecutor
+from .files import find_flow_files, load_flows
+from .flows import FlowLifecycle
+from .registry import FlowRegistry
+from .safety import SideEffectLevel
+from .tools import Tool
+
+PROG = "chainweaver"
+EXIT_OK, EXIT_INVALID, EXIT_MISSING = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A problem to report as one line on stderr, with the exit code it deserves."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a flow file, or a directory searched for *.flow.yaml, "
+                             "*.flow.yml and *.flow.json")
+    common.add_argument("--tools", action="append", required=True, metavar="MODULE",
+                        help="a module (package.module) or a .py file whose Tool objects "
+                             "are registered; repeatable")
+    common.add_argument("--expose-schemas", action="store_true",
+                        help="publish schema resources")
+    common.add_argument("--expose-prompts", action="store_true", help="publish prompts")
+    common.add_argument("--prefix", default="", help="publish tools as PREFIX__flow_name")
+    common.add_argument("--name", default="chainweaver", help="the MCP server name")
+    common.add_argument("--lifecycle", action="append", metavar="LIFECYCLE",
+                        help="allowed lifecycles (default: active); repeatable or "
+                             "comma-separated")
+    common.add_argument("--side-effects", action="append", metavar="LEVEL",
+                        help="allowed side effects (default: none,read); repeatable or "
+                             "comma-separated")
+    common.add_argument("--owner", action="append", metavar="OWNER",
+                        help="publish only flows with these owners; repeatable or "
+                             "comma-separated")
+    common.add_argument("--allow-requires-approval", action="store_true",
+                        help="also publish flows whose safety requires approval")
+    common.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio",
+                        help="how to serve (default: stdio)")
+    common.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
+    common.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
+    common.add_argument("--stateless", action="store_true",
+                        help="HTTP without per-session state (for several processes "
+                             "behind one load balancer)")
+    common.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        help="FastMCP's log level while serving (logs go to stderr)")
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("serve", parents=[common], help="serve flows over MCP",
+                        description="Serve the flows the policy allows over MCP.")
+    inspect = commands.add_parser(
+        "inspect", parents=[common], help="show what serve would publish",
+        description="Print the exposure decision and exit. Takes every serve option "
+                    "(transport options are ignored).")
+    inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parser
+
+
+def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) -> list[str] | None:
+    """Repeated and comma-separated flag values; checked against ``enum`` when given."""
+    if raw is None:
+        return None
+    values = [part.strip() for item in raw for part in item.split(",") if part.strip()]
+    if not values:
+        raise CommandError(EXIT_INVALID, f"{flag} needs at least one value")
+    if enum is not None:
+        choices = [member.value for member in enum]
+        for value in values:
+            if value not in choices:
+                raise CommandError(EXIT_INVALID, f"{flag}: {value!r} is not one of "
+                                   f"{', '.join(choices)}")
+    return values
+
+
+# ------------------------------------------------------------------ tools modules
+
+
+def _import_tools_module(spec: str) -> ModuleType:
+    """Import ``spec``: a path to a .py file, or a dotted module name."""
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        return _import_file(Path(spec), spec)
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as error:
+        if error.name and (spec == error.name or spec.startswith(f"{error.name}.")):
+            raise CommandError(EXIT_MISSING, f"--tools {spec}: no module named "
+                               f"{error.name!r}") from None
+        raise _import_failed(spec, error) from None
+    except Exception as error:  # the module's own code failed
+        raise _import_failed(spec, error) from None
+
+
+def _import_failed(spec: str, error: BaseException) -> CommandError:
+    return CommandError(EXIT_MISSING, f"--tools {spec}: importing it failed: "
+                        f"{type(error).__name__}: {error}")
+
+
+def _import_file(path: Path, spec: str) -> ModuleType:
+    """Import a file as the module named after it, with its directory on sys.path so it
+    can import its neighbours and flow files can reference its models."""
+    if not path.is_file():
+        raise CommandError(EXIT_MISSING, f"--tools {spec}: no such file")
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == \
+                path.resolve():
+            return loaded
+        raise CommandError(EXIT_MISSING, f"--tools {spec}: a different module named "
+                           f"{name!r} is already imported; rename the file")
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise CommandError(EXIT_MISSING, f"--tools {spec}: cannot be imported as a module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # pydantic resolves postponed annotations through it
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise _import_failed(spec, error) from None
+    return module
+
+
+def register_tools(executor: FlowExecutor, specs: Sequence[str]) -> None:
+    """Register every public module-level Tool of each module."""
+    owners: dict[str, str] = {}
+    for spec in specs:
+        module = _import_tools_module(spec)
+        found = [v for k, v in vars(module).items()
+                 if isinstance(v, Tool) and not k.startswith("_")]
+        if not found:
+            raise CommandError(EXIT_MISSING, f"--tools {spec}: the module defines no "
+                               "chainweaver Tool objects")
+        for found_tool in found:
+            if executor.tools.get(found_tool.name) is found_tool:
+                continue  # the same object, re-exported by another module
+            try:
+                executor.register_tool(found_tool)
+            except DuplicateToolError:
+                raise CommandError(EXIT_INVALID, f"--tools {spec}: a different tool named "
+                                   f"{found_tool.name!r} already came from "
+                                   f"{owners[found_tool.name]}") from None
+            owners[found_tool.name] = spec
+
+
+# ------------------------------------------------------------------ building
+
+
+@contextmanager
+def _quiet_exposure_log() -> Iterator[None]:
+    """The CLI reports exclusions itself; the server's per-flow warnings would repeat them."""
+    logger = logging.getLogger("chainweaver.mcp")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+class Built(NamedTuple):
+    server: Any  # a chainweaver.mcp.FlowServer (imported lazily: it needs the mcp extra)
+    files: int
+    tools: int
+
+
+def build_server(args: argparse.Namespace) -> Built:
+    """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
+    try:
+        from .mcp import FlowServer
+    except ImportError as error:
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    lifecycles = _values(args.lifecycle, "--lifecycle", FlowLifecycle)
+    side_effects = _values(args.side_effects, "--side-effects", SideEffectLevel)
+    owners = _values(args.owner, "--owner")
+    if os.getcwd() not in sys.path:  # like `python -m`: modules next to you import
+        sys.path.insert(0, os.getcwd())
+
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry)
+    register_tools(executor, args.tools)
+    files = find_flow_files(args.paths)
+    for flow in load_flows(files, tools=executor.tools):
+        registry.register_flow(flow)
+    with _quiet_exposure_log():
+        server = FlowServer(
+            executor, name=args.name, server_prefix=args.prefix,
+            allowed_lifecycles=lifecycles, allowed_side_effects=side_effects,
+            owners=owners, allow_requires_approval=args.allow_requires_approval,
+            expose_schemas=args.expose_schemas, expose_prompts=args.expose_prompts,
+        )
+    return Built(server, len(files), len(executor.tools))
+
+
+# ------------------------------------------------------------------ output
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns; the last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),
+                       row[-1]]) for row in rows]
+
+
+def format_table(server: Any) -> str:
+    """The exposure decision as two aligned tables: exposed flows, then excluded ones."""
+    report = server.exposure_report()
+    exposed = [e for e in report if e.exposed]
+    excluded = [e for e in report if not e.exposed]
+    lines = [f"Exposed: {len(exposed)} of {len(report)} flows"]
+    if exposed:
+        lines += _table([("FLOW", "VERSION", "TOOL", "RESOURCE", "PROMPTS")] + [
+            (e.flow_name, e.version, e.tool_name or "-", ", ".join(e.resource_uris) or "-",
+             ", ".join(e.prompt_names) or "-") for e in exposed])
+    lines += ["", f"Excluded: {len(excluded)} of {len(report)} flows"]
+    if excluded:
+        lines += _table([("FLOW", "VERSION", "REASON")] + [
+            (e.flow_name, e.version, e.reason or "-") for e in excluded])
+    extras = []
+    if server.resource_uris:
+        extras.append(f"resource {server.resource_uris[0]} (index)")
+    if "chainweaver_guide" in server.prompt_names:
+        extras.append("prompt chainweaver_guide (guide)")
+    if extras:
+        lines += ["", "Also published: " + ", ".join(extras)]
+    return "\n".join(lines)
+
+
+def format_json(server: Any) -> str:
+    return json.dumps({
+        "flows": [entry.to_dict() for entry in server.exposure_report()],
+        "tools": server.registered_tool_names,
+        "resources": server.resource_uris,
+        "prompts": server.prompt_names,
+    }, indent=2)
+
+
+def _summary(built: Built, args: argparse.Namespace) -> str:
+    server, files, tools = built
+    report = server.exposure_report()
+    exposed = [entry.flow_name for entry in report if entry.exposed]
+    lines = [f"{PROG}: loaded {files} flow file(s) and {tools} tool(s)",
+             f"{PROG}: exposed {len(exposed)} of {len(report)} flows: "
+             f"{', '.join(exposed) or 'none'}"]
+    lines += [f"{PROG}: excluded {e.flow_name} v{e.version}: {e.reason}"
+              for e in report if not e.exposed]
+    where = (f"http://{args.host}:{args.port}/mcp" if args.transport == "streamable-http"
+             else "stdio")
+    lines.append(f"{PROG}: serving {len(server.registered_tool_names)} tool(s), "
+                 f"{len(server.resource_uris)} resource(s), {len(server.prompt_names)} "
+                 f"prompt(s) on {where}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ main
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        # Tools modules may print while importing; stdout is only for MCP or the report.
+        with redirect_stdout(sys.stderr):
+            built = build_server(args)
+    except CommandError:
+        raise
+    except (FileNotFoundError, ModuleNotFoundError) as error:
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ChainWeaverError as error:  # flow files, duplicate flows, server policy
+        raise CommandError(EXIT_INVALID, str(error)) from None
+    if args.command == "inspect":
+        print(format_json(built.server) if args.json else format_table(built.server))
+        return EXIT_OK
+    print(_summary(built, args), file=sys.stderr, flush=True)
+    try:
+        built.server.serve(args.transport, host=args.host, port=args.port,
+                           stateless=args.stateless,
+                           log_level=args.log_level.upper() if args.log_level else None)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how an operator stops a server: not an error
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``chainweaver`` and ``python -m chainweaver``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_MISSING
+    try:
+        return run(args)
+    except CommandError as error:
+        message = " ".join(str(error).split("\n"))
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return error.code

@@ -1,0 +1,429 @@
+"""Flows written as files: ``*.flow.yaml``, ``*.flow.yml`` or ``*.flow.json``, one flow each.
+
+Every problem raises :class:`FlowFileError` naming the file, the field (``steps[1].tool``)
+and what is wrong. Unknown and duplicate keys are errors, never ignored. A missing path
+raises :class:`FileNotFoundError`; YAML without PyYAML raises :class:`ModuleNotFoundError`
+saying how to install it. See docs/flow-files.md for the format.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from .errors import DefinitionError, FlowFileError
+from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep
+from .inline_schema import InlineSchemaError, model_from_json_schema
+from .prompts import FlowPrompt, PromptArgument, PromptMessage
+from .safety import SideEffectLevel, ToolSafetyContract
+from .tools import Tool, check_model, check_name
+from .versions import version_key
+
+FLOW_SUFFIXES = (".flow.yaml", ".flow.yml", ".flow.json")
+YAML_INSTALL_HINT = "pip install 'chainweaver[yaml]'"
+
+FLOW_KEYS = ("name", "version", "title", "description", "governance", "safety",
+             "input_schema", "output_schema", "steps", "prompts")
+STEP_KEYS = ("tool", "input_mapping")
+GOVERNANCE_KEYS = ("lifecycle", "owner")
+SAFETY_KEYS = ("side_effects", "idempotent", "requires_approval", "approval_reason",
+               "open_world")
+PROMPT_KEYS = ("name", "title", "description", "arguments", "messages")
+ARGUMENT_KEYS = ("name", "description", "required")
+MESSAGE_KEYS = ("role", "text")
+
+PathLike = str | os.PathLike
+
+
+# ------------------------------------------------------------------ finding files
+
+
+def find_flow_files(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    """Files as given, and directories' ``*.flow.{yaml,yml,json}`` (recursive, sorted);
+    a file reached twice counts once."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*")
+                           if p.is_file() and p.name.endswith(FLOW_SUFFIXES))
+            if not files:
+                raise FileNotFoundError(f"{path}: no *.flow.yaml, *.flow.yml or *.flow.json "
+                                        "files in this directory")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise FileNotFoundError(f"{path}: no such file or directory")
+        for file in files:
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                found.append(file)
+    return found
+
+
+# ------------------------------------------------------------------ reading files
+
+
+def _yaml_loader() -> Any:
+    """A safe YAML loader that rejects duplicate keys (PyYAML keeps the last silently)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"YAML flow files need PyYAML: {YAML_INSTALL_HINT} (JSON flow files work "
+            "without it)", name="yaml") from None
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        keys: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in keys:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+                keys.add(key)
+        return loader.construct_mapping(node, deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                    construct_mapping)
+    return yaml, UniqueKeyLoader
+
+
+def read_flow_data(path: Path) -> Any:
+    """The parsed content of one file (YAML by ``.yaml``/``.yml``, else JSON)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise FlowFileError(path, None, f"is not UTF-8 text ({error.reason})") from None
+    except OSError as error:
+        raise FlowFileError(path, None, f"cannot be read: {error.strerror}") from None
+    if path.suffix in (".yaml", ".yml"):
+        yaml, loader = _yaml_loader()
+        try:
+            return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or str(error)
+            raise FlowFileError(path, None, f"invalid YAML{where}: {problem}") from None
+    if path.suffix != ".json":
+        raise FlowFileError(path, None, "unsupported file type: use .yaml, .yml or .json")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in data:
+                raise FlowFileError(path, None, f"invalid JSON: duplicate key {key!r}")
+            data[key] = value
+        return data
+
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as error:
+        raise FlowFileError(path, None, f"invalid JSON at line {error.lineno}, column "
+                            f"{error.colno}: {error.msg}") from None
+
+
+# ------------------------------------------------------------------ typed fields
+
+
+_KINDS = {type(None): "null", bool: "a boolean", str: "a string", list: "a list",
+          dict: "a mapping"}
+
+
+def _kind(value: Any) -> str:
+    """A value's type in the words of the file formats."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"a number ({value!r})"
+    return _KINDS.get(type(value), f"a {type(value).__name__}")
+
+
+class _Fields:
+    """Typed access to one file's values; every failure names the file and field."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, field: str | None, problem: str) -> FlowFileError:
+        return FlowFileError(self.path, field, problem)
+
+    def mapping(self, value: Any, field: str | None, allowed: tuple[str, ...],
+                required: tuple[str, ...] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(field, f"must be a mapping, got {_kind(value)}")
+        for key in value:
+            if not isinstance(key, str):
+                raise self.error(field, f"keys must be strings, got {key!r}")
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise self.error(_join(field, key), f"unknown key ({hint}allowed: "
+                                 f"{', '.join(allowed)})")
+        for key in required:
+            if key not in value:
+                raise self.error(field, f"missing required key {key!r}")
+        return value
+
+    def string(self, value: Any, field: str, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            hint = " (quote it)" if isinstance(value, (int, float, bool)) else ""
+            raise self.error(field, f"must be a string{hint}, got {_kind(value)}")
+        return value
+
+    def boolean(self, value: Any, field: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(field, f"must be true or false, got {_kind(value)}")
+        return value
+
+    def items(self, value: Any, field: str, *, non_empty: bool = False) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.error(field, f"must be a list, got {_kind(value)}")
+        if non_empty and not value:
+            raise self.error(field, "must not be empty")
+        return value
+
+    def choice(self, value: Any, field: str, enum: type) -> Any:
+        choices = [member.value for member in enum]
+        if value not in choices or not isinstance(value, str):
+            raise self.error(field, f"must be one of {', '.join(choices)}, got {value!r}")
+        return enum(value)
+
+    @contextmanager
+    def core(self, field: str | None) -> Iterator[None]:
+        """Turn a core definition error (bad name, version, prompt) into a file error."""
+        try:
+            yield
+        except DefinitionError as error:
+            raise self.error(field, str(error)) from None
+
+
+def _join(field: str | None, key: str) -> str:
+    return f"{field}.{key}" if field else key
+
+
+# ------------------------------------------------------------------ flow parts
+
+
+def _steps(f: _Fields, value: Any) -> list[FlowStep]:
+    steps = []
+    for index, item in enumerate(f.items(value, "steps", non_empty=True)):
+        field = f"steps[{index}]"
+        if isinstance(item, str):  # shorthand: just the tool name
+            with f.core(field):
+                steps.append(FlowStep(item))
+            continue
+        data = f.mapping(item, field, STEP_KEYS, required=("tool",))
+        tool = f.string(data["tool"], f"{field}.tool")
+        mapping = data.get("input_mapping", {})
+        if not isinstance(mapping, dict):
+            raise f.error(f"{field}.input_mapping", "must be a mapping of tool input field "
+                          f"to context key, got {_kind(mapping)}")
+        for tool_field, context_key in mapping.items():
+            f.string(tool_field, f"{field}.input_mapping")
+            f.string(context_key, f"{field}.input_mapping.{tool_field}")
+        with f.core(f"{field}.tool"):
+            steps.append(FlowStep(tool, mapping))
+    return steps
+
+
+def _governance(f: _Fields, value: Any) -> FlowGovernance:
+    if value is None:
+        return FlowGovernance()
+    data = f.mapping(value, "governance", GOVERNANCE_KEYS)
+    lifecycle = f.choice(data.get("lifecycle", "active"), "governance.lifecycle",
+                         FlowLifecycle)
+    owner = f.string(data.get("owner"), "governance.owner", optional=True)
+    return FlowGovernance(lifecycle, owner)
+
+
+def _safety(f: _Fields, value: Any) -> ToolSafetyContract | None:
+    if value is None:
+        return None
+    data = f.mapping(value, "safety", SAFETY_KEYS, required=("side_effects",))
+    options: dict[str, Any] = {
+        "side_effects": f.choice(data["side_effects"], "safety.side_effects",
+                                 SideEffectLevel),
+        "approval_reason": f.string(data.get("approval_reason"), "safety.approval_reason",
+                                    optional=True),
+    }
+    for key in ("idempotent", "requires_approval", "open_world"):
+        if key in data:
+            options[key] = f.boolean(data[key], f"safety.{key}")
+    return ToolSafetyContract(**options)
+
+
+def import_model(reference: str) -> type[BaseModel]:
+    """The pydantic model class ``"package.module:ModelName"``; ValueError says what is wrong."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{reference!r} is not a model reference like "
+                         "'package.module:ModelName'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise ValueError(f"cannot import module {module_name!r}: {error}") from None
+    except Exception as error:  # the module's own code failed while importing
+        raise ValueError(f"importing module {module_name!r} failed: "
+                         f"{type(error).__name__}: {error}") from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not (isinstance(target, type) and issubclass(target, BaseModel)):
+        raise ValueError(f"{reference!r} is not a pydantic model class")
+    return target
+
+
+def _schema(f: _Fields, value: Any, field: str, model_name: str) -> type[BaseModel] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            model = import_model(value)
+        except ValueError as error:
+            raise f.error(field, str(error)) from None
+        with f.core(field):
+            check_model("model reference", field, model)
+        return model
+    if isinstance(value, dict):
+        try:
+            return model_from_json_schema(value, model_name)
+        except InlineSchemaError as error:
+            raise f.error(_join(field, error.where) if error.where else field,
+                          error.problem) from None
+    raise f.error(field, "must be a model reference 'package.module:ModelName' or an "
+                  f"inline JSON Schema mapping, got {_kind(value)}")
+
+
+def _prompt_arguments(f: _Fields, value: Any, field: str) -> list[PromptArgument]:
+    arguments = []
+    for index, item in enumerate(f.items(value, field)):
+        here = f"{field}[{index}]"
+        data = f.mapping(item, here, ARGUMENT_KEYS, required=("name",))
+        name = f.string(data["name"], f"{here}.name")
+        description = f.string(data.get("description", ""), f"{here}.description")
+        required = f.boolean(data.get("required", False), f"{here}.required")
+        with f.core(f"{here}.name"):
+            arguments.append(PromptArgument(name, description, required))
+    return arguments
+
+
+def _prompt_messages(f: _Fields, value: Any, field: str) -> list[PromptMessage]:
+    messages = []
+    for index, item in enumerate(f.items(value, field, non_empty=True)):
+        here = f"{field}[{index}]"
+        data = f.mapping(item, here, MESSAGE_KEYS, required=("role", "text"))
+        role = f.string(data["role"], f"{here}.role")
+        if role not in ("user", "assistant"):
+            raise f.error(f"{here}.role", f"must be user or assistant, got {role!r}")
+        messages.append(PromptMessage(role, f.string(data["text"], f"{here}.text")))
+    return messages
+
+
+def _prompts(f: _Fields, value: Any) -> list[FlowPrompt]:
+    prompts = []
+    for index, item in enumerate(f.items(value, "prompts")):
+        field = f"prompts[{index}]"
+        data = f.mapping(item, field, PROMPT_KEYS, required=("name", "messages"))
+        name = f.string(data["name"], f"{field}.name")
+        title = f.string(data.get("title"), f"{field}.title", optional=True)
+        description = f.string(data.get("description", ""), f"{field}.description")
+        arguments = _prompt_arguments(f, data.get("arguments", []), f"{field}.arguments")
+        messages = _prompt_messages(f, data["messages"], f"{field}.messages")
+        with f.core(field):  # placeholders and duplicate arguments are checked here
+            prompts.append(FlowPrompt(name, title, description, arguments, messages))
+    return prompts
+
+
+def _model_base_name(flow_name: str) -> str:
+    parts = flow_name.replace("-", "_").replace(".", "_").split("_")
+    return "".join(part.capitalize() for part in parts if part) or "Flow"
+
+
+def flow_from_data(data: Any, path: PathLike = "<data>") -> Flow:
+    """Build a :class:`Flow` from parsed file content; ``path`` is used in errors."""
+    f = _Fields(Path(path))
+    top = f.mapping(data, None, FLOW_KEYS, required=("name", "description", "steps"))
+    name = f.string(top["name"], "name")
+    with f.core("name"):
+        check_name("flow", name)
+    version = f.string(top.get("version", "1.0.0"), "version")
+    with f.core("version"):
+        version_key(version)
+    base = _model_base_name(name)
+    parts = {
+        "title": f.string(top.get("title"), "title", optional=True),
+        "description": f.string(top["description"], "description"),
+        "steps": _steps(f, top["steps"]),
+        "governance": _governance(f, top.get("governance")),
+        "safety": _safety(f, top.get("safety")),
+        "input_schema": _schema(f, top.get("input_schema"), "input_schema", f"{base}Input"),
+        "output_schema": _schema(f, top.get("output_schema"), "output_schema",
+                                 f"{base}Output"),
+    }
+    prompts = _prompts(f, top.get("prompts", []))
+    with f.core("prompts"):  # the only check Flow makes across parts: unique prompt names
+        return Flow(name=name, version=version, prompts=prompts, **parts)
+
+
+def load_flow_file(path: PathLike) -> Flow:
+    """Read and build the one flow in ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    return flow_from_data(read_flow_data(path), path)
+
+
+def _check_tools(path: Path, flow: Flow, tools: Mapping[str, Tool]) -> None:
+    for index, step in enumerate(flow.steps):
+        tool = tools.get(step.tool_name)
+        if tool is None:
+            close = difflib.get_close_matches(step.tool_name, list(tools), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise FlowFileError(path, f"steps[{index}].tool",
+                                f"no tool named {step.tool_name!r} is registered ({hint}"
+                                f"registered: {', '.join(sorted(tools)) or 'none'})")
+        for tool_field in step.input_mapping:
+            if tool_field not in tool.input_fields:
+                raise FlowFileError(path, f"steps[{index}].input_mapping.{tool_field}",
+                                    f"tool {tool.name!r} has no input field {tool_field!r} "
+                                    f"(its fields: {', '.join(tool.input_fields)})")
+
+
+def load_flows(paths: PathLike | Iterable[PathLike], *,
+               tools: Mapping[str, Tool] | None = None) -> list[Flow]:
+    """Every flow in ``paths`` (files, or directories searched recursively).
+
+    With ``tools`` (name -> Tool, e.g. ``executor.tools``) each step's tool and input
+    mapping is checked too. Two files defining the same flow name and version are an
+    error. Register the result with ``FlowRegistry.register_flow``.
+    """
+    flows: list[Flow] = []
+    defined: dict[tuple[str, tuple], Path] = {}
+    for path in find_flow_files(paths):
+        flow = load_flow_file(path)
+        key = (flow.name, flow.version_key)
+        if key in defined:
+            raise FlowFileError(path, "version", f"flow {flow.name!r} version "
+                                f"{flow.version!r} is already defined in {defined[key]}")
+        defined[key] = path
+        if tools is not None:
+            _check_tools(path, flow, tools)
+        flows.append(flow)
+    return flows

@@ -1,0 +1,540 @@
+"""`chainweaver serve` and `chainweaver inspect`: real servers over stdio and streamable
+HTTP in subprocesses, the exposure report as a table and as JSON, and every bad input
+with its exit code and a one-line message naming the file, field or flag."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastmcp import Client
+from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+from procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_until_listening
+
+from chainweaver import FlowExecutor, FlowRegistry, Tool, __version__, load_flows
+from chainweaver.cli import main
+from chainweaver.mcp import FlowServer
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOWS = "examples/flows"
+TOOLS = "examples/flow_tools.py"
+BIN = Path(sys.executable).parent
+CHAINWEAVER = shutil.which("chainweaver", path=str(BIN)) or str(BIN / "chainweaver")
+
+EXPOSED = ["help_search", "order_status", "order_total"]
+EXCLUDED = {"churn_risk": "lifecycle 'draft' is not allowed (allowed: active)",
+            "legacy_ticket": "effective safety is unknown",
+            "refund_order": "side effects 'write' are not allowed (allowed: none, read)"}
+PROMPTS = ["chainweaver_guide", "help_search", "order_status", "order_status__customer_reply",
+           "order_total"]
+RESOURCES = ["chainweaver://flows"] + [f"chainweaver://flows/{n}/schema" for n in EXPOSED]
+
+
+@pytest.fixture(autouse=True)
+def in_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Run from the repository root; undo the sys.path entries and tmp modules a run adds."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        module_file = getattr(sys.modules[name], "__file__", None) or ""
+        if module_file.startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def reference_server(**policy: Any) -> FlowServer:
+    """The same flows and tools built with the library API, to compare the CLI against."""
+    import flow_tools  # imported by an earlier CLI run, or from examples/ on sys.path
+
+    executor = FlowExecutor(FlowRegistry())
+    for value in vars(flow_tools).values():
+        if isinstance(value, Tool):
+            executor.register_tool(value)
+    for flow in load_flows(ROOT / FLOWS, tools=executor.tools):
+        executor.registry.register_flow(flow)
+    return FlowServer(executor, **policy)
+
+
+# ------------------------------------------------------------------ inspect
+
+
+def test_inspect_prints_the_exposure_decision_as_tables(capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys, "inspect", FLOWS, "--tools", TOOLS,
+                         "--expose-schemas", "--expose-prompts")
+    assert (code, err) == (0, "")
+    exposed_part, excluded_part, extras = out.strip().split("\n\n")
+    exposed_lines = exposed_part.splitlines()
+    assert exposed_lines[0] == "Exposed: 3 of 6 flows"
+    assert exposed_lines[1].split() == ["FLOW", "VERSION", "TOOL", "RESOURCE", "PROMPTS"]
+    rows = {line.split()[0]: line.split(maxsplit=4) for line in exposed_lines[2:]}
+    assert sorted(rows) == EXPOSED
+    assert rows["order_status"] == ["order_status", "2.0.0", "order_status",
+                                    "chainweaver://flows/order_status/schema",
+                                    "order_status, order_status__customer_reply"]
+    assert rows["help_search"][1:4] == ["1.0.0", "help_search",
+                                        "chainweaver://flows/help_search/schema"]
+    excluded_lines = excluded_part.splitlines()
+    assert excluded_lines[0] == "Excluded: 3 of 6 flows"
+    assert excluded_lines[1].split() == ["FLOW", "VERSION", "REASON"]
+    reasons = {line.split()[0]: line.split(maxsplit=2) for line in excluded_lines[2:]}
+    assert sorted(reasons) == sorted(EXCLUDED)
+    for name, reason in EXCLUDED.items():
+        assert reasons[name][2].startswith(reason)
+    assert reasons["churn_risk"][1] == "0.3.0"
+    assert extras == ("Also published: resource chainweaver://flows (index), "
+                      "prompt chainweaver_guide (guide)")
+
+
+def test_inspect_without_expose_flags_shows_only_tools(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "inspect", FLOWS, "--tools", TOOLS)
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("order_status"))
+    assert line.split() == ["order_status", "2.0.0", "order_status", "-", "-"]
+    assert "Also published" not in out
+
+
+def test_inspect_json_is_the_library_exposure_report(capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys, "inspect", FLOWS, "--tools", TOOLS, "--json",
+                         "--expose-schemas", "--expose-prompts")
+    assert (code, err) == (0, "")
+    data = json.loads(out)
+    reference = reference_server(expose_schemas=True, expose_prompts=True)
+    assert data["flows"] == [entry.to_dict() for entry in reference.exposure_report()]
+    assert data["tools"] == EXPOSED
+    assert data["resources"] == RESOURCES
+    assert data["prompts"] == sorted(PROMPTS)
+    assert {f["flow_name"]: f["reason"] for f in data["flows"] if not f["exposed"]}.keys() \
+        == EXCLUDED.keys()
+
+
+@pytest.mark.parametrize(("flags", "policy", "tools"), [
+    (["--lifecycle", "active", "--lifecycle", "draft"],
+     {"allowed_lifecycles": ["active", "draft"]},
+     ["churn_risk", *EXPOSED]),
+    (["--side-effects", "none,read,write", "--allow-requires-approval"],
+     {"allowed_side_effects": ["none", "read", "write"], "allow_requires_approval": True},
+     [*EXPOSED, "refund_order"]),
+    (["--side-effects", "none,read,write"], {"allowed_side_effects": ["none", "read", "write"]},
+     EXPOSED),
+    (["--owner", "support-team,docs-team"], {"owners": ["support-team", "docs-team"]},
+     ["help_search", "order_status"]),
+    (["--prefix", "shop"], {"server_prefix": "shop"}, [f"shop__{n}" for n in EXPOSED]),
+])
+def test_policy_flags_reach_the_exposure_decision(
+    capsys: pytest.CaptureFixture, flags: list[str], policy: dict, tools: list[str],
+) -> None:
+    code, out, _ = run(capsys, "inspect", FLOWS, "--tools", TOOLS, "--json", *flags)
+    assert code == 0
+    data = json.loads(out)
+    assert data["tools"] == tools
+    assert data["flows"] == [e.to_dict() for e in reference_server(**policy).exposure_report()]
+
+
+def test_tools_by_dotted_module_name(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "acme_support"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tools.py").write_text(textwrap.dedent("""
+        from chainweaver import ToolSafetyContract, tool
+
+        @tool(safety=ToolSafetyContract("read"))
+        def lookup(order_id: str) -> dict:
+            return {"found": order_id}
+
+        _hidden = lookup  # private names are not scanned; the same object counts once
+        also = lookup
+    """))
+    (tmp_path / "lookup.flow.yaml").write_text(
+        "name: lookup\ndescription: Look up.\nsteps: [lookup]\n")
+    monkeypatch.chdir(tmp_path)  # the CLI imports dotted modules from the current directory
+    code, out, err = run(capsys, "inspect", ".", "--tools", "acme_support.tools", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["tools"] == ["lookup"]
+
+
+def test_the_same_tools_file_twice_is_loaded_once(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "inspect", FLOWS, "--tools", TOOLS, "--tools", TOOLS, "--json")
+    assert code == 0
+    assert json.loads(out)["tools"] == EXPOSED
+
+
+def test_python_dash_m_entry_point(capsys: pytest.CaptureFixture,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["chainweaver", "--version"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("chainweaver", run_name="__main__")
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"chainweaver {__version__}\n"
+
+
+# ------------------------------------------------------------------ serve, in process
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[FlowServer, tuple, dict]]:
+    calls: list[tuple[FlowServer, tuple, dict]] = []
+    monkeypatch.setattr(FlowServer, "serve", lambda self, *a, **k: calls.append((self, a, k)))
+    return calls
+
+
+def test_serve_builds_everything_then_serves_with_the_transport_options(
+    capsys: pytest.CaptureFixture, served: list,
+) -> None:
+    code, out, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--transport",
+                         "streamable-http", "--host", "0.0.0.0", "--port", "8123",
+                         "--stateless", "--name", "support-desk", "--expose-prompts",
+                         "--log-level", "warning")
+    assert (code, out) == (0, "")
+    ((server, args, options),) = served
+    assert args == ("streamable-http",)
+    assert options == {"host": "0.0.0.0", "port": 8123, "stateless": True,
+                       "log_level": "WARNING"}
+    assert server.fastmcp.name == "support-desk"
+    assert server.registered_tool_names == EXPOSED
+    assert "order_status__customer_reply" in server.prompt_names
+    assert server.resource_uris == []
+    summary = err.splitlines()
+    assert summary[0] == "chainweaver: loaded 6 flow file(s) and 8 tool(s)"
+    assert summary[1] == ("chainweaver: exposed 3 of 6 flows: help_search, order_status, "
+                          "order_total")
+    assert "chainweaver: excluded refund_order v1.0.0: side effects 'write'" in err
+    assert summary[-1] == ("chainweaver: serving 3 tool(s), 0 resource(s), 5 prompt(s) on "
+                           "http://0.0.0.0:8123/mcp")
+
+
+def test_ctrl_c_stops_serve_with_exit_code_0(capsys: pytest.CaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(self: FlowServer, *args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FlowServer, "serve", interrupted)
+    code, out, err = run(capsys, "serve", FLOWS, "--tools", TOOLS)
+    assert (code, out) == (0, "")
+    assert "Traceback" not in err and err.endswith("on stdio\n")
+
+
+@pytest.mark.parametrize("command", [["inspect", "--json"], ["serve"]])
+def test_what_a_tools_module_prints_while_loading_goes_to_stderr(
+    capsys: pytest.CaptureFixture, served: list, tmp_path: Path, command: list[str],
+) -> None:
+    (tmp_path / "chatty_tools.py").write_text(textwrap.dedent("""
+        from chainweaver import ToolSafetyContract, tool
+
+        print("chatty_tools: connecting to the warehouse")
+
+        @tool(safety=ToolSafetyContract("read"))
+        def ping(order_id: str) -> dict:
+            return {"ok": True}
+    """))
+    (tmp_path / "ping.flow.json").write_text(
+        json.dumps({"name": "ping", "description": "Ping.", "steps": ["ping"]}))
+    code, out, err = run(capsys, command[0], str(tmp_path), "--tools",
+                         str(tmp_path / "chatty_tools.py"), *command[1:])
+    assert code == 0
+    assert "chatty_tools: connecting to the warehouse" in err
+    if command[0] == "inspect":
+        assert json.loads(out)["tools"] == ["ping"]  # stdout is nothing but the JSON
+    else:
+        assert out == "" and len(served) == 1
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.fixture
+def bad_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(tmp_path))  # for the dotted module acme_broken.tools
+    def flow(name: str, body: str) -> None:
+        (tmp_path / name).write_text(body)
+
+    ok = "name: ping\ndescription: Ping.\nsteps: [find_order]\n"
+    flow("syntax.flow.yaml", "name: ping\nsteps: [find_order\n")
+    flow("syntax.flow.json", '{"name": "ping",}')
+    flow("unknown.flow.yaml", ok + "stpes: []\n")
+    flow("types.flow.yaml", ok + "version: 1.10\n")
+    flow("model.flow.yaml", ok + "input_schema: flow_tools:Nope\n")
+    flow("tool.flow.yaml", "name: ping\ndescription: Ping.\nsteps: [find_ordr]\n")
+    flow("name.flow.yaml", "name: bad name\ndescription: Ping.\nsteps: [find_order]\n")
+    (tmp_path / "dupes").mkdir()
+    flow("dupes/a.flow.yaml", ok)
+    flow("dupes/b.flow.json", '{"name": "ping", "description": "P", "steps": ["find_order"]}')
+    (tmp_path / "empty").mkdir()
+    flow("raises.py", "raise RuntimeError('tools module is broken')\n")
+    flow("needs_dep.py", "import not_installed_dependency_xyz\n")
+    flow("no_tools.py", "VALUE = 1\n")
+    flow("json.py", "VALUE = 1\n")  # named like a module that is already imported
+    (tmp_path / "acme_broken").mkdir()
+    flow("acme_broken/__init__.py", "")
+    flow("acme_broken/tools.py", "import not_installed_dependency_xyz\n")
+    flow("clash.py", "from chainweaver import tool\n\n@tool\ndef find_order(x: int) -> dict:\n"
+                     "    return {}\n")
+    return tmp_path
+
+
+# (argv with {d} for the bad-input directory, exit code, message after "chainweaver: error: ")
+BAD_RUNS = [
+    (["{d}/missing.flow.yaml"], 2, "{d}/missing.flow.yaml: no such file or directory"),
+    (["{d}/empty"], 2, "{d}/empty: no *.flow.yaml, *.flow.yml or *.flow.json files"),
+    ([FLOWS, "--tools", "no_such_tools_module"], 2,
+     "--tools no_such_tools_module: no module named 'no_such_tools_module'"),
+    ([FLOWS, "--tools", "{d}/missing_tools.py"], 2, "--tools {d}/missing_tools.py: no such file"),
+    ([FLOWS, "--tools", "{d}/raises.py"], 2,
+     "--tools {d}/raises.py: importing it failed: RuntimeError: tools module is broken"),
+    ([FLOWS, "--tools", "{d}/needs_dep.py"], 2, "--tools {d}/needs_dep.py: importing it failed: "
+     "ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"),
+    ([FLOWS, "--tools", "{d}/json.py"], 2, "--tools {d}/json.py: a different module named "
+     "'json' is already imported; rename the file"),
+    ([FLOWS, "--tools", "acme_broken.tools"], 2, "--tools acme_broken.tools: importing it "
+     "failed: ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"),
+    ([FLOWS, "--tools", "{d}/no_tools.py"], 2,
+     "--tools {d}/no_tools.py: the module defines no chainweaver Tool objects"),
+    ([FLOWS, "--tools", "{d}/clash.py"], 1, "--tools {d}/clash.py: a different tool named "
+     "'find_order' already came from examples/flow_tools.py"),
+    (["{d}/syntax.flow.yaml"], 1,
+     "{d}/syntax.flow.yaml: invalid YAML at line 3, column 1: expected ',' or ']'"),
+    (["{d}/syntax.flow.json"], 1,
+     "{d}/syntax.flow.json: invalid JSON at line 1, column 17: Expecting property name"),
+    (["{d}/unknown.flow.yaml"], 1, "{d}/unknown.flow.yaml: stpes: unknown key (did you mean "
+     "'steps'?"),
+    (["{d}/types.flow.yaml"], 1,
+     "{d}/types.flow.yaml: version: must be a string (quote it), got a number (1.1)"),
+    (["{d}/model.flow.yaml"], 1,
+     "{d}/model.flow.yaml: input_schema: module 'flow_tools' has no attribute 'Nope'"),
+    (["{d}/tool.flow.yaml"], 1, "{d}/tool.flow.yaml: steps[0].tool: no tool named 'find_ordr' "
+     "is registered (did you mean 'find_order'?"),
+    (["{d}/name.flow.yaml"], 1, "{d}/name.flow.yaml: name: flow name 'bad name' is invalid"),
+    (["{d}/dupes"], 1, "{d}/dupes/b.flow.json: version: flow 'ping' version '1.0.0' is "
+     "already defined in {d}/dupes/a.flow.yaml"),
+    ([FLOWS, "--lifecycle", "live"], 1,
+     "--lifecycle: 'live' is not one of draft, reviewed, active, archived"),
+    ([FLOWS, "--side-effects", "none,risky"], 1,
+     "--side-effects: 'risky' is not one of none, read, write, external, destructive"),
+    ([FLOWS, "--owner", ","], 1, "--owner needs at least one value"),
+    ([FLOWS, "--prefix", "bad prefix"], 1, "server_prefix 'bad prefix' is not a valid name part"),
+]
+
+
+def _fill(value: str, directory: Path) -> str:
+    return value.replace("{d}", str(directory))
+
+
+@pytest.mark.parametrize("command", ["inspect", "serve"])
+@pytest.mark.parametrize(("argv", "exit_code", "message"), BAD_RUNS,
+                         ids=[f"{case[1]}-{case[2][:40]}" for case in BAD_RUNS])
+def test_bad_input_fails_with_one_line_and_the_right_exit_code(
+    capsys: pytest.CaptureFixture, bad_inputs: Path, served: list, command: str,
+    argv: list[str], exit_code: int, message: str,
+) -> None:
+    args = [_fill(a, bad_inputs) for a in argv]
+    if "--tools" not in args:
+        args += ["--tools", TOOLS]
+    elif args[args.index("--tools") + 1] != TOOLS:
+        args = [*args[:args.index("--tools")], "--tools", TOOLS,
+                *args[args.index("--tools"):]]
+    code, out, err = run(capsys, command, *args)
+    assert code == exit_code
+    assert out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("chainweaver: error: " + _fill(message, bad_inputs))
+    assert served == []  # nothing was served
+
+
+def test_yaml_files_without_pyyaml_exit_2_with_the_install_hint(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "yaml", None)
+    code, out, err = run(capsys, "inspect", FLOWS, "--tools", TOOLS)
+    assert (code, out) == (2, "")
+    assert err == ("chainweaver: error: YAML flow files need PyYAML: pip install "
+                   "'chainweaver[yaml]' (JSON flow files work without it)\n")
+    # JSON flow files still load.
+    code, out, _ = run(capsys, "inspect", f"{FLOWS}/help_search.flow.json", "--tools", TOOLS)
+    assert code == 0 and "help_search" in out
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["inspect", FLOWS], "the following arguments are required: --tools"),
+    (["serve", FLOWS, "--tools", TOOLS, "--transport", "sse"], "invalid choice: 'sse'"),
+    (["serve", FLOWS, "--tools", TOOLS, "--port", "http"], "invalid int value: 'http'"),
+    (["inspect", "--tools", TOOLS], "the following arguments are required: PATH"),
+])
+def test_malformed_command_lines_are_usage_errors(
+    capsys: pytest.CaptureFixture, argv: list[str], expected: str,
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys)
+    assert (code, out) == (2, "")
+    assert "serve" in err and "inspect" in err
+
+
+# ------------------------------------------------------------------ real processes
+
+
+def _serve_args(*extra: str) -> list[str]:
+    return ["serve", FLOWS, "--tools", TOOLS, "--expose-schemas", "--expose-prompts", *extra]
+
+
+async def _published(client: Client) -> tuple[list[str], list[str], list[str]]:
+    tools = sorted(t.name for t in await client.list_tools())
+    resources = sorted(str(r.uri) for r in await client.list_resources())
+    prompts = sorted(p.name for p in await client.list_prompts())
+    return tools, resources, prompts
+
+
+@pytest.mark.anyio
+async def test_serve_over_stdio_answers_a_real_client(tmp_path: Path) -> None:
+    log = tmp_path / "stderr.log"
+    transport = StdioTransport(CHAINWEAVER, _serve_args(), cwd=str(ROOT), keep_alive=False,
+                               log_file=log)
+    async with Client(transport) as client:
+        assert await _published(client) == (EXPOSED, RESOURCES, sorted(PROMPTS))
+        result = await client.call_tool("order_total", {"order_id": "A-1003",
+                                                        "to_currency": "USD"})
+        assert result.structured_content == {"order_id": "A-1003", "converted_cents": 11308,
+                                             "to_currency": "USD"}
+        hidden = await client.call_tool("refund_order", {"order_id": "A-1001",
+                                                         "reason": "broken"},
+                                        raise_on_error=False)
+        assert hidden.is_error and hidden.content[0].text == "Unknown tool: 'refund_order'"
+    stderr = log.read_text()
+    assert "chainweaver: exposed 3 of 6 flows: help_search, order_status, order_total" in stderr
+    assert "chainweaver: serving 3 tool(s), 4 resource(s), 5 prompt(s) on stdio" in stderr
+
+
+def _rpc(message_id: int, method: str, params: dict) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method,
+                       "params": params}) + "\n"
+
+
+def test_python_dash_m_under_stdio_writes_nothing_but_mcp_to_stdout() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "chainweaver", *_serve_args()], cwd=ROOT,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(STARTUP_TIMEOUT, process.kill)  # never hang on readline
+    watchdog.start()
+    try:
+        requests = [
+            _rpc(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                   "clientInfo": {"name": "raw", "version": "0"}}),
+            json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n",
+            _rpc(2, "tools/list", {}), _rpc(3, "prompts/list", {}),
+            _rpc(4, "resources/list", {}),
+        ]
+        lines = []
+        for request in requests:
+            process.stdin.write(request)
+            process.stdin.flush()
+            if '"id"' in request:
+                lines.append(process.stdout.readline())
+        rest, stderr = process.communicate(timeout=EXIT_TIMEOUT)  # closes stdin: shutdown
+    finally:
+        watchdog.cancel()
+        stop(process)
+    lines += rest.splitlines(keepends=True)
+    messages = [json.loads(line) for line in lines]
+    assert all(m["jsonrpc"] == "2.0" for m in messages)
+    by_id = {m["id"]: m["result"] for m in messages}
+    assert sorted(t["name"] for t in by_id[2]["tools"]) == EXPOSED
+    assert sorted(p["name"] for p in by_id[3]["prompts"]) == sorted(PROMPTS)
+    assert sorted(r["uri"] for r in by_id[4]["resources"]) == RESOURCES
+    assert process.returncode == 0
+    assert "chainweaver: loaded 6 flow file(s) and 8 tool(s)" in stderr
+
+
+@pytest.mark.anyio
+async def test_serve_over_streamable_http_answers_a_real_client(tmp_path: Path) -> None:
+    port = free_port()
+    with open(tmp_path / "server.log", "w") as output:
+        process = subprocess.Popen(
+            [CHAINWEAVER, *_serve_args("--transport", "streamable-http", "--port", str(port),
+                                       "--prefix", "shop", "--lifecycle", "active,draft")],
+            cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            wait_until_listening(process, port)
+            url = f"http://127.0.0.1:{port}/mcp"
+            async with Client(StreamableHttpTransport(url)) as client:
+                tools, resources, prompts = await _published(client)
+                result = await client.call_tool("shop__help_search", {"query": "parcel"})
+                assert result.structured_content["article_ids"] == ["kb-12"]
+        finally:
+            stop(process)
+    names = ["churn_risk", *EXPOSED]
+    assert tools == [f"shop__{n}" for n in names]
+    assert resources == ["chainweaver://flows"] + [
+        f"chainweaver://flows/shop__{n}/schema" for n in names]
+    assert prompts == sorted(["chainweaver_guide", *(f"shop__{n}" for n in names),
+                              "shop__order_status__customer_reply"])
+    log = (tmp_path / "server.log").read_text()
+    assert f"on http://127.0.0.1:{port}/mcp" in log
+
+
+def test_a_bad_file_never_starts_a_server(tmp_path: Path) -> None:
+    flows = tmp_path / "flows"
+    shutil.copytree(ROOT / FLOWS, flows)
+    (flows / "broken.flow.yaml").write_text("name: broken\ndescription: B\nsteps: [nope]\n")
+    completed = subprocess.run(
+        [CHAINWEAVER, "serve", str(flows), "--tools", TOOLS], cwd=ROOT, input="",
+        capture_output=True, text=True, timeout=STARTUP_TIMEOUT)
+    assert completed.returncode == 1
+    assert completed.stdout == ""
+    assert completed.stderr.startswith(f"chainweaver: error: {flows}/broken.flow.yaml: "
+                                       "steps[0].tool: no tool named 'nope'")
+    assert completed.stderr.count("\n") == 1
+
+
+def test_without_the_mcp_extra_the_cli_exits_2_and_says_what_to_install() -> None:
+    script = textwrap.dedent("""
+        import sys
+
+        class BlockMcp:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("fastmcp", "mcp", "jsonschema"):
+                    raise ImportError(f"blocked for this test: {name}")
+
+        sys.meta_path.insert(0, BlockMcp())
+        from chainweaver.cli import main
+        raise SystemExit(main(sys.argv[1:]))
+    """)
+    completed = subprocess.run(
+        [sys.executable, "-c", script, "inspect", FLOWS, "--tools", TOOLS], cwd=ROOT,
+        capture_output=True, text=True, timeout=STARTUP_TIMEOUT)
+    assert completed.returncode == 2
+    assert completed.stderr == ("chainweaver: error: chainweaver.mcp needs the 'mcp' extra: "
+                                "pip install 'chainweaver[mcp]'\n")
+
+
+def test_console_script_and_python_dash_m_are_the_same_command() -> None:
+    outputs = [subprocess.run(command + ["--version"], capture_output=True, text=True,
+                              timeout=STARTUP_TIMEOUT)
+               for command in ([CHAINWEAVER], [sys.executable, "-m", "chainweaver"])]
+    assert [o.stdout for o in outputs] == [f"chainweaver {__version__}\n"] * 2
+    inspected = [subprocess.run(command + ["inspect", FLOWS, "--tools", TOOLS, "--json"],
+                                cwd=ROOT, capture_output=True, text=True,
+                                timeout=STARTUP_TIMEOUT)
+                 for command in ([CHAINWEAVER], [sys.executable, "-m", "chainweaver"])]
+    assert inspected[0].returncode == inspected[1].returncode == 0
+    assert json.loads(inspected[0].stdout) == json.loads(inspected[1].stdout)
+    assert json.loads(inspected[0].stdout)["tools"] == EXPOSED
