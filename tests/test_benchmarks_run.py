@@ -1,0 +1,82 @@
+"""The benchmarks still run end to end: each script, in a small configuration, exits 0
+and prints every section. Timings are not asserted (machines are noisy); the scripts'
+own consistency checks (candidate and baseline return the same results) are."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from procs import stop
+
+ROOT = Path(__file__).resolve().parent.parent
+# Only stops a hung benchmark; never a speed requirement.
+RUN_TIMEOUT = 600.0
+
+SERVER_SECTIONS = [
+    "== 1. Construct FlowServer over 100 registered flows",
+    "== 2. Lists right after construction, 100 flows",
+    "== 3. tools/call round trip",
+    "== 4. Schema resources, 100 flows",
+    "== 5. Prompts, 100 flows",
+    "== Summary ==",
+]
+# Rows that carry a target, each reported once in the summary with PASS or MISS.
+SERVER_TARGETS = [
+    "tools only",
+    "expose_schemas",
+    "expose_schemas + expose_prompts",
+    "FlowServer, 1 flow vs bare, 1 tool",
+    "FlowServer, 100 flows vs bare, 1 tool",
+    "resources/list",
+    "resources/read",
+    "prompts/list",
+    "prompts/get",
+]
+EXECUTOR_LINES = [
+    "3-step flow, 2 repeats; microseconds per call (best / median)",
+    "hand-written pydantic",
+    "execute_flow ",
+    "execute_flow_async",
+    "ratio execute_flow / hand-written",
+    "ratio execute_flow_async / hand-written",
+    "of which an empty worker-thread hop costs",
+]
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    process = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = process.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        stop(process)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def test_bench_server_quick_prints_every_section() -> None:
+    result = run_script("benchmarks/bench_server.py", "--quick")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for header in SERVER_SECTIONS:
+        assert any(line.startswith(header) for line in lines), (header, result.stdout)
+
+    summary = result.stdout.split("== Summary ==", 1)[1].splitlines()
+    verdicts = [line.strip() for line in summary if re.match(r"\s+(PASS|MISS)  ", line)]
+    labels = [re.split(r"\s{2,}", line)[1] for line in verdicts]
+    assert labels == SERVER_TARGETS, result.stdout
+    for line in verdicts:
+        # Each verdict carries its measured value: a ratio, or a time in ms/us.
+        assert re.search(r"\d+\.\d+(x| ms| us)", line), line
+
+
+def test_bench_executor_small_run_prints_every_line() -> None:
+    result = run_script("benchmarks/bench_executor.py", "--repeats", "2", "--number", "200")
+    assert result.returncode == 0, result.stderr
+    for expected in EXECUTOR_LINES:
+        assert expected in result.stdout, (expected, result.stdout)
+    assert re.search(r"target <= 3x: (ok|OVER)", result.stdout), result.stdout
