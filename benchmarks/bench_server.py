@@ -30,7 +30,7 @@ from fastmcp.prompts.base import Message
 from fastmcp.prompts.function_prompt import FunctionPrompt
 from fastmcp.resources import TextResource
 from fastmcp.tools.function_tool import FunctionTool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from chainweaver import (
     Flow,
@@ -255,6 +255,51 @@ def bench_construction(executor: FlowExecutor, flows: int, repeats: int) -> list
     print("  first construction in the process (includes one-off schema generation): "
           + ", ".join(f"{name} {fmt(t).strip()}" for name, t in first.items()))
     return rows
+
+
+def distinct_models(flows: int, tag: int) -> list[tuple[type[BaseModel], type[BaseModel]]]:
+    """Fresh input/output model classes per flow: nothing is in any schema cache yet."""
+    return [(create_model(f"In{tag}_{i}", query=(str, Field(description="What to find")),
+                          limit=(int, Field(5, ge=1, description="How many"))),
+             create_model(f"Out{tag}_{i}", items=(list[str], Field(description="Found"))))
+            for i in range(flows)]
+
+
+def bench_distinct_construction(flows: int, repeats: int) -> list[Row]:
+    """Construction when every flow has its own models, against bare FastMCP doing the
+    same schema generation for as many function tools. Construction generates each
+    exposed flow's JSON Schema (to exclude a flow whose schema cannot be generated), so
+    here it carries the one-off pydantic cost that FastMCP pays when it adds a tool."""
+    section(f"1b. Construct over {flows} flows with distinct models, vs bare FastMCP "
+            f"built with {flows} function tools over the same kind of models")
+    candidate: list[float] = []
+    baseline: list[float] = []
+    for repeat in range(max(2, repeats // 2)):
+        models = distinct_models(flows, 2 * repeat)
+        executor = FlowExecutor(FlowRegistry())
+        for i, (model_in, model_out) in enumerate(models):
+            executor.register_tool(Tool(f"t{i}", "Find things.", model_in, model_out,
+                                        lambda data: {"items": []}, safety=SAFE))
+            executor.registry.register_flow(Flow(f"f{i}", "Find things.", [FlowStep(f"t{i}")]))
+        candidate.append(_construct(executor, CONFIGS[next(iter(CONFIGS))]))
+        functions = [_bare_function(model_in, model_out)
+                     for model_in, model_out in distinct_models(flows, 2 * repeat + 1)]
+        gc.collect()
+        started = time.perf_counter()
+        FastMCP("bare", tools=[FunctionTool.from_function(fn, name=f"f{i}")
+                               for i, fn in enumerate(functions)])
+        baseline.append(time.perf_counter() - started)
+    row = Row("construct, distinct models vs bare FastMCP", candidate, baseline)
+    report(row)
+    return [row]
+
+
+def _bare_function(model_in: type[BaseModel], model_out: type[BaseModel]) -> Callable[..., Any]:
+    def find(data: Any) -> Any:
+        return model_out(items=[])
+    # Real classes, not the strings postponed annotations would leave for FastMCP.
+    find.__annotations__ = {"data": model_in, "return": model_out}
+    return find
 
 
 def _construct(executor: FlowExecutor, flags: dict[str, bool]) -> float:
@@ -519,6 +564,7 @@ def main() -> None:
     if profiler:
         profiler.enable()
     rows = bench_construction(executor, args.flows, args.repeats)
+    rows += bench_distinct_construction(args.flows, args.repeats)
     rows += asyncio.run(run_async(args, executor))
     if profiler:
         profiler.disable()

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
@@ -34,6 +35,24 @@ def invalid(prompt: str, message: str) -> ValidationError:
 # --------------------------------------------------------------- arguments
 
 
+def _property(raw: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
+    """A property schema with refs and nullable wrappers removed.
+
+    A union of several non-null types (``int | str``) stays a union: reading it as
+    its first branch would reject values the schema accepts.
+    """
+    branches = raw.get("anyOf")
+    if isinstance(branches, list) and len(_union_types(raw)) != 1:
+        return dict(raw)
+    return resolve_property(dict(raw), dict(root))
+
+
+def _union_types(prop: Mapping[str, Any]) -> list[str]:
+    """The non-null branch types of an ``anyOf``; a ``$ref`` branch is a model, an object."""
+    return [str(b.get("type", "object" if "$ref" in b or "properties" in b else "value"))
+            for b in prop.get("anyOf", ()) if isinstance(b, Mapping) and b.get("type") != "null"]
+
+
 def _kind(prop: Mapping[str, Any]) -> str | None:
     kind = prop.get("type")
     if isinstance(kind, list):
@@ -52,6 +71,8 @@ def describe_property(prop: Mapping[str, Any]) -> str:
     kind = _kind(prop)
     if kind and kind != "enum":
         parts.append(f"Type: {kind}" + (" (JSON text)" if kind in ("array", "object") else ""))
+    elif kind is None and _union_types(prop):
+        parts.append("Type: " + " or ".join(dict.fromkeys(_union_types(prop))))
     if prop.get("enum"):
         parts.append("Allowed values: " + ", ".join(_show(v) for v in prop["enum"]))
     if "default" in prop:
@@ -70,7 +91,7 @@ def argument_specs(schema: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     required = set(schema.get("required", ()))
     specs = []
     for name, raw in schema.get("properties", {}).items():
-        prop = resolve_property(raw, dict(schema))
+        prop = _property(raw, schema)
         specs.append((name, describe_property(prop), name in required and "default" not in prop))
     return specs
 
@@ -80,7 +101,7 @@ def argument_choices(schema: Mapping[str, Any], name: str) -> list[str]:
     raw = schema.get("properties", {}).get(name)
     if raw is None:
         return []
-    prop = resolve_property(raw, dict(schema))
+    prop = _property(raw, schema)
     if prop.get("enum"):
         return [_show(v) for v in prop["enum"]]
     if _kind(prop) == "boolean":
@@ -127,11 +148,35 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
         if not isinstance(value, expected):
             raise invalid(prompt, f"argument {name!r} must be a JSON {kind}")
         return value
-    # Unions and untyped fields: JSON if it parses, else the text itself.
+    # Unions and untyped fields: the JSON reading of the text when the property takes
+    # it (or nothing does), else the text itself.
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        value = json.loads(text, parse_constant=_no_constant)
+    except ValueError:  # JSONDecodeError, or NaN / Infinity
         return text
+    if _fits(value, prop) or not _fits(text, prop):
+        return value
+    return text
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _fits(value: Any, prop: Mapping[str, Any]) -> bool:
+    try:
+        return _validator(json.dumps(prop, sort_keys=True)).is_valid(value)
+    except Exception:  # a property we cannot check alone (an unresolved $ref): the
+        return True  # validation of the whole arguments object decides
+
+
+# Argument name -> JSON type name of the values a ``prompts/get`` sent that were not
+# strings. The MCP SDK would refuse them before FastMCP runs, with a message naming
+# nothing; ``NonStringPromptArguments`` blanks them so the request passes the gate,
+# and the check below answers like for any other caller mistake.
+NON_STRING_ARGUMENTS: ContextVar[Mapping[str, str] | None] = ContextVar(
+    "chainweaver_non_string_prompt_arguments", default=None
+)
 
 
 def check_argument_names(
@@ -139,12 +184,13 @@ def check_argument_names(
 ) -> dict[str, str]:
     """Reject unknown, missing-required and non-string arguments. ``known``: name -> required."""
     values = dict(values or {})
+    non_string = NON_STRING_ARGUMENTS.get() or {}
     for name, value in values.items():
         if name not in known:
             raise invalid(prompt, f"unknown argument {name!r}")
-        if not isinstance(value, str):
-            raise invalid(prompt, f"argument {name!r} must be a string, "
-                                  f"got {type(value).__name__}")
+        if name in non_string or not isinstance(value, str):
+            kind = non_string.get(name) or type(value).__name__
+            raise invalid(prompt, f"argument {name!r} must be a string, got {kind}")
     for name, required in known.items():
         if required and name not in values:
             raise invalid(prompt, f"missing required argument {name!r}")
@@ -167,7 +213,7 @@ def tool_arguments(
     properties = schema.get("properties", {})
     arguments: dict[str, Any] = {}
     for name in properties:
-        prop = resolve_property(properties[name], dict(schema))
+        prop = _property(properties[name], schema)
         if name in strings:
             arguments[name] = _convert(prompt, name, strings[name], prop)
         elif "default" in prop:
@@ -175,7 +221,9 @@ def tool_arguments(
     validator = _validator(json.dumps(schema, sort_keys=True))
     error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is not None:
-        where = str(error.path[0]) if error.path else None
+        # absolute_path: inside anyOf/oneOf, best_match picks a sub-error whose own
+        # path is relative to the union, not to the arguments object.
+        where = str(error.absolute_path[0]) if error.absolute_path else None
         if where is None and error.validator == "required":
             where = str(error.message).split("'")[1] if "'" in error.message else None
         label = f"argument {where!r}" if where else "arguments"
@@ -218,7 +266,7 @@ def _output_lines(output_schema: Mapping[str, Any] | None) -> list[str]:
         return ["The result is the flow's JSON output."]
     lines = ["The result will contain:"]
     for name, raw in output_schema["properties"].items():
-        prop = resolve_property(raw, dict(output_schema))
+        prop = _property(raw, output_schema)
         kind = _kind(prop) or "value"
         about = f": {prop['description']}" if prop.get("description") else ""
         lines.append(f"- {name} ({kind}){about}")

@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastmcp.exceptions import FastMCPError, PromptError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import PrivateAttr
 
 from ..executor import FlowExecutor
@@ -114,3 +117,43 @@ class GuidePrompt(Prompt):
     async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
         prompt_render.check_argument_names(self.name, arguments, {})
         return _result(prompt_render.guide_messages(self._exposure), self.description)
+
+
+class NonStringPromptArguments:
+    """MCP SDK middleware for ``prompts/get`` requests carrying non-string argument values.
+
+    The SDK checks ``arguments`` against ``dict[str, str]`` before any FastMCP code
+    runs and answers a bare "Invalid request parameters". Here such values are
+    replaced by empty strings and remembered, so the request goes through the security
+    gate like any other and rendering answers -32602 naming the prompt and argument
+    (an unknown prompt name still answers "unknown prompt").
+    """
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any],
+                       call_next: CallNext) -> HandlerResult:
+        params = ctx.params
+        arguments = params.get("arguments") if isinstance(params, Mapping) else None
+        if ctx.method != "prompts/get" or not isinstance(arguments, Mapping):
+            return await call_next(ctx)
+        wrong = {str(name): _json_type(value) for name, value in arguments.items()
+                 if not isinstance(value, str)}
+        if not wrong:
+            return await call_next(ctx)
+        blanked = {name: value if isinstance(value, str) else ""
+                   for name, value in arguments.items()}
+        token = prompt_render.NON_STRING_ARGUMENTS.set(wrong)
+        try:
+            return await call_next(dataclasses.replace(
+                ctx, params={**params, "arguments": blanked}))
+        finally:
+            prompt_render.NON_STRING_ARGUMENTS.reset(token)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {dict: "object", list: "array"}.get(type(value), type(value).__name__)

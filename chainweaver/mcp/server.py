@@ -18,6 +18,7 @@ from ..prompts import FlowPrompt
 from ..safety import SideEffectLevel
 from .exposure import INDEX_URI, Exposure, ExposurePolicy, FlowExposure, decide_exposure
 from .flow_tool import ERROR_DETAILS, ErrorDetail
+from .prompts import NonStringPromptArguments
 from .provider import FlowProvider
 from .security import AuditHook, Authenticator, Authorizer, RateLimiter, SecurityGate
 
@@ -102,6 +103,9 @@ class FlowServer:
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
+        if expose_prompts:
+            # Outermost, so FastMCP and its security gate see the request it rewrites.
+            self._fastmcp._mcp_server.middleware.insert(0, NonStringPromptArguments())
 
     @property
     def fastmcp(self) -> FastMCP:

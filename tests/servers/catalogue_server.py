@@ -1,10 +1,10 @@
 """Serve the shared test catalogue over a real transport, for the subprocess tests.
 
 Usage: ``python catalogue_server.py stdio|streamable-http [--port N] [--token T]
-[--audit FILE] [--noisy]``. ``--token`` requires ``Authorization: Bearer T`` and
-``X-Caller`` names the caller; ``--audit`` appends every audit event as one JSON
+[--audit FILE] [--noisy] [--expose]``. ``--token`` requires ``Authorization: Bearer T``
+and ``X-Caller`` names the caller; ``--audit`` appends every audit event as one JSON
 line; ``--noisy`` adds a flow whose tool prints to stdout and logs, to prove neither
-reaches the MCP channel.
+reaches the MCP channel; ``--expose`` turns on ``expose_schemas`` and ``expose_prompts``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--token")
     parser.add_argument("--audit")
     parser.add_argument("--noisy", action="store_true")
+    parser.add_argument("--expose", action="store_true")
     args = parser.parse_args()
 
     executor = build_catalogue()
@@ -63,6 +64,8 @@ def main() -> None:
         name="catalogue",
         authenticator=authenticate if args.token else None,
         audit_hook=audit if args.audit else None,
+        expose_schemas=args.expose,
+        expose_prompts=args.expose,
     )
     server.serve(args.transport, host="127.0.0.1", port=args.port)
 
