@@ -424,3 +424,17 @@ async def test_flow_whose_schema_cannot_be_generated_is_excluded_not_fatal() -> 
         # The other flow is still listed in full: one bad model does not empty the list.
         assert [t.name for t in await client.list_tools()] == ["product_search"]
         assert "opaque_flow" not in {p.name for p in await client.list_prompts()}
+
+
+def test_flow_cannot_take_the_guide_prompt_name() -> None:
+    executor = build_catalogue()
+    executor.registry.register_flow(Flow("chainweaver_guide", "Shadows the guide.",
+                                         [FlowStep("search_products")]))
+    with pytest.raises(ExposureConfigError, match="'chainweaver_guide' of flow "
+                                                  "'chainweaver_guide' is reserved"):
+        FlowServer(executor, expose_prompts=True)
+    # Without prompts there is no clash; with a prefix the names differ.
+    assert "chainweaver_guide" in FlowServer(executor).registered_tool_names
+    prefixed = FlowServer(executor, expose_prompts=True, server_prefix="shop")
+    assert "shop__chainweaver_guide" in prefixed.prompt_names
+    assert "chainweaver_guide" in prefixed.prompt_names

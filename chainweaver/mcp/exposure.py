@@ -293,6 +293,11 @@ def _publish(
     if policy.expose_prompts:
         published = {tool_name: None} | {f"{tool_name}__{p.name}": p for p in flow.prompts}
         for prompt_name, prompt in published.items():
+            if prompt_name == GUIDE_PROMPT_NAME and prompt_name not in server_prompt_names:
+                raise ExposureConfigError(
+                    f"prompt name {prompt_name!r} of flow {flow.name!r} is reserved for the "
+                    "guide prompt; rename the flow or set server_prefix"
+                )
             if prompt_name in exposure.prompts:
                 raise ExposureConfigError(
                     f"prompt name {prompt_name!r} of flow {flow.name!r} collides with "
