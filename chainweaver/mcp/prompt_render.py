@@ -204,11 +204,30 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
+# id(schema) -> (schema, argument name -> required, validator). Published schemas are
+# long-lived cached dicts; keeping a reference to each stops its id being reused.
+_PREPARED: dict[int, tuple[Mapping[str, Any], dict[str, bool],
+                           jsonschema.protocols.Validator]] = {}
+
+
+def _prepared(schema: Mapping[str, Any]) -> tuple[dict[str, bool],
+                                                   jsonschema.protocols.Validator]:
+    """What every render of a schema needs, computed once per schema object."""
+    entry = _PREPARED.get(id(schema))
+    if entry is None or entry[0] is not schema:
+        known = {name: required for name, _, required in argument_specs(schema)}
+        entry = (schema, known, _validator(json.dumps(schema, sort_keys=True)))
+        if len(_PREPARED) >= 4096:  # callers passing fresh dicts must not grow it forever
+            _PREPARED.clear()
+        _PREPARED[id(schema)] = entry
+    return entry[1], entry[2]
+
+
 def tool_arguments(
     prompt: str, schema: Mapping[str, Any], values: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """Convert string values to the schema's types, fill defaults, validate with jsonschema."""
-    known = {name: required for name, _, required in argument_specs(schema)}
+    known, validator = _prepared(schema)
     strings = check_argument_names(prompt, values, known)
     properties = schema.get("properties", {})
     arguments: dict[str, Any] = {}
@@ -218,7 +237,6 @@ def tool_arguments(
             arguments[name] = _convert(prompt, name, strings[name], prop)
         elif "default" in prop:
             arguments[name] = prop["default"]
-    validator = _validator(json.dumps(schema, sort_keys=True))
     error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is not None:
         # absolute_path: inside anyOf/oneOf, best_match picks a sub-error whose own
