@@ -267,16 +267,18 @@ async def test_non_string_values_of_every_json_type_are_named_and_unknown_names_
         # An unknown argument name is still reported as unknown, whatever its value.
         assert await send(client, "order_status", {"order_id": "A-1", "extra": 1}) == invalid(
             "order_status", "unknown argument 'extra'")
-        for name in ("write_flow", NEVER):
-            assert await send(client, name, {"query": 1}) == {
-                "code": -32602, "message": f"Unknown prompt: {name!r}", "data": None}
+        # Names this server does not publish keep the SDK's own answer, which is the
+        # same for an excluded flow's prompt and for a name that never existed.
+        excluded, never = [await send(client, name, {"query": 1})
+                           for name in ("write_flow", NEVER)]
+        assert excluded == never and excluded["code"] == -32602
         # The rewritten request leaves nothing behind for the next one.
         ok = await client.get_prompt("product_search__compare", {"first": "a", "second": "b"})
     assert "b" in text_of(ok)
     # Each of these requests went through the gate and was audited as an error.
     completed = [e for e in events if e.phase == "completed"]
-    assert len(completed) == 9
-    assert [e.outcome for e in completed] == ["error"] * 8 + ["ok"]
+    assert len(completed) == 7
+    assert [e.outcome for e in completed] == ["error"] * 6 + ["ok"]
 
 
 # ---------------------------------------------------------- authored prompts
@@ -495,3 +497,30 @@ def test_invocation_values_reach_the_arguments_unchanged(query: str) -> None:
     assert arguments_section(text)["query"] == query
     # The only closing tag is the section's own, at the very end.
     assert text.count("</user-data>") == 1 and text.endswith("</user-data>")
+
+
+
+class Measure(BaseModel):
+    amount: float | str = Field(description="A number, or a word such as 'plenty'")
+
+
+@tool(safety=ToolSafetyContract("none"))
+def keep_measure(data: Measure) -> Measure:
+    return data
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e400", "1e400"), ("-1e999", "-1e999"), ("2.5", 2.5), ("plenty", "plenty")])
+async def test_out_of_range_numbers_in_union_fields_stay_text(text: str, value: Any) -> None:
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(keep_measure)
+    executor.registry.register_flow(Flow("measure", "Keep a measure.",
+                                         [FlowStep("keep_measure")]))
+    async with Client(FlowServer(executor, expose_prompts=True).fastmcp) as client:
+        result = await client.get_prompt("measure", {"amount": text})
+        arguments = result.meta["chainweaver"]["arguments"]
+        # Not Infinity (which JSON cannot carry, and which became null on the wire).
+        assert arguments == {"amount": value}
+        called = await client.call_tool("measure", arguments)
+    assert called.structured_content == {"amount": value}

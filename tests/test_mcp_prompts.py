@@ -548,3 +548,24 @@ def test_the_report_lists_each_flows_prompt_names() -> None:
     assert report["draft_report"].prompt_names == () and not report["draft_report"].exposed
     published = {name for entry in report.values() for name in entry.prompt_names}
     assert published | {GUIDE} == set(server.prompt_names)
+
+
+@pytest.mark.anyio
+async def test_prompts_the_server_does_not_own_keep_the_sdk_answer_for_non_strings() -> None:
+    server = prompting()
+    rendered: list[str] = []
+
+    @server.fastmcp.prompt
+    def greet(name: str) -> str:
+        rendered.append(name)
+        return f"Hello {name}"
+
+    async with Client(server.fastmcp) as client:
+        own = await raw_prompt_error(client, "product_search", {"query": 5})
+        foreign = await raw_prompt_error(client, "greet", {"name": 5})
+        assert text_of(await client.get_prompt("greet", {"name": "Bob"})) == "Hello Bob"
+    assert own.model_dump() == invalid("product_search",
+                                       "argument 'query' must be a string, got number")
+    # Not blanked to "" and rendered: the SDK refuses the request, as without FlowServer.
+    assert foreign.code == -32602
+    assert rendered == ["Bob"]

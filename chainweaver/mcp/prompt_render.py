@@ -151,7 +151,7 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
     # Unions and untyped fields: the JSON reading of the text when the property takes
     # it (or nothing does), else the text itself.
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except ValueError:  # JSONDecodeError, or NaN / Infinity
         return text
     if _fits(value, prop) or not _fits(text, prop):
@@ -161,6 +161,13 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # "1e400" parses as inf, which JSON cannot carry
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 def _fits(value: Any, prop: Mapping[str, Any]) -> bool:

@@ -126,14 +126,20 @@ class NonStringPromptArguments:
     runs and answers a bare "Invalid request parameters". Here such values are
     replaced by empty strings and remembered, so the request goes through the security
     gate like any other and rendering answers -32602 naming the prompt and argument
-    (an unknown prompt name still answers "unknown prompt").
+    (an unknown prompt name still answers "unknown prompt"). Only prompts this server
+    publishes are touched: other prompts added to the FastMCP instance keep the SDK's
+    own answer rather than rendering with blanked values.
     """
+
+    def __init__(self, exposure: Exposure) -> None:
+        self._exposure = exposure
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any],
                        call_next: CallNext) -> HandlerResult:
         params = ctx.params
         arguments = params.get("arguments") if isinstance(params, Mapping) else None
-        if ctx.method != "prompts/get" or not isinstance(arguments, Mapping):
+        if (ctx.method != "prompts/get" or not isinstance(arguments, Mapping)
+                or params.get("name") not in self._exposure.prompts):
             return await call_next(ctx)
         wrong = {str(name): _json_type(value) for name, value in arguments.items()
                  if not isinstance(value, str)}

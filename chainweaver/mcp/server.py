@@ -105,7 +105,7 @@ class FlowServer:
             self._fastmcp.add_completion_handler(self._provider.complete)
         if expose_prompts:
             # Outermost, so FastMCP and its security gate see the request it rewrites.
-            self._fastmcp._mcp_server.middleware.insert(0, NonStringPromptArguments())
+            self._fastmcp._mcp_server.middleware.insert(0, NonStringPromptArguments(self._exposure))
 
     @property
     def fastmcp(self) -> FastMCP:
