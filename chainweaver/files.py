@@ -88,6 +88,7 @@ def _yaml_loader() -> Any:
         pass
 
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        loader.flatten_mapping(node)  # resolve "<<" merge keys before checking duplicates
         keys: set[Any] = set()
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
@@ -100,6 +101,13 @@ def _yaml_loader() -> Any:
 
     UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                     construct_mapping)
+    # Flow files describe JSON: an unquoted 2024-05-01 stays the text it is in JSON,
+    # not a Python date that no JSON Schema or MCP message can carry.
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
     return yaml, UniqueKeyLoader
 
 
@@ -131,8 +139,11 @@ def read_flow_data(path: Path) -> Any:
             data[key] = value
         return data
 
+    def not_json(name: str) -> Any:
+        raise FlowFileError(path, None, f"invalid JSON: {name} is not a JSON value")
+
     try:
-        return json.loads(text, object_pairs_hook=unique)
+        return json.loads(text, object_pairs_hook=unique, parse_constant=not_json)
     except json.JSONDecodeError as error:
         raise FlowFileError(path, None, f"invalid JSON at line {error.lineno}, column "
                             f"{error.colno}: {error.msg}") from None

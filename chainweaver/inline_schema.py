@@ -20,6 +20,7 @@ For anything more, reference a pydantic model instead.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -61,6 +62,15 @@ TYPE_KEYWORDS: Mapping[str, frozenset[str]] = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
 }
 _TOP_LEVEL_EXTRA = frozenset({"$schema", "$id"})
+# Annotations are published as written, so a wrong type would break clients' schema
+# parsing (and prompt rendering) for the flow: check what each must be.
+ANNOTATION_TYPES: Mapping[str, tuple[type | tuple[type, ...], str]] = {
+    **{key: (str, "a string") for key in ("title", "description", "$comment", "format",
+                                          "$id", "$schema")},
+    "examples": (list, "a list of example values"),
+    **{key: (bool, "true or false") for key in ("deprecated", "readOnly", "writeOnly")},
+}
+DIALECTS = re.compile(r"json-schema\.org/(draft/2020-12|draft/2019-09|draft-07|draft-06)/")
 PROPERTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -111,7 +121,16 @@ def model_from_json_schema(schema: object, name: str) -> type[BaseModel]:
     if schema.get("type") != "object":
         raise InlineSchemaError("type", "must be 'object': a flow's input and output "
                                 "are JSON objects")
+    try:
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        # A YAML date, NaN or Infinity would be published as invalid JSON Schema.
+        raise InlineSchemaError("", f"must hold JSON values only: {error}") from None
     _check_keywords(schema, "", TYPE_KEYWORDS["object"] | _TOP_LEVEL_EXTRA)
+    dialect = schema.get("$schema")
+    if dialect is not None and not (isinstance(dialect, str) and DIALECTS.search(dialect)):
+        raise InlineSchemaError("$schema", "must name JSON Schema 2020-12, 2019-09, draft-07 "
+                                f"or draft-06, got {dialect!r}")
     return _object_model(schema, name, "")
 
 
@@ -124,9 +143,17 @@ def _join(where: str, key: str) -> str:
 
 def _check_keywords(schema: Mapping[str, Any], where: str, allowed: frozenset[str]) -> None:
     allowed = allowed | ANNOTATIONS | {"type", "enum", "const"}
+    if schema.get("type") in ("object", "array") and ("enum" in schema or "const" in schema):
+        raise InlineSchemaError(_join(where, "enum" if "enum" in schema else "const"),
+                                "enum and const are supported on scalar values only in an "
+                                "inline schema (reference a pydantic model for more)")
     for key in schema:
         if not isinstance(key, str):
             raise InlineSchemaError(where, f"keys must be strings, got {key!r}")
+        wanted = ANNOTATION_TYPES.get(key)
+        if wanted is not None and not isinstance(schema[key], wanted[0]):
+            raise InlineSchemaError(_join(where, key),
+                                    f"must be {wanted[1]}, got {schema[key]!r}")
         if key not in allowed:
             kind = schema.get("type")
             what = f"for type {kind!r}" if isinstance(kind, str) else "here"

@@ -358,6 +358,23 @@ def test_multiples_null_and_structured_enums_follow_json_schema() -> None:
     ({"type": "object", "properties": []}, "properties", "must be an object"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}, "properties.a.$ref",
      "not supported"),
+    # Annotations are published as written: a wrong type would break clients.
+    ({"type": "object", "properties": {"a": {"type": "string", "examples": 5}}},
+     "properties.a.examples", "must be a list of example values, got 5"),
+    ({"type": "object", "properties": {"a": {"type": "string", "examples": "A-1"}}},
+     "properties.a.examples", "must be a list"),
+    ({"type": "object", "title": 3}, "title", "must be a string, got 3"),
+    ({"type": "object", "$schema": 5}, "$schema", "must be a string, got 5"),
+    ({"type": "object", "$id": 5}, "$id", "must be a string"),
+    ({"type": "object", "properties": {"a": {"deprecated": "yes"}}}, "properties.a.deprecated",
+     "true or false"),
+    ({"type": "object", "$schema": "http://json-schema.org/draft-04/schema#"}, "$schema",
+     "must name JSON Schema 2020-12, 2019-09, draft-07 or draft-06"),
+    ({"type": "object", "properties": {"a": {"type": "number", "maximum": float("inf")}}},
+     "", "must hold JSON values only"),
+    ({"type": "object", "enum": [{"a": 1}]}, "enum", "scalar values only"),
+    ({"type": "object", "properties": {"p": {"type": "object", "const": {}}}},
+     "properties.p.const", "scalar values only"),
 ])
 def test_unsupported_or_invalid_inline_schemas_are_rejected(schema: object, where: str,
                                                             problem: str) -> None:
@@ -463,6 +480,9 @@ BAD_FILES = [
         "steps: [find_order]\ninput_schema:\n  type: object\n  properties:\n"
         "    order_id: {type: string, minLenght: 3}\n"),
      "input_schema.properties.order_id.minLenght", "keyword 'minLenght' is not supported"),
+    ("nan.flow.json", '{"name": "ping", "description": "d", "steps": ["find_order"], '
+     '"input_schema": {"type": "object", "properties": {"n": {"type": "number", '
+     '"maximum": Infinity}}}}', None, "invalid JSON: Infinity is not a JSON value"),
 ]
 
 
@@ -498,6 +518,23 @@ def test_steps_are_checked_against_the_registered_tools(
         load_flows(path, tools=executor.tools)
     assert raised.value.field == field
     assert raised.value.problem.startswith(problem)
+
+
+def test_yaml_dates_stay_text_and_merge_keys_work(tmp_path: Path,
+                                                   flow_tools: ModuleType) -> None:
+    path = write(tmp_path, "dated.flow.yaml", flow_yaml(
+        "steps: [find_order]\n"
+        "input_schema:\n  type: object\n  properties:\n"
+        "    order_id: &text {type: string, examples: [A-1001]}\n"
+        "    note: {<<: *text, description: A note}\n"
+        "    day: {type: string, format: date, examples: [2024-05-01], default: 2024-05-01}\n"))
+    [flow] = load_flows(path)
+    properties = flow.input_schema.model_json_schema()["properties"]
+    # An unquoted date is the text it would be in JSON, not a Python date.
+    assert properties["day"]["examples"] == ["2024-05-01"]
+    assert properties["day"]["default"] == "2024-05-01"
+    assert properties["note"] == {"type": "string", "examples": ["A-1001"],
+                                  "description": "A note"}
 
 
 def test_yaml_keys_must_be_strings(tmp_path: Path) -> None:

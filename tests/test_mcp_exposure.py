@@ -438,3 +438,21 @@ def test_flow_cannot_take_the_guide_prompt_name() -> None:
     prefixed = FlowServer(executor, expose_prompts=True, server_prefix="shop")
     assert "shop__chainweaver_guide" in prefixed.prompt_names
     assert "chainweaver_guide" in prefixed.prompt_names
+
+
+class _NotANumber(BaseModel):
+    ratio: float = float("nan")
+
+
+@pytest.mark.anyio
+async def test_flow_whose_schema_is_not_valid_json_is_excluded() -> None:
+    executor = build_catalogue()
+    executor.register_tool(Tool("nan_tool", "NaN default.", _NotANumber, None,
+                                lambda model: {}, safety=ToolSafetyContract("none")))
+    executor.registry.register_flow(Flow("nan_flow", "NaN.", [FlowStep("nan_tool")]))
+    server = FlowServer(executor, expose_schemas=True, expose_prompts=True)
+    reason = report_by_name(server)["nan_flow"].reason
+    assert reason.startswith("its input JSON Schema from _NotANumber is not valid JSON: "
+                             "Out of range float values are not JSON compliant")
+    async with Client(server.fastmcp) as client:
+        assert sorted(t.name for t in await client.list_tools()) == sorted(EXPOSED)

@@ -9,6 +9,7 @@ Tools, resources, templates, prompts, completions, the index, the guide and
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -204,10 +205,15 @@ def _schema_problem(executor: FlowExecutor, flow: Flow) -> str | None:
         if model is None:
             continue
         try:
-            model_json_schema(model)
+            schema = model_json_schema(model)
         except Exception as error:  # pydantic raises several error types here
             detail = str(error).splitlines()[0]
             return f"its {label} JSON Schema cannot be generated from {model.__name__}: {detail}"
+        try:
+            json.dumps(schema, allow_nan=False)
+        except (TypeError, ValueError) as error:  # e.g. a NaN default, a date example
+            return (f"its {label} JSON Schema from {model.__name__} is not valid JSON: "
+                    f"{error}")
     return None
 
 
