@@ -36,7 +36,7 @@ from .safety import SideEffectLevel
 from .tools import Tool
 
 PROG = "chainweaver"
-EXIT_OK, EXIT_INVALID, EXIT_MISSING = 0, 1, 2
+EXIT_OK, EXIT_INVALID, EXIT_MISSING, EXIT_SERVE_FAILED = 0, 1, 2, 3
 
 
 class CommandError(Exception):
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio",
                         help="how to serve (default: stdio)")
     common.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
-    common.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
+    common.add_argument("--port", type=_port, default=8000, help="HTTP port (default: 8000)")
     common.add_argument("--stateless", action="store_true",
                         help="HTTP without per-session state (for several processes "
                              "behind one load balancer)")
@@ -115,6 +115,17 @@ def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) ->
 
 
 # ------------------------------------------------------------------ tools modules
+
+
+def _port(text: str) -> int:
+    """argparse type for --port: an integer from 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
 
 
 def _import_tools_module(spec: str) -> ModuleType:
@@ -321,6 +332,12 @@ def run(args: argparse.Namespace) -> int:
                            log_level=args.log_level.upper() if args.log_level else None)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how an operator stops a server: not an error
+    except SystemExit as stopped:
+        # uvicorn exits this way when it cannot start, e.g. the port is in use; it has
+        # already logged the cause.
+        if stopped.code not in (None, 0):
+            raise CommandError(EXIT_SERVE_FAILED, f"the server could not start on "
+                               f"{args.host}:{args.port} (see the log above)") from None
     return EXIT_OK
 
 

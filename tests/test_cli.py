@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import runpy
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -372,7 +373,11 @@ def test_yaml_files_without_pyyaml_exit_2_with_the_install_hint(
 @pytest.mark.parametrize(("argv", "expected"), [
     (["inspect", FLOWS], "the following arguments are required: --tools"),
     (["serve", FLOWS, "--tools", TOOLS, "--transport", "sse"], "invalid choice: 'sse'"),
-    (["serve", FLOWS, "--tools", TOOLS, "--port", "http"], "invalid int value: 'http'"),
+    (["serve", FLOWS, "--tools", TOOLS, "--port", "http"],
+     "'http' is not a port number (1-65535)"),
+    (["serve", FLOWS, "--tools", TOOLS, "--port", "70000"],
+     "'70000' is not a port number (1-65535)"),
+    (["inspect", FLOWS, "--tools", TOOLS, "--port", "0"], "'0' is not a port number"),
     (["inspect", "--tools", TOOLS], "the following arguments are required: PATH"),
 ])
 def test_malformed_command_lines_are_usage_errors(
@@ -538,3 +543,18 @@ def test_console_script_and_python_dash_m_are_the_same_command() -> None:
     assert inspected[0].returncode == inspected[1].returncode == 0
     assert json.loads(inspected[0].stdout) == json.loads(inspected[1].stdout)
     assert json.loads(inspected[0].stdout)["tools"] == EXPOSED
+
+
+def test_serve_on_a_port_in_use_exits_3_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run_serve = subprocess.run(
+            [CHAINWEAVER, *_serve_args("--transport", "streamable-http", "--port", str(port))],
+            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run_serve.returncode == 3
+    assert (f"chainweaver: error: the server could not start on 127.0.0.1:{port} "
+            "(see the log above)") in run_serve.stderr
+    assert "address already in use" in run_serve.stderr
+    assert "Traceback" not in run_serve.stderr
