@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -209,22 +210,30 @@ class FlowExecutor:
         Async tools are awaited natively; each stretch of consecutive sync tools
         runs in one worker-thread hop. ``timeout`` (seconds) bounds the whole run;
         a run that exceeds it fails with ``TimeoutError`` and keeps its finished steps.
+        After a timeout or cancellation no further step starts; a sync tool already
+        running in a worker thread cannot be interrupted, so it finishes (holding its
+        pool slot) and its output is discarded.
         """
         flow = self.registry.get_flow(name, version)
         started = time.perf_counter()
         records: list[StepRecord] = []
+        # Set when this call is over (timed out, cancelled or done): a worker thread still
+        # inside a sync stretch then starts no further step.
+        abandoned = threading.Event()
         try:
             if timeout is None:
-                context = await self._run_async(flow, input, records)
+                context = await self._run_async(flow, input, records, abandoned)
             else:
                 context = await asyncio.wait_for(
-                    self._run_async(flow, input, records), timeout
+                    self._run_async(flow, input, records, abandoned), timeout
                 )
             return self._finish(flow, context, records, started)
         except StepFailed as failure:
             return self._failed(flow, failure.info, records, started)
         except asyncio.TimeoutError:
-            records = list(records)  # a stuck worker thread may still append to the original
+            abandoned.set()
+            # Snapshots: a stuck worker thread may still write to the originals.
+            records = [replace(record) for record in records]
             step = len(records) - 1 if records else None
             info = ErrorInfo(
                 "TimeoutError",
@@ -233,9 +242,12 @@ class FlowExecutor:
                 tool_name=records[-1].tool_name if records else None,
             )
             return self._failed(flow, info, records, started)
+        finally:
+            abandoned.set()
 
     async def _run_async(
-        self, flow: Flow, input: Mapping[str, Any] | BaseModel, records: list[StepRecord]
+        self, flow: Flow, input: Mapping[str, Any] | BaseModel, records: list[StepRecord],
+        abandoned: threading.Event,
     ) -> dict[str, Any]:
         plan, context = self._start(flow, input)
         position = 0
@@ -251,15 +263,19 @@ class FlowExecutor:
             stretch = plan[position:end]
             loop = asyncio.get_running_loop()
             context = await loop.run_in_executor(
-                self._thread_pool(), self._run_sync_stretch, stretch, context, records
+                self._thread_pool(), self._run_sync_stretch, stretch, context, records,
+                abandoned,
             )
             position = end
         return context
 
     def _run_sync_stretch(
-        self, stretch: list[_PlannedStep], context: dict[str, Any], records: list[StepRecord]
+        self, stretch: list[_PlannedStep], context: dict[str, Any], records: list[StepRecord],
+        abandoned: threading.Event,
     ) -> dict[str, Any]:
         for planned in stretch:
+            if abandoned.is_set():  # the caller has timed out or gone: do no more work
+                break
             context = self._run_step_sync(planned, context, records)
         return context
 
@@ -307,13 +323,16 @@ class FlowExecutor:
                 validated = model.model_validate(input.model_dump())
             else:
                 validated = model.model_validate(input)
+            context = validated.model_dump()
         except ValidationError as error:
             raise StepFailed(ErrorInfo(
                 "InputValidationError",
                 f"flow {flow.name!r} input is invalid: {_describe(error)}",
                 field=_first_error_field(error),
             )) from None
-        return plan, validated.model_dump()
+        except Exception as error:  # a validator or serializer bug, not the caller's
+            raise _raised(f"flow {flow.name!r} input validation", error) from None
+        return plan, context
 
     def _step_input(
         self, planned: _PlannedStep, context: dict[str, Any], record: StepRecord
@@ -340,6 +359,9 @@ class FlowExecutor:
                 step_index=planned.index, tool_name=tool.name,
                 field=_first_error_field(error),
             )) from None
+        except Exception as error:
+            raise _raised(f"step {planned.index} ({tool.name!r}) input validation", error,
+                          step_index=planned.index, tool_name=tool.name) from None
 
     def _step_output(self, planned: _PlannedStep, raw: Any) -> dict[str, Any]:
         tool = planned.tool
@@ -369,15 +391,15 @@ class FlowExecutor:
                 step_index=planned.index, tool_name=tool.name,
                 field=_first_error_field(error),
             )) from None
+        except StepFailed:
+            raise
+        except Exception as error:  # e.g. a serializer that raises, an unconvertible value
+            raise _raised(f"step {planned.index} ({tool.name!r}) output validation", error,
+                          step_index=planned.index, tool_name=tool.name) from None
 
     def _tool_raised(self, planned: _PlannedStep, error: Exception) -> StepFailed:
-        logger.debug("tool %r raised", planned.tool.name, exc_info=error)
-        return StepFailed(ErrorInfo(
-            type(error).__name__,
-            f"step {planned.index} ({planned.tool.name!r}) raised "
-            f"{type(error).__name__}: {error}",
-            step_index=planned.index, tool_name=planned.tool.name,
-        ))
+        return _raised(f"step {planned.index} ({planned.tool.name!r})", error,
+                       step_index=planned.index, tool_name=planned.tool.name)
 
     def _run_step_sync(
         self, planned: _PlannedStep, context: dict[str, Any], records: list[StepRecord]
@@ -440,6 +462,9 @@ class FlowExecutor:
                     field=_first_error_field(error),
                 )
                 return self._failed(flow, info, records, started)
+            except Exception as error:
+                info = _raised(f"flow {flow.name!r} output validation", error).info
+                return self._failed(flow, info, records, started)
         else:
             final = records[-1].outputs if records else {}
         return ExecutionResult(
@@ -455,6 +480,20 @@ class FlowExecutor:
             flow.name, flow.version, False, None, info, records,
             (time.perf_counter() - started) * 1000,
         )
+
+
+def _raised(what: str, error: Exception, **where: Any) -> StepFailed:
+    """A failure raised by code the executor calls (a tool, a validator, a serializer).
+
+    The message may carry the exception's text; servers decide how much of it to show.
+    """
+    logger.debug("%s raised", what, exc_info=error)
+    try:
+        text = str(error)
+    except Exception:  # an exception whose __str__ itself fails
+        text = "(message unavailable)"
+    name = type(error).__name__
+    return StepFailed(ErrorInfo(name, f"{what} raised {name}: {text}", **where))
 
 
 def _run_coroutine_blocking(coroutine: Any) -> Any:

@@ -605,6 +605,37 @@ async def test_async_timeout_on_a_blocked_sync_tool() -> None:
 
 
 @pytest.mark.anyio
+async def test_after_a_timeout_no_further_step_starts_and_the_result_stays_put() -> None:
+    release = threading.Event()
+    finished = threading.Event()
+    ran: list[str] = []
+
+    @tool
+    def block(x: int) -> dict:
+        release.wait(10)
+        ran.append("block")
+        return {"x": x}
+
+    @tool
+    def after(x: int) -> dict:
+        ran.append("after")  # e.g. a write that must not happen once the caller gave up
+        finished.set()
+        return {"x": x}
+
+    registry, executor = build(block, after)
+    registry.register_flow(Flow("two", "", [FlowStep("block"), FlowStep("after")]))
+    result = await executor.execute_flow_async("two", {"x": 1}, timeout=0.05)
+    assert result.error.type == "TimeoutError"
+    snapshot = [dataclasses.asdict(record) for record in result.steps]
+    release.set()  # the stuck step now finishes in its thread...
+    await asyncio.to_thread(finished.wait, 0.5)
+    await asyncio.sleep(0.05)
+    assert ran == ["block"]  # ...and the next step never starts
+    assert [dataclasses.asdict(record) for record in result.steps] == snapshot
+    assert result.steps[0].outputs is None
+
+
+@pytest.mark.anyio
 async def test_async_timeout_not_reached() -> None:
     registry, executor = build()
     registry.register_flow(Flow("s", "", THREE_STEPS))

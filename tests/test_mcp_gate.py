@@ -24,6 +24,7 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
 )
+from chainweaver.mcp.security import PRUNE_ABOVE
 
 SECRET_QUERY = "zebra-7781-private"
 
@@ -422,3 +423,14 @@ async def test_refusals_for_excluded_and_unknown_names_are_identical() -> None:
         excluded = await refusal(client, "write_flow", {"query": "q"})
         unknown = await refusal(client, "nope", {"query": "q"})
     assert excluded.error.model_dump() == unknown.error.model_dump()
+
+
+def test_rate_limiter_memory_is_pruned_even_when_every_key_is_new() -> None:
+    clock = FakeClock()
+    limiter = FixedWindowRateLimiter(1, window_seconds=1, per_name=True, clock=clock)
+    for window in range(30):
+        clock.now = float(window)
+        for n in range(1_000):  # invented names: each key is seen once, never again
+            assert limiter.acquire(CallerIdentity("mallory"), f"made-up-{window}-{n}")
+    # Only the windows since the last prune are kept, never all 30,000 keys.
+    assert limiter.tracked_keys <= PRUNE_ABOVE + 1_000

@@ -11,9 +11,10 @@ import jsonschema
 import pytest
 from catalogue import CALLS, EXPOSED, OrderInput, OrderStatus, SearchInput, build_catalogue
 from fastmcp import Client
-from pydantic import BaseModel
+from pydantic import BaseModel, field_serializer, model_validator
 
 from chainweaver import (
+    ExposureConfigError,
     Flow,
     FlowExecutor,
     FlowRegistry,
@@ -361,3 +362,91 @@ async def test_a_flow_timeout_is_an_error_result_not_a_hang() -> None:
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("stall", {"seconds": 600}, raise_on_error=False)
     assert result.is_error and result.content[0].text == "TimeoutError"
+
+
+# ------------------------------------------- failures outside the tool function
+
+
+class _Picky(BaseModel):
+    code: str
+
+    @model_validator(mode="after")
+    def _lookup(self) -> _Picky:
+        {"known": 1}[self.code]  # a validator bug: KeyError, not a ValueError
+        return self
+
+
+class _Loud(BaseModel):
+    value: str
+
+    @field_serializer("value")
+    def _dump(self, value: str) -> str:
+        raise RuntimeError("serializer secret hunter2")
+
+
+class _Ratio(BaseModel):
+    ratio: float
+
+
+@tool(safety=ToolSafetyContract(SideEffectLevel.NONE))
+def picky(data: _Picky) -> dict:
+    return {"ok": True}
+
+
+@tool(safety=ToolSafetyContract(SideEffectLevel.NONE))
+def loud(code: str) -> _Loud:
+    return _Loud(value=code)
+
+
+@tool(safety=ToolSafetyContract(SideEffectLevel.NONE))
+def not_a_number(code: str) -> _Ratio:
+    return _Ratio(ratio=float("nan"))
+
+
+def _fragile_server(error_detail: str) -> FlowServer:
+    executor = FlowExecutor(FlowRegistry())
+    for each in (picky, loud, not_a_number):
+        executor.register_tool(each)
+        executor.registry.register_flow(Flow(f"{each.name}_flow", "Fragile.",
+                                             [FlowStep(each.name)]))
+    return FlowServer(executor, error_detail=error_detail)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("error_detail", "expected"), [
+    ("type_only", {"picky_flow": "KeyError", "loud_flow": "PydanticSerializationError",
+                   "not_a_number_flow": "OutputSerializationError"}),
+    ("generic", dict.fromkeys(["picky_flow", "loud_flow", "not_a_number_flow"],
+                              "The flow failed. Ask the server operator to check its logs.")),
+])
+async def test_validator_serializer_and_nan_failures_follow_error_detail(
+    error_detail: str, expected: dict[str, str]
+) -> None:
+    async with Client(_fragile_server(error_detail).fastmcp) as client:
+        for name, text in expected.items():
+            result = await client.call_tool(name, {"code": "hunter2"}, raise_on_error=False)
+            assert result.is_error and result.content[0].text == text
+            assert "hunter2" not in result.content[0].text
+        # The server goes on serving.
+        assert len(await client.list_tools()) == 3
+
+
+@pytest.mark.anyio
+async def test_nan_output_is_an_error_not_invalid_json() -> None:
+    async with Client(_fragile_server("full").fastmcp) as client:
+        result = await client.call_tool("not_a_number_flow", {"code": "x"},
+                                        raise_on_error=False)
+    assert result.is_error and result.structured_content is None
+    assert result.content[0].text == (
+        "OutputSerializationError: flow 'not_a_number_flow' output cannot be sent as JSON: "
+        "Out of range float values are not JSON compliant")
+
+
+@pytest.mark.parametrize("options", [
+    {"flow_timeout": "5"}, {"flow_timeout": 0}, {"flow_timeout": -1},
+    {"flow_timeout": float("nan")}, {"hook_timeout": "5"}, {"hook_timeout": 0},
+    {"flow_timeout": True},
+])
+def test_timeouts_are_checked_at_construction(options: dict[str, Any]) -> None:
+    with pytest.raises(ExposureConfigError, match="timeout must be"):
+        FlowServer(build_catalogue(), **options)

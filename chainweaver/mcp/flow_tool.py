@@ -118,13 +118,20 @@ class FlowTool(FastMCPTool):
         result = await self._executor.execute_flow_async(
             flow.name, arguments, version=flow.version, timeout=self._timeout
         )
-        if result.success:
+        if not result.success:
+            return self._failure(result)
+        try:
             return self._success(result)
-        return self._failure(result)
+        except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as error:
+            # NaN / Infinity or an object JSON cannot carry: valid JSON or an error, never
+            # text that breaks the advertised output schema.
+            return self._error_result(
+                "OutputSerializationError",
+                f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
 
     def _success(self, result: ExecutionResult) -> ToolResult:
         output = pydantic_core.to_jsonable_python(result.final_output)
-        text = json.dumps(output, ensure_ascii=False)
+        text = json.dumps(output, ensure_ascii=False, allow_nan=False)
         if self.output_schema is None:
             return ToolResult(content=[TextContent(type="text", text=text)])
         return ToolResult(content=[TextContent(type="text", text=text)],
@@ -136,10 +143,15 @@ class FlowTool(FastMCPTool):
         if error.type == "InputValidationError":
             # The caller's own mistake: always say which field, whatever error_detail says.
             text = f"Invalid arguments for {self.name!r}: {error.message.split(': ', 1)[-1]}"
-        elif self._error_detail == "full":
-            text = f"{error.type}: {error.message}"
+            return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        return self._error_result(error.type, error.message)
+
+    def _error_result(self, error_type: str, message: str) -> ToolResult:
+        """An isError result showing as much as ``error_detail`` allows."""
+        if self._error_detail == "full":
+            text = f"{error_type}: {message}"
         elif self._error_detail == "type_only":
-            text = error.type
+            text = error_type
         else:
             text = GENERIC_FAILURE
         return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)

@@ -94,6 +94,9 @@ class RateLimiter(Protocol):
     def acquire(self, caller: CallerIdentity, name: str) -> bool: ...
 
 
+PRUNE_ABOVE = 10_000  # counters kept before past windows are dropped
+
+
 class FixedWindowRateLimiter:
     """At most ``limit`` requests per caller per ``window_seconds`` window.
 
@@ -115,18 +118,26 @@ class FixedWindowRateLimiter:
         self.per_name = per_name
         self._clock = clock
         self._windows: dict[Any, tuple[int, int]] = {}
+        self._pruned_window = -1
         self._lock = threading.Lock()
+
+    @property
+    def tracked_keys(self) -> int:
+        """How many counters are held (for monitoring memory use)."""
+        return len(self._windows)
 
     def acquire(self, caller: CallerIdentity, name: str) -> bool:
         key = (caller.id, name) if self.per_name else caller.id
         window = int(self._clock() // self.window_seconds)
         with self._lock:
+            if window != self._pruned_window and len(self._windows) > PRUNE_ABOVE:
+                # Once per window, drop the counts of past windows, so many callers (or
+                # names) cannot grow memory without bound.
+                self._windows = {k: v for k, v in self._windows.items() if v[0] == window}
+                self._pruned_window = window
             current, count = self._windows.get(key, (window, 0))
             if current != window:
                 count = 0
-                if len(self._windows) > 10_000:
-                    # Drop stale windows so many callers cannot grow memory without bound.
-                    self._windows = {k: v for k, v in self._windows.items() if v[0] == window}
             if count >= self.limit:
                 self._windows[key] = (window, count)
                 return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -64,6 +65,12 @@ class FlowServer:
             raise ExposureConfigError(
                 f"error_detail must be one of {', '.join(ERROR_DETAILS)}, got {error_detail!r}"
             )
+        if flow_timeout is not None and not _positive_seconds(flow_timeout):
+            raise ExposureConfigError(
+                f"flow_timeout must be None or a number of seconds > 0, got {flow_timeout!r}")
+        if not _positive_seconds(hook_timeout):
+            raise ExposureConfigError(
+                f"hook_timeout must be a number of seconds > 0, got {hook_timeout!r}")
         if not all(isinstance(p, FlowPrompt) for p in prompts):
             raise ExposureConfigError("prompts must be FlowPrompt values")
         if prompts and not expose_prompts:
@@ -99,6 +106,9 @@ class FlowServer:
             providers=[self._provider],
             middleware=[self._gate],
             dereference_schemas=False,
+            # A backstop: an exception that escapes a component must not carry its
+            # message past the error_detail the operator chose.
+            mask_error_details=error_detail != "full",
             list_page_size=page_size,
         )
         if expose_schemas or expose_prompts:
@@ -172,6 +182,11 @@ class FlowServer:
             raise ExposureConfigError(
                 f"transport must be 'stdio' or 'streamable-http', got {transport!r}"
             )
+
+
+def _positive_seconds(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 def _flush_stray_stdout() -> None:
