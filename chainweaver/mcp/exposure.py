@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
 from ..flows import Flow, FlowLifecycle
@@ -195,26 +197,37 @@ def _exclusion_reason(
 
 
 def _schema_problem(executor: FlowExecutor, flow: Flow) -> str | None:
-    """Why the flow's JSON Schemas cannot be generated, or None when they can.
-
-    Generation is cached per model class, so the tools and resources built later
-    reuse this work.
-    """
+    """Why the flow's JSON Schemas cannot be published, or None when they can."""
     for label, model in (("input", executor.input_model(flow)),
                          ("output", executor.output_model(flow))):
-        if model is None:
-            continue
-        try:
-            schema = model_json_schema(model)
-        except Exception as error:  # pydantic raises several error types here
-            detail = str(error).splitlines()[0]
-            return f"its {label} JSON Schema cannot be generated from {model.__name__}: {detail}"
+        problem = None if model is None else _model_problem(model)
+        if problem is not None:
+            return f"its {label} JSON Schema {problem}"
+    return None
+
+
+# model class -> why its JSON Schema cannot be published (None: it can). Many flows
+# share their tools' models, so each is checked once per process.
+_MODEL_PROBLEMS: dict[type[BaseModel], str | None] = {}
+
+
+def _model_problem(model: type[BaseModel]) -> str | None:
+    if model in _MODEL_PROBLEMS:
+        return _MODEL_PROBLEMS[model]
+    problem = None
+    try:
+        # Generation is cached per class: the tools and resources built later reuse it.
+        schema = model_json_schema(model)
+    except Exception as error:  # pydantic raises several error types here
+        detail = str(error).splitlines()[0]
+        problem = f"cannot be generated from {model.__name__}: {detail}"
+    else:
         try:
             json.dumps(schema, allow_nan=False)
         except (TypeError, ValueError) as error:  # e.g. a NaN default, a date example
-            return (f"its {label} JSON Schema from {model.__name__} is not valid JSON: "
-                    f"{error}")
-    return None
+            problem = f"from {model.__name__} is not valid JSON: {error}"
+    _MODEL_PROBLEMS[model] = problem
+    return problem
 
 
 def decide_exposure(
