@@ -213,7 +213,9 @@ _BOUNDS: Mapping[str, tuple[Callable[[Any, Any], bool], str]] = {
 
 
 def _multiple(value: Any, step: Any) -> bool:
-    if isinstance(value, float) or isinstance(step, float):
+    # The same arithmetic as the jsonschema library: a quotient for a float step, a
+    # remainder for an integer step (exact even for a huge float value).
+    if isinstance(step, float):
         try:
             return float(value / step).is_integer()
         except OverflowError:

@@ -603,3 +603,11 @@ def test_flow_from_data_builds_from_parsed_content() -> None:
     assert flow.input_schema.__name__ == "PingInput"
     with pytest.raises(FlowFileError, match=r"^<data>: name: must be a string"):
         flow_from_data({**MINIMAL, "name": None})
+
+
+def test_multiple_of_an_integer_step_is_exact_for_huge_floats() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 3}}}
+    model = model_from_json_schema(schema, "Thirds")
+    validator = jsonschema.Draft202012Validator(schema)
+    for document in [{"x": 1e308}, {"x": 9.0}, {"x": 9}, {"x": 10}, {"x": 4.5}]:
+        assert _accepts(model, document) == validator.is_valid(document), document
