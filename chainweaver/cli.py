@@ -98,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port(text: str) -> int:
+    """argparse type for --port: an integer from 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
 def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) -> list[str] | None:
     """Repeated and comma-separated flag values; checked against ``enum`` when given."""
     if raw is None:
@@ -115,17 +126,6 @@ def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) ->
 
 
 # ------------------------------------------------------------------ tools modules
-
-
-def _port(text: str) -> int:
-    """argparse type for --port: an integer from 1 to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return port
 
 
 def _import_tools_module(spec: str) -> ModuleType:

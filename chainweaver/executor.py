@@ -376,14 +376,6 @@ class FlowExecutor:
                 return schema.model_validate(raw).model_dump()
             if isinstance(raw, BaseModel):
                 return raw.model_dump()
-            if isinstance(raw, Mapping):
-                return dict(raw)
-            raise StepFailed(ErrorInfo(
-                "StepOutputError",
-                f"step {planned.index} ({tool.name!r}) returned "
-                f"{type(raw).__name__}; a tool must return a dict or a pydantic model",
-                step_index=planned.index, tool_name=tool.name,
-            ))
         except ValidationError as error:
             raise StepFailed(ErrorInfo(
                 "StepOutputError",
@@ -391,11 +383,17 @@ class FlowExecutor:
                 step_index=planned.index, tool_name=tool.name,
                 field=_first_error_field(error),
             )) from None
-        except StepFailed:
-            raise
         except Exception as error:  # e.g. a serializer that raises, an unconvertible value
             raise _raised(f"step {planned.index} ({tool.name!r}) output validation", error,
                           step_index=planned.index, tool_name=tool.name) from None
+        if isinstance(raw, Mapping):
+            return dict(raw)
+        raise StepFailed(ErrorInfo(
+            "StepOutputError",
+            f"step {planned.index} ({tool.name!r}) returned "
+            f"{type(raw).__name__}; a tool must return a dict or a pydantic model",
+            step_index=planned.index, tool_name=tool.name,
+        ))
 
     def _tool_raised(self, planned: _PlannedStep, error: Exception) -> StepFailed:
         return _raised(f"step {planned.index} ({planned.tool.name!r})", error,

@@ -83,10 +83,6 @@ class FlowStep:
         object.__setattr__(self, "input_mapping", MappingProxyType(mapping))
 
 
-def _model_or_none(flow_name: str, label: str, value: object) -> None:
-    check_model(f"flow {flow_name!r}", label, value, optional=True)
-
-
 @dataclass(frozen=True)
 class Flow:
     """A named, versioned sequence of tool steps with governance and safety metadata."""
@@ -111,8 +107,8 @@ class Flow:
         if not all(isinstance(step, FlowStep) for step in steps):
             raise DefinitionError(f"flow {self.name!r}: steps must be FlowStep values")
         object.__setattr__(self, "steps", steps)
-        _model_or_none(self.name, "input_schema", self.input_schema)
-        _model_or_none(self.name, "output_schema", self.output_schema)
+        check_model(f"flow {self.name!r}", "input_schema", self.input_schema, optional=True)
+        check_model(f"flow {self.name!r}", "output_schema", self.output_schema, optional=True)
         if not isinstance(self.governance, FlowGovernance):
             raise DefinitionError(f"flow {self.name!r}: governance must be a FlowGovernance")
         if self.safety is not None and not isinstance(self.safety, ToolSafetyContract):
