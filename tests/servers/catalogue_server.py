@@ -19,7 +19,7 @@ from pathlib import Path
 # The catalogue lives next to the tests, not in an installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catalogue import build_catalogue  # noqa: E402
+from support.catalogue import build_catalogue  # noqa: E402
 
 from chainweaver import Flow, FlowStep, SideEffectLevel, ToolSafetyContract, tool  # noqa: E402
 from chainweaver.mcp import AuditEvent, CallerIdentity, FlowServer, GateContext  # noqa: E402

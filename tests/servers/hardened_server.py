@@ -37,9 +37,9 @@ from typing import Any
 # The catalogue lives next to the tests, not in an installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catalogue import build_catalogue  # noqa: E402
 from fastmcp.server.dependencies import get_http_headers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
+from support.catalogue import build_catalogue  # noqa: E402
 
 from chainweaver import (  # noqa: E402
     Flow,

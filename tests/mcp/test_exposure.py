@@ -12,9 +12,9 @@ import sys
 import textwrap
 
 import pytest
-from catalogue import EXCLUDED, EXPOSED, build_catalogue
 from fastmcp import Client
 from pydantic import BaseModel, ConfigDict
+from support.catalogue import EXCLUDED, EXPOSED, build_catalogue
 
 from chainweaver import (
     ExposureConfigError,
@@ -45,6 +45,7 @@ async def listed_tool_names(server: FlowServer) -> list[str]:
 # ------------------------------------------------------------------ import guard
 
 
+@pytest.mark.slow
 def test_missing_mcp_extra_gives_an_install_hint_and_the_core_still_works() -> None:
     # A fresh interpreter where ``fastmcp`` cannot be imported, as without the extra.
     script = textwrap.dedent(

@@ -9,9 +9,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from catalogue import CALLS, EXPOSED, OrderInput, OrderStatus, SearchInput, build_catalogue
 from fastmcp import Client
 from pydantic import BaseModel, field_serializer, model_validator
+from support.catalogue import CALLS, EXPOSED, OrderInput, OrderStatus, SearchInput, build_catalogue
 
 from chainweaver import (
     ExposureConfigError,

@@ -10,7 +10,7 @@ import pytest
 
 from chainweaver.mcp import FlowServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

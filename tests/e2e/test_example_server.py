@@ -20,9 +20,9 @@ import jsonschema
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
-from procs import EXIT_TIMEOUT, free_port, stop, wait_until_listening
+from support.procs import EXIT_TIMEOUT, free_port, stop, wait_until_listening
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mcp_flow_server.py"
 EXPOSED_TOOLS = ["book_card", "book_price", "book_search"]
 EXCLUDED = {"similar_books": "lifecycle 'draft'", "reserve_book": "side effects 'write'",

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_engine_quickstart_runs() -> None:
     completed = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "engine_quickstart.py")],
@@ -29,6 +32,7 @@ def test_engine_quickstart_runs() -> None:
     assert completed.stderr == ""
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs() -> None:
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_executor.py"),

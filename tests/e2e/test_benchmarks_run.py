@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from procs import stop
+from support.procs import stop
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Only stops a hung benchmark; never a speed requirement.
 RUN_TIMEOUT = 600.0
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from catalogue import build_catalogue
 from fastmcp import Client
+from support.catalogue import build_catalogue
 
 from chainweaver.mcp import FlowServer
 

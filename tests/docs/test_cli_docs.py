@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
-from procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
+from support.procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 from chainweaver import FlowFileError, Tool, load_flows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = ["cli.md", "flow-files.md"]
 BIN = Path(sys.executable).parent

@@ -31,9 +31,9 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from mcp import MCPError
-from procs import free_port, stop, wait_until_listening
+from support.procs import free_port, stop, wait_until_listening
 
-SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "hardened_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 TOKEN = "scale-out-token"
 ROUNDS = 6
 

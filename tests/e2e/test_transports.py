@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from catalogue import EXPOSED, build_catalogue
 from fastmcp import Client
 from fastmcp.client.transports import PythonStdioTransport, StreamableHttpTransport
 from mcp import MCPError
 from mcp_types.version import LATEST_MODERN_VERSION
-from procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_until_listening
+from support.catalogue import EXPOSED, build_catalogue
+from support.procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 from chainweaver import ExposureConfigError
 from chainweaver.mcp import GATE_REFUSED, FlowServer
 
-SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "catalogue_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "catalogue_server.py"
 LEGACY_VERSION = "2025-11-25"
 # Expected version per client mode: "auto" negotiates the modern era; "legacy" pins
 # the initialize handshake.

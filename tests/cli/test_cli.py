@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
-from procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_until_listening
+from support.procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 from chainweaver import FlowExecutor, FlowRegistry, Tool, __version__, load_flows
 from chainweaver.cli import main
 from chainweaver.mcp import FlowServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "examples/flows"
 TOOLS = "examples/flow_tools.py"
 BIN = Path(sys.executable).parent

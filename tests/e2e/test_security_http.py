@@ -22,18 +22,18 @@ import anyio
 import httpx2
 import mcp_types
 import pytest
-from catalogue import EXCLUDED, build_catalogue
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from mcp import MCPError
 from mcp.shared.inbound import encode_header_value
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY
 from mcp_types.version import LATEST_MODERN_VERSION
-from procs import free_port, stop, wait_until_listening
+from support.catalogue import EXCLUDED, build_catalogue
+from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp import GATE_REFUSED, FlowServer
 
-SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "hardened_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 sys.path.insert(0, str(SERVER_SCRIPT.parent))
 from hardened_server import SECRET  # noqa: E402
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -53,6 +55,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_core_works_without_fastmcp_and_mcp() -> None:
     completed = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -30,17 +31,20 @@ from fastmcp.client.transports import StreamableHttpTransport
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import MCPError
-from procs import free_port, stop, wait_until_listening
 from pydantic import Field, create_model
-from test_mcp_prompts import EXCLUDED_NAMES, complete, prompt_error, prompting
-from test_mcp_resources import (
+from support.mcp_client import (
+    EXCLUDED_NAMES,
     assert_not_found_like_never,
+    complete,
     complete_template,
     exposing,
+    prompt_error,
+    prompting,
     read_error,
     read_text,
     schema_uri,
 )
+from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver import (
     Flow,
@@ -314,6 +318,10 @@ async def test_excluded_flows_are_absent_and_unreachable_in_memory() -> None:
             assert json.loads(result.content[0].text) == {"ok": True}
 
 
+# Run as a script, this module imports the shared helpers from the tests folder.
+TESTS_ON_PATH = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
 @pytest.fixture(scope="module")
 def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """This module, run as a script: the fixed registry over streamable HTTP."""
@@ -322,7 +330,7 @@ def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log, "w") as output:
         process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
                                     "--port", str(port)], stdout=output,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, env=TESTS_ON_PATH)
         try:
             wait_until_listening(process, port)
             yield f"http://127.0.0.1:{port}/mcp"
@@ -330,6 +338,7 @@ def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stop(process)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_excluded_flows_are_absent_and_unreachable_over_streamable_http(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = ["tools.md", "flows.md", "registry.md", "executor.md"]
 
 # Lines each page prints (a comment after print(...) shows the reader the same thing).

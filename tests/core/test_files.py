@@ -30,7 +30,7 @@ from chainweaver.files import find_flow_files, flow_from_data, load_flow_file
 from chainweaver.inline_schema import InlineSchemaError, model_from_json_schema
 from chainweaver.mcp import FlowServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 FLOWS = EXAMPLES / "flows"
 

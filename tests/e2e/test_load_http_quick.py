@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "load_http.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "load_http.py"
 
 
 def test_quick_load_run_succeeds_and_reports_every_figure() -> None:

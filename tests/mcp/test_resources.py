@@ -18,12 +18,24 @@ from typing import Any
 import anyio
 import mcp_types
 import pytest
-from catalogue import EXCLUDED, EXPOSED, build_catalogue
 from fastmcp import Client
 from fastmcp.client.transports import PythonStdioTransport, StreamableHttpTransport
 from mcp import MCPError
-from procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 from pydantic import BaseModel, Field
+from support.catalogue import EXCLUDED, EXPOSED, build_catalogue
+from support.mcp_client import (
+    INDEX,
+    TEMPLATE,
+    as_if_for,
+    assert_not_found_like_never,
+    complete_template,
+    exposing,
+    read_error,
+    read_text,
+    schema_uri,
+)
+from support.mcp_client import NEVER_URI as NEVER
+from support.procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 from chainweaver import Flow, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import (
@@ -34,47 +46,20 @@ from chainweaver.mcp import (
     GateContext,
 )
 
-INDEX = "chainweaver://flows"
-TEMPLATE = "chainweaver://flows/{published_name}/schema"
-NEVER = "chainweaver://flows/never_existed/schema"
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
-SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "catalogue_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "catalogue_server.py"
 
 
-def schema_uri(name: str) -> str:
-    return f"chainweaver://flows/{name}/schema"
 
 
-def exposing(**options: Any) -> FlowServer:
-    options.setdefault("expose_schemas", True)
-    return FlowServer(build_catalogue(), **options)
 
 
-async def read_text(client: Client, uri: str) -> str:
-    contents = await client.read_resource(uri)
-    assert len(contents) == 1
-    assert contents[0].mime_type == "application/json"
-    return contents[0].text
 
 
-async def read_error(client: Client, uri: str) -> mcp_types.ErrorData:
-    """The error for a raw ``resources/read`` (no client-side URI normalisation)."""
-    with pytest.raises(MCPError) as caught:
-        await client.session.read_resource(uri)
-    return caught.value.error
 
 
-def as_if_for(error: mcp_types.ErrorData, old: str, new: str) -> dict[str, Any]:
-    """``error`` as it would read had it been about ``new`` instead of ``old``."""
-    return {"code": error.code, "message": error.message.replace(repr(old), repr(new)),
-            "data": {"uri": new} if error.data == {"uri": old} else error.data}
 
 
-async def assert_not_found_like_never(client: Client, uri: str) -> None:
-    never = await read_error(client, NEVER)
-    assert never.code == -32602 and never.data == {"uri": NEVER}
-    error = await read_error(client, uri)
-    assert error.model_dump() == as_if_for(never, NEVER, uri)
 
 
 # ------------------------------------------------------------------- flags off
@@ -274,10 +259,6 @@ async def test_the_template_is_listed_and_reading_by_name_resolves_exposed_flows
             await assert_not_found_like_never(client, TEMPLATE.replace("{published_name}", name))
 
 
-async def complete_template(client: Client, value: str, argument: str = "published_name",
-                            uri: str = TEMPLATE) -> list[str]:
-    reference = mcp_types.ResourceTemplateReference(uri=uri)
-    return (await client.complete(reference, {"name": argument, "value": value})).values
 
 
 @pytest.mark.anyio
@@ -415,6 +396,7 @@ async def until_listening(port: int) -> None:
                 await anyio.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_serve_async_publishes_schemas_over_streamable_http() -> None:
     server = exposing(expose_prompts=True)
@@ -472,6 +454,7 @@ async def in_memory_snapshot() -> dict[str, Any]:
     return expected
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_stdio_serves_the_same_resources_and_prompts_as_in_memory(tmp_path: Path) -> None:
     transport = PythonStdioTransport(
@@ -483,6 +466,7 @@ async def test_stdio_serves_the_same_resources_and_prompts_as_in_memory(tmp_path
     assert over_stdio == await in_memory_snapshot()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_streamable_http_serves_the_same_resources_and_prompts_as_in_memory(
     tmp_path: Path,

@@ -20,9 +20,9 @@ import anyio
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
-from procs import free_port, stop, wait_until_listening
+from support.procs import free_port, stop, wait_until_listening
 
-SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "hardened_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 sys.path.insert(0, str(SERVER_SCRIPT.parent))
 from hardened_server import SECRET  # noqa: E402
 

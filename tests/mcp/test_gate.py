@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from catalogue import CALLS, build_catalogue
 from fastmcp import Client
 from mcp import MCPError
+from support.catalogue import CALLS, build_catalogue
 
 from chainweaver.mcp import (
     GATE_REFUSED,

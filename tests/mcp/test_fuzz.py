@@ -24,18 +24,18 @@ from typing import Any
 import anyio.from_thread
 import mcp_types
 import pytest
-from catalogue import CALLS, EXCLUDED, build_catalogue
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import MCPError
-from procs import free_port, stop, wait_until_listening
+from support.catalogue import CALLS, EXCLUDED, build_catalogue
+from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp import FlowServer
 from chainweaver.prompts import USER_DATA_NOTICE
 
-SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "hardened_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 INVALID_PARAMS = -32602
 RawRequest = mcp_types.Request[dict[str, Any], str]
 RESULT_TYPES: dict[str, Any] = {
@@ -372,6 +372,7 @@ def per_mode(build: Any) -> st.SearchStrategy[tuple[str, Any]]:
                      st.tuples(st.just("legacy"), build(100_000)))
 
 
+@pytest.mark.slow
 @HTTP
 @given(drawn=per_mode(tool_calls))
 def test_http_tools_call_answers_hostile_arguments(http: Any, drawn: tuple) -> None:
@@ -380,6 +381,7 @@ def test_http_tools_call_answers_hostile_arguments(http: Any, drawn: tuple) -> N
     check_tool_answer(params, portal.call(send, clients[mode], "tools/call", params))
 
 
+@pytest.mark.slow
 @HTTP
 @given(drawn=per_mode(prompt_gets))
 def test_http_prompts_get_answers_hostile_names_and_arguments(http: Any, drawn: tuple) -> None:
@@ -388,6 +390,7 @@ def test_http_prompts_get_answers_hostile_names_and_arguments(http: Any, drawn: 
     check_prompt_answer(params, portal.call(send, clients[mode], "prompts/get", params))
 
 
+@pytest.mark.slow
 @HTTP
 @given(drawn=per_mode(uris))
 def test_http_resources_read_answers_hostile_uris(http: Any, drawn: tuple) -> None:

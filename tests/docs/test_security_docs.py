@@ -13,11 +13,11 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from mcp import MCPError
-from procs import STARTUP_TIMEOUT, free_port
+from support.procs import STARTUP_TIMEOUT, free_port
 
 from chainweaver.mcp import CallerIdentity, GateContext
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "security.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 
 
 def run_python_blocks() -> dict[str, Any]:

@@ -15,13 +15,13 @@ import anyio
 import jsonschema
 import mcp_types
 import pytest
-from catalogue import CALLS
 from fastmcp import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import MCPError
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
-from test_mcp_prompts import (
+from support.catalogue import CALLS
+from support.mcp_client import (
     GUIDE,
     NEVER,
     NOTICE,

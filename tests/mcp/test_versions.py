@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from catalogue import build_catalogue
 from fastmcp import Client
 from mcp import MCPError
+from support.catalogue import build_catalogue
 
 from chainweaver.mcp import FlowServer
 

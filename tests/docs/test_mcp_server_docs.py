@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastmcp import Client
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "mcp-server.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "mcp-server.md"
 
 
 def blocks(language: str) -> list[str]:
