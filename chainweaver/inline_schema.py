@@ -71,7 +71,7 @@ ANNOTATION_TYPES: Mapping[str, tuple[type | tuple[type, ...], str]] = {
     **{key: (bool, "true or false") for key in ("deprecated", "readOnly", "writeOnly")},
 }
 DIALECTS = re.compile(r"json-schema\.org/(draft/2020-12|draft/2019-09|draft-07|draft-06)/")
-PROPERTY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+PROPERTY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # whole string: use fullmatch
 
 
 class InlineSchemaError(DefinitionError):
@@ -378,7 +378,7 @@ def _object_model(schema: Mapping[str, Any], name: str, where: str) -> type[Base
     absent = set()
     for prop, prop_schema in properties.items():
         here = _join(_join(where, "properties"), str(prop))
-        if not isinstance(prop, str) or not PROPERTY_NAME.match(prop) or \
+        if not isinstance(prop, str) or not PROPERTY_NAME.fullmatch(prop) or \
                 prop.startswith("model_"):
             raise InlineSchemaError(here, "property names must be identifiers (letters, "
                                     "digits, '_'; not starting with 'model_')")

@@ -15,7 +15,7 @@ from typing import Literal, Union
 
 from .errors import PromptDefinitionError
 
-PROMPT_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+PROMPT_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # whole string: use fullmatch
 # Anything between double braces is a placeholder; its content must be an argument name.
 PLACEHOLDER_PATTERN = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 _ARGUMENT_REFERENCE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
@@ -44,7 +44,7 @@ class PromptArgument:
     required: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not PROMPT_NAME_PATTERN.match(self.name):
+        if not isinstance(self.name, str) or not PROMPT_NAME_PATTERN.fullmatch(self.name):
             raise PromptDefinitionError(
                 f"prompt argument name {self.name!r} must match {PROMPT_NAME_PATTERN.pattern}"
             )
@@ -98,7 +98,7 @@ class FlowPrompt:
     messages: Union[Sequence[PromptMessage], MessageFactory] = field(default=())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not PROMPT_NAME_PATTERN.match(self.name):
+        if not isinstance(self.name, str) or not PROMPT_NAME_PATTERN.fullmatch(self.name):
             raise PromptDefinitionError(
                 f"prompt name {self.name!r} must match {PROMPT_NAME_PATTERN.pattern}"
             )

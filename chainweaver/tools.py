@@ -12,12 +12,12 @@ from pydantic import BaseModel, PydanticUndefinedAnnotation, PydanticUserError, 
 from .errors import DefinitionError, InvalidNameError
 from .safety import ToolSafetyContract
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # whole string: use fullmatch
 
 
 def check_name(kind: str, name: object) -> str:
     """Return ``name`` if it is a valid MCP tool name, else raise :class:`InvalidNameError`."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidNameError(
             f"{kind} name {name!r} is invalid: use 1-64 characters from "
             "letters, digits, '_', '-' and '.'"

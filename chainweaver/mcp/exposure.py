@@ -74,7 +74,7 @@ class ExposurePolicy:
                 "force_expose=True needs flow_names: it only bypasses the filters for "
                 "flows named there"
             )
-        if server_prefix and not NAME_PATTERN.match(server_prefix):
+        if server_prefix and not NAME_PATTERN.fullmatch(server_prefix):
             raise ExposureConfigError(f"server_prefix {server_prefix!r} is not a valid name part")
         try:
             lifecycles = (DEFAULT_LIFECYCLES if allowed_lifecycles is None
@@ -297,7 +297,7 @@ def _publish(
 ) -> None:
     policy = exposure.policy
     tool_name = policy.tool_name(flow.name)
-    if not NAME_PATTERN.match(tool_name):
+    if not NAME_PATTERN.fullmatch(tool_name):
         raise ExposureConfigError(
             f"published tool name {tool_name!r} for flow {flow.name!r} is not a valid MCP tool "
             "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
