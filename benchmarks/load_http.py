@@ -117,7 +117,7 @@ def flow_server(gated: bool) -> Any:
         ToolSafetyContract,
         tool,
     )
-    from chainweaver.mcp import CallerIdentity, FixedWindowRateLimiter, FlowServer
+    from chainweaver.mcp import CallerIdentity, FixedWindowRateLimiter, FlowServer, SecurityConfig
 
     read = ToolSafetyContract(SideEffectLevel.READ)
     executor = FlowExecutor(FlowRegistry())
@@ -139,7 +139,7 @@ def flow_server(gated: bool) -> Any:
         options = {"authenticator": authenticate, "audit_hook": audit.append,
                    "rate_limiter": FixedWindowRateLimiter(10**9, 60)}
     return FlowServer(executor, name="bench-flow", expose_schemas=True, expose_prompts=True,
-                      **options)
+                      security=SecurityConfig(**options))
 
 
 def constant(text: str) -> Any:

@@ -223,7 +223,7 @@ class Built(NamedTuple):
 def build_server(args: argparse.Namespace) -> Built:
     """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
     try:
-        from .mcp import FlowServer
+        from .mcp import ExposurePolicy, FlowServer
     except ImportError as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
     lifecycles = _values(args.lifecycle, "--lifecycle", FlowLifecycle)
@@ -240,10 +240,17 @@ def build_server(args: argparse.Namespace) -> Built:
         registry.register_flow(flow)
     with _quiet_exposure_log():
         server = FlowServer(
-            executor, name=args.name, server_prefix=args.prefix,
-            allowed_lifecycles=lifecycles, allowed_side_effects=side_effects,
-            owners=owners, allow_requires_approval=args.allow_requires_approval,
-            expose_schemas=args.expose_schemas, expose_prompts=args.expose_prompts,
+            executor,
+            name=args.name,
+            expose_schemas=args.expose_schemas,
+            expose_prompts=args.expose_prompts,
+            policy=ExposurePolicy(
+                server_prefix=args.prefix,
+                allowed_lifecycles=lifecycles,
+                allowed_side_effects=side_effects,
+                owners=owners,
+                allow_requires_approval=args.allow_requires_approval,
+            ),
         )
     return Built(server, len(files), len(executor.tools))
 

@@ -8,14 +8,19 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "chainweaver.mcp needs the 'mcp' extra: pip install 'chainweaver[mcp]'"
     ) from error
 
+from .config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
 from .exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
 from .security import (
     GATE_REFUSED,
     AuditEvent,
+    AuditHook,
+    Authenticator,
     AuthorizationDecision,
+    Authorizer,
     CallerIdentity,
     FixedWindowRateLimiter,
     GateContext,
+    RateLimiter,
 )
 from .server import FlowServer
 
@@ -24,11 +29,19 @@ __all__ = [
     "GUIDE_PROMPT_NAME",
     "INDEX_URI",
     "AuditEvent",
+    "AuditHook",
+    "Authenticator",
     "AuthorizationDecision",
+    "Authorizer",
     "CallerIdentity",
+    "ErrorDetail",
+    "ExposurePolicy",
     "FixedWindowRateLimiter",
     "FlowExposure",
     "FlowServer",
     "GateContext",
+    "RateLimiter",
+    "SecurityConfig",
+    "ServingConfig",
     "schema_uri",
 ]

@@ -9,94 +9,29 @@ Tools, resources, templates, prompts, completions, the index, the guide and
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
-from ..flows import Flow, FlowLifecycle
+from ..flows import Flow
 from ..prompts import FlowPrompt
-from ..safety import SideEffectLevel, ToolSafetyContract
-from ..schemas import model_json_schema
+from ..safety import ToolSafetyContract
 from ..tools import NAME_PATTERN
+from .config import ExposurePolicy
+from .contract import ContractError, PublishedContract, build_contract
 
 logger = logging.getLogger("chainweaver.mcp")
 
 GUIDE_PROMPT_NAME = "chainweaver_guide"
 INDEX_URI = "chainweaver://flows"
-DEFAULT_LIFECYCLES = frozenset({FlowLifecycle.ACTIVE})
-DEFAULT_SIDE_EFFECTS = frozenset({SideEffectLevel.NONE, SideEffectLevel.READ})
 
 
 def schema_uri(tool_name: str) -> str:
     """Address of a flow's schema resource."""
     return f"chainweaver://flows/{tool_name}/schema"
-
-
-@dataclass(frozen=True)
-class ExposurePolicy:
-    """What a server is willing to publish."""
-
-    flow_names: frozenset[str] | None = None
-    server_prefix: str = ""
-    force_expose: bool = False
-    allowed_lifecycles: frozenset[FlowLifecycle] = DEFAULT_LIFECYCLES
-    allowed_side_effects: frozenset[SideEffectLevel] = DEFAULT_SIDE_EFFECTS
-    owners: frozenset[str] | None = None
-    allow_requires_approval: bool = False
-    expose_schemas: bool = False
-    expose_prompts: bool = False
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        flow_names: Iterable[str] | None = None,
-        server_prefix: str = "",
-        force_expose: bool = False,
-        allowed_lifecycles: Iterable[FlowLifecycle | str] | None = None,
-        allowed_side_effects: Iterable[SideEffectLevel | str] | None = None,
-        owners: Iterable[str] | None = None,
-        allow_requires_approval: bool = False,
-        expose_schemas: bool = False,
-        expose_prompts: bool = False,
-    ) -> ExposurePolicy:
-        """Normalise user-facing arguments (strings, lists) into a policy."""
-        if isinstance(flow_names, str) or isinstance(owners, str):
-            raise ExposureConfigError("flow_names and owners take a list of names, not a string")
-        if force_expose and flow_names is None:
-            raise ExposureConfigError(
-                "force_expose=True needs flow_names: it only bypasses the filters for "
-                "flows named there"
-            )
-        if server_prefix and not NAME_PATTERN.fullmatch(server_prefix):
-            raise ExposureConfigError(f"server_prefix {server_prefix!r} is not a valid name part")
-        try:
-            lifecycles = (DEFAULT_LIFECYCLES if allowed_lifecycles is None
-                          else frozenset(FlowLifecycle(x) for x in allowed_lifecycles))
-            side_effects = (DEFAULT_SIDE_EFFECTS if allowed_side_effects is None
-                            else frozenset(SideEffectLevel(x) for x in allowed_side_effects))
-        except ValueError as error:
-            raise ExposureConfigError(f"invalid policy value: {error}") from None
-        return cls(
-            flow_names=None if flow_names is None else frozenset(flow_names),
-            server_prefix=server_prefix,
-            force_expose=force_expose,
-            allowed_lifecycles=lifecycles,
-            allowed_side_effects=side_effects,
-            owners=None if owners is None else frozenset(owners),
-            allow_requires_approval=allow_requires_approval,
-            expose_schemas=expose_schemas,
-            expose_prompts=expose_prompts,
-        )
-
-    def tool_name(self, flow_name: str) -> str:
-        return f"{self.server_prefix}__{flow_name}" if self.server_prefix else flow_name
 
 
 @dataclass(frozen=True)
@@ -107,6 +42,7 @@ class ExposedFlow:
     tool_name: str
     safety: ToolSafetyContract | None
     forced: bool
+    contract: PublishedContract
     schema_uri: str | None
     # published prompt name -> the flow's authored prompt (server overrides removed)
     authored_prompts: Mapping[str, FlowPrompt]
@@ -160,6 +96,8 @@ class Exposure:
     """The single result every primitive reads."""
 
     policy: ExposurePolicy
+    expose_schemas: bool = False
+    expose_prompts: bool = False
     report: list[FlowExposure] = field(default_factory=list)
     tools: dict[str, ExposedFlow] = field(default_factory=dict)
     resources: dict[str, ExposedFlow] = field(default_factory=dict)
@@ -196,43 +134,12 @@ def _exclusion_reason(
     return None
 
 
-def _schema_problem(executor: FlowExecutor, flow: Flow) -> str | None:
-    """Why the flow's JSON Schemas cannot be published, or None when they can."""
-    for label, model in (("input", executor.input_model(flow)),
-                         ("output", executor.output_model(flow))):
-        problem = None if model is None else _model_problem(model)
-        if problem is not None:
-            return f"its {label} JSON Schema {problem}"
-    return None
-
-
-# model class -> why its JSON Schema cannot be published (None: it can). Many flows
-# share their tools' models, so each is checked once per process.
-_MODEL_PROBLEMS: dict[type[BaseModel], str | None] = {}
-
-
-def _model_problem(model: type[BaseModel]) -> str | None:
-    if model in _MODEL_PROBLEMS:
-        return _MODEL_PROBLEMS[model]
-    problem = None
-    try:
-        # Generation is cached per class: the tools and resources built later reuse it.
-        schema = model_json_schema(model)
-    except Exception as error:  # pydantic raises several error types here
-        detail = str(error).splitlines()[0]
-        problem = f"cannot be generated from {model.__name__}: {detail}"
-    else:
-        try:
-            json.dumps(schema, allow_nan=False)
-        except (TypeError, ValueError) as error:  # e.g. a NaN default, a date example
-            problem = f"from {model.__name__} is not valid JSON: {error}"
-    _MODEL_PROBLEMS[model] = problem
-    return problem
-
-
 def decide_exposure(
     executor: FlowExecutor,
     policy: ExposurePolicy,
+    *,
+    expose_schemas: bool = False,
+    expose_prompts: bool = False,
     server_prompts: Sequence[FlowPrompt] = (),
 ) -> Exposure:
     """Decide, once, what the server publishes. Raises ExposureConfigError on bad config."""
@@ -244,7 +151,7 @@ def decide_exposure(
                 f"flow_names names unregistered flow(s): {', '.join(unknown)}"
             )
 
-    exposure = Exposure(policy)
+    exposure = Exposure(policy, expose_schemas, expose_prompts)
     server_prompt_names = {p.name for p in server_prompts}
     if len(server_prompt_names) != len(server_prompts):
         raise ExposureConfigError("server-level prompts must have unique names")
@@ -267,16 +174,18 @@ def decide_exposure(
         if reason is not None and not forced:
             exposure.report.append(FlowExposure(name, flow.version, False, reason))
             continue
-        unpublishable = _schema_problem(executor, flow)
-        if unpublishable is not None:
+        try:
+            contract = build_contract(executor, flow)
+        except ContractError as unpublishable:
             # Publishing it would break tools/list for every flow, so never, forced or not.
-            exposure.report.append(FlowExposure(name, flow.version, False, unpublishable))
+            exposure.report.append(FlowExposure(name, flow.version, False,
+                                                str(unpublishable)))
             continue
         if forced:
             logger.warning("force_expose publishes flow %r despite: %s", name, reason)
-        _publish(exposure, flow, safety, forced, server_prompt_names)
+        _publish(exposure, flow, safety, forced, contract, server_prompt_names)
 
-    if policy.expose_prompts:
+    if expose_prompts:
         for prompt in server_prompts:
             exposure.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
         if GUIDE_PROMPT_NAME not in exposure.prompts:
@@ -293,6 +202,7 @@ def _publish(
     flow: Flow,
     safety: ToolSafetyContract | None,
     forced: bool,
+    contract: PublishedContract,
     server_prompt_names: set[str],
 ) -> None:
     policy = exposure.policy
@@ -305,11 +215,11 @@ def _publish(
     if tool_name in exposure.tools:
         raise ExposureConfigError(f"two flows publish the tool name {tool_name!r}")
 
-    uri = schema_uri(tool_name) if policy.expose_schemas else None
+    uri = schema_uri(tool_name) if exposure.expose_schemas else None
     invocation = None
     authored: dict[str, FlowPrompt] = {}
     overridden: list[str] = []
-    if policy.expose_prompts:
+    if exposure.expose_prompts:
         published = {tool_name: None} | {f"{tool_name}__{p.name}": p for p in flow.prompts}
         for prompt_name, prompt in published.items():
             if prompt_name == GUIDE_PROMPT_NAME and prompt_name not in server_prompt_names:
@@ -328,7 +238,7 @@ def _publish(
                 invocation = prompt_name
             else:
                 authored[prompt_name] = prompt
-    exposed = ExposedFlow(flow, tool_name, safety, forced, uri, authored, invocation)
+    exposed = ExposedFlow(flow, tool_name, safety, forced, contract, uri, authored, invocation)
 
     exposure.tools[tool_name] = exposed
     if uri is not None:

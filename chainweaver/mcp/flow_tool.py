@@ -8,46 +8,20 @@ result (never a protocol error) when the arguments or the flow fail.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 import pydantic_core
 from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.tools.base import ToolResult
-from fastmcp.utilities.json_schema import dereference_refs
 from mcp_types import TextContent, ToolAnnotations
-from pydantic import BaseModel, PrivateAttr
+from pydantic import PrivateAttr
 
 from ..executor import ExecutionResult, FlowExecutor
 from ..safety import SideEffectLevel
-from ..schemas import model_json_schema
+from .config import ErrorDetail
 from .exposure import ExposedFlow
 
-ErrorDetail = Literal["full", "type_only", "generic"]
-ERROR_DETAILS = ("full", "type_only", "generic")
 GENERIC_FAILURE = "The flow failed. Ask the server operator to check its logs."
-
-_PUBLISHED: dict[type[BaseModel], dict[str, Any]] = {}
-
-
-def published_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON Schema a model is advertised with: refs inlined (some clients cannot
-    follow ``$ref``), computed once per class. Tools and schema resources share it."""
-    schema = _PUBLISHED.get(model)
-    if schema is None:
-        schema = dereference_refs(model_json_schema(model))
-        _PUBLISHED[model] = schema
-    return schema
-
-
-def flow_schemas(
-    executor: FlowExecutor, exposed: ExposedFlow
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(input schema, output schema or None) exactly as the flow's tool advertises them."""
-    input_model = executor.input_model(exposed.flow)
-    output_model = executor.output_model(exposed.flow)
-    assert input_model is not None  # exposed flows passed check_flow
-    return (published_schema(input_model),
-            published_schema(output_model) if output_model is not None else None)
 
 
 def tool_annotations(exposed: ExposedFlow) -> ToolAnnotations:
@@ -97,13 +71,12 @@ class FlowTool(FastMCPTool):
         timeout: float | None = None,
     ) -> FlowTool:
         flow = exposed.flow
-        input_schema, output_schema = flow_schemas(executor, exposed)
         tool = cls(
             name=exposed.tool_name,
             title=flow.display_title,
             description=flow.description,
-            parameters=input_schema,
-            output_schema=output_schema,
+            parameters=exposed.contract.input_schema,
+            output_schema=exposed.contract.output_schema,
             annotations=tool_annotations(exposed),
             meta={"chainweaver": flow_meta(exposed)},
         )

@@ -13,15 +13,23 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
 import jsonschema
+import pydantic
 from fastmcp.exceptions import ValidationError
 
 from ..prompts import USER_DATA_NOTICE, FlowPrompt, PromptMessage, label_user_data
-from ..schemas import example_value, resolve_property
+from ..schemas import example_value
+from .contract import (
+    ArgumentSpec,
+    PublishedContract,
+    argument_specs,
+    property_kind,
+    property_schema,
+    show_value,
+)
 from .exposure import ExposedFlow, Exposure
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -35,87 +43,23 @@ def invalid(prompt: str, message: str) -> ValidationError:
 # --------------------------------------------------------------- arguments
 
 
-def _property(raw: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
-    """A property schema with refs and nullable wrappers removed.
-
-    A union of several non-null types (``int | str``) stays a union: reading it as
-    its first branch would reject values the schema accepts.
-    """
-    branches = raw.get("anyOf")
-    if isinstance(branches, list) and len(_union_types(raw)) != 1:
-        return dict(raw)
-    return resolve_property(dict(raw), dict(root))
-
-
-def _union_types(prop: Mapping[str, Any]) -> list[str]:
-    """The non-null branch types of an ``anyOf``; a ``$ref`` branch is a model, an object."""
-    return [str(b.get("type", "object" if "$ref" in b or "properties" in b else "value"))
-            for b in prop.get("anyOf", ()) if isinstance(b, Mapping) and b.get("type") != "null"]
-
-
-def _kind(prop: Mapping[str, Any]) -> str | None:
-    kind = prop.get("type")
-    if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        return kinds[0] if len(kinds) == 1 else None
-    if kind is None and "enum" in prop:
-        return "enum"
-    return kind
-
-
-def describe_property(prop: Mapping[str, Any]) -> str:
-    """One line for a prompt argument: description, type, allowed values, default, examples."""
-    parts = []
-    if prop.get("description"):
-        parts.append(str(prop["description"]).rstrip("."))
-    kind = _kind(prop)
-    if kind and kind != "enum":
-        parts.append(f"Type: {kind}" + (" (JSON text)" if kind in ("array", "object") else ""))
-    elif kind is None and _union_types(prop):
-        parts.append("Type: " + " or ".join(dict.fromkeys(_union_types(prop))))
-    if prop.get("enum"):
-        parts.append("Allowed values: " + ", ".join(_show(v) for v in prop["enum"]))
-    if "default" in prop:
-        parts.append(f"Default: {_show(prop['default'])}")
-    if prop.get("examples"):
-        parts.append("Examples: " + ", ".join(_show(v) for v in prop["examples"][:3]))
-    return ". ".join(parts) + "." if parts else ""
-
-
-def _show(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def argument_specs(schema: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
-    """(name, description, required) for each top-level property of an input schema."""
-    required = set(schema.get("required", ()))
-    specs = []
-    for name, raw in schema.get("properties", {}).items():
-        prop = _property(raw, schema)
-        specs.append((name, describe_property(prop), name in required and "default" not in prop))
-    return specs
-
-
-def argument_choices(schema: Mapping[str, Any], name: str) -> list[str]:
+def argument_choices(spec: ArgumentSpec) -> list[str]:
     """Completion candidates for one argument: enum values, booleans or examples."""
-    raw = schema.get("properties", {}).get(name)
-    if raw is None:
-        return []
-    prop = _property(raw, schema)
+    prop = spec.schema
     if prop.get("enum"):
-        return [_show(v) for v in prop["enum"]]
-    if _kind(prop) == "boolean":
+        return [show_value(v) for v in prop["enum"]]
+    if property_kind(prop) == "boolean":
         return ["true", "false"]
-    return [_show(v) for v in prop.get("examples", [])]
+    return [show_value(v) for v in prop.get("examples", [])]
 
 
 def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
-    kind = _kind(prop)
+    kind = property_kind(prop)
     if prop.get("enum"):
         for allowed in prop["enum"]:
-            if _show(allowed) == text:
+            if show_value(allowed) == text:
                 return allowed
-        allowed = ", ".join(_show(v) for v in prop["enum"])
+        allowed = ", ".join(show_value(v) for v in prop["enum"])
         raise invalid(prompt, f"argument {name!r} must be one of: {allowed}")
     if kind == "string":
         return text
@@ -177,27 +121,17 @@ def _fits(value: Any, prop: Mapping[str, Any]) -> bool:
         return True  # validation of the whole arguments object decides
 
 
-# Argument name -> JSON type name of the values a ``prompts/get`` sent that were not
-# strings. The MCP SDK would refuse them before FastMCP runs, with a message naming
-# nothing; ``NonStringPromptArguments`` blanks them so the request passes the gate,
-# and the check below answers like for any other caller mistake.
-NON_STRING_ARGUMENTS: ContextVar[Mapping[str, str] | None] = ContextVar(
-    "chainweaver_non_string_prompt_arguments", default=None
-)
-
-
 def check_argument_names(
     prompt: str, values: Mapping[str, Any] | None, known: Mapping[str, bool]
 ) -> dict[str, str]:
     """Reject unknown, missing-required and non-string arguments. ``known``: name -> required."""
     values = dict(values or {})
-    non_string = NON_STRING_ARGUMENTS.get() or {}
     for name, value in values.items():
         if name not in known:
             raise invalid(prompt, f"unknown argument {name!r}")
-        if name in non_string or not isinstance(value, str):
-            kind = non_string.get(name) or type(value).__name__
-            raise invalid(prompt, f"argument {name!r} must be a string, got {kind}")
+        if not isinstance(value, str):
+            raise invalid(prompt, f"argument {name!r} must be a string, got "
+                                  f"{type(value).__name__}")
     for name, required in known.items():
         if required and name not in values:
             raise invalid(prompt, f"missing required argument {name!r}")
@@ -211,58 +145,61 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-# id(schema) -> (schema, argument name -> required, validator). Published schemas are
-# long-lived cached dicts; keeping a reference to each stops its id being reused.
-_PREPARED: dict[int, tuple[Mapping[str, Any], dict[str, bool],
-                           jsonschema.protocols.Validator]] = {}
-
-
-def _prepared(schema: Mapping[str, Any]) -> tuple[dict[str, bool],
-                                                   jsonschema.protocols.Validator]:
-    """What every render of a schema needs, computed once per schema object."""
-    entry = _PREPARED.get(id(schema))
-    if entry is None or entry[0] is not schema:
-        known = {name: required for name, _, required in argument_specs(schema)}
-        entry = (schema, known, _validator(json.dumps(schema, sort_keys=True)))
-        if len(_PREPARED) >= 4096:  # callers passing fresh dicts must not grow it forever
-            _PREPARED.clear()
-        _PREPARED[id(schema)] = entry
-    return entry[1], entry[2]
-
-
 def tool_arguments(
-    prompt: str, schema: Mapping[str, Any], values: Mapping[str, Any] | None
+    prompt: str, contract: PublishedContract, values: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """Convert string values to the schema's types, fill defaults, validate with jsonschema."""
-    known, validator = _prepared(schema)
-    strings = check_argument_names(prompt, values, known)
-    properties = schema.get("properties", {})
+    """Convert string values to the schema's types and fill defaults, then check the
+    result with the flow's own input model: the same check ``tools/call`` runs."""
+    strings = check_argument_names(prompt, values, contract.required_arguments)
     arguments: dict[str, Any] = {}
-    for name in properties:
-        prop = _property(properties[name], schema)
-        if name in strings:
-            arguments[name] = _convert(prompt, name, strings[name], prop)
-        elif "default" in prop:
-            arguments[name] = prop["default"]
-    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-    if error is not None:
-        # absolute_path: inside anyOf/oneOf, best_match picks a sub-error whose own
-        # path is relative to the union, not to the arguments object.
-        where = str(error.absolute_path[0]) if error.absolute_path else None
-        if where is None and error.validator == "required":
-            where = str(error.message).split("'")[1] if "'" in error.message else None
-        label = f"argument {where!r}" if where else "arguments"
-        raise invalid(prompt, f"{label} does not fit the flow's input schema: {error.message}")
+    for spec in contract.arguments:
+        if spec.name in strings:
+            arguments[spec.name] = _convert(prompt, spec.name, strings[spec.name], spec.schema)
+        elif "default" in spec.schema:
+            arguments[spec.name] = spec.schema["default"]
+    try:
+        contract.input_model.model_validate(arguments)
+    except pydantic.ValidationError as error:
+        raise invalid(prompt, _misfit(error, arguments)) from None
     return arguments
+
+
+def _misfit(error: pydantic.ValidationError, arguments: Mapping[str, Any]) -> str:
+    first = error.errors(include_url=False, include_input=False)[0]
+    location = list(first.get("loc", ()))
+    if not location:
+        return f"arguments do not fit the flow's input schema: {first['msg']}"
+    inner = _value_path(arguments.get(str(location[0])), location[1:])
+    where = f" at {inner}" if inner else ""
+    return (f"argument {str(location[0])!r} does not fit the flow's input schema{where}: "
+            f"{first['msg']}")
+
+
+def _value_path(value: Any, location: list[Any]) -> str:
+    """The part of a pydantic error location that names keys and indexes of ``value``.
+
+    Pydantic puts union member tags (``Node``, ``list[str]``) into locations too;
+    those name nothing the caller wrote, so they are left out.
+    """
+    path = []
+    for position, part in enumerate(location):
+        last = position == len(location) - 1
+        if isinstance(value, Mapping) and (part in value or (last and isinstance(part, str))):
+            path.append(str(part))
+            value = value.get(part)
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            path.append(str(part))
+            value = value[part]
+    return ".".join(path)
 
 
 def example_tool_arguments(schema: Mapping[str, Any]) -> dict[str, str]:
     """Prompt argument strings for every required argument, from examples or valid values."""
     values = {}
-    for name, _, required in argument_specs(schema):
-        if required:
-            value = example_value(schema["properties"][name], dict(schema))
-            values[name] = value if isinstance(value, str) else json.dumps(value)
+    for spec in argument_specs(schema):
+        if spec.required:
+            value = example_value(schema["properties"][spec.name], dict(schema))
+            values[spec.name] = value if isinstance(value, str) else json.dumps(value)
     return values
 
 
@@ -291,17 +228,15 @@ def _output_lines(output_schema: Mapping[str, Any] | None) -> list[str]:
         return ["The result is the flow's JSON output."]
     lines = ["The result will contain:"]
     for name, raw in output_schema["properties"].items():
-        prop = _property(raw, output_schema)
-        kind = _kind(prop) or "value"
+        prop = property_schema(raw, output_schema)
+        kind = property_kind(prop) or "value"
         about = f": {prop['description']}" if prop.get("description") else ""
         lines.append(f"- {name} ({kind}){about}")
     return lines
 
 
 def invocation_messages(
-    exposed: ExposedFlow,
-    output_schema: Mapping[str, Any] | None,
-    arguments: Mapping[str, Any],
+    exposed: ExposedFlow, arguments: Mapping[str, Any]
 ) -> list[PromptMessage]:
     """The schema-derived prompt: how to call the flow's tool with these arguments."""
     flow = exposed.flow
@@ -317,7 +252,7 @@ def invocation_messages(
         "",
         f"Pass exactly the JSON object in the user-data section named 'arguments' as the "
         f"arguments of `{exposed.tool_name}`.",
-        *_output_lines(output_schema),
+        *_output_lines(exposed.contract.output_schema),
     ]
     if exposed.schema_uri:
         lines.append(f"The full input/output contract is in the resource {exposed.schema_uri}.")

@@ -6,21 +6,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from fastmcp.exceptions import FastMCPError, PromptError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import PrivateAttr
 
-from ..executor import FlowExecutor
 from ..prompts import FlowPrompt, PromptMessage
 from . import prompt_render
 from .exposure import GUIDE_PROMPT_NAME, ExposedFlow, Exposure
-from .flow_tool import flow_schemas
 
 logger = logging.getLogger("chainweaver.mcp.prompts")
 
@@ -34,31 +30,28 @@ def _result(messages: list[PromptMessage], description: str | None,
 class FlowInvocationPrompt(Prompt):
     """Schema-derived: one string argument per input property; renders a tool-call guide."""
 
-    _executor: FlowExecutor = PrivateAttr()
     _exposed: ExposedFlow = PrivateAttr()
 
     @classmethod
-    def build(cls, exposed: ExposedFlow, executor: FlowExecutor) -> FlowInvocationPrompt:
-        input_schema, _ = flow_schemas(executor, exposed)
+    def build(cls, exposed: ExposedFlow) -> FlowInvocationPrompt:
         assert exposed.invocation_prompt is not None
         prompt = cls(
             name=exposed.invocation_prompt,
             title=exposed.flow.display_title,
             description=exposed.flow.description,
-            arguments=[PromptArgument(name=name, description=about or None, required=required)
-                       for name, about, required in prompt_render.argument_specs(input_schema)],
+            arguments=[PromptArgument(name=spec.name, description=spec.description or None,
+                                      required=spec.required)
+                       for spec in exposed.contract.arguments],
             meta={"chainweaver": {"flow": exposed.flow.name, "version": exposed.flow.version,
                                   "tool": exposed.tool_name}},
         )
-        prompt._executor = executor
         prompt._exposed = exposed
         return prompt
 
     async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
-        input_schema, output_schema = flow_schemas(self._executor, self._exposed)
-        tool_arguments = prompt_render.tool_arguments(self.name, input_schema, arguments)
-        messages = prompt_render.invocation_messages(self._exposed, output_schema,
-                                                     tool_arguments)
+        tool_arguments = prompt_render.tool_arguments(self.name, self._exposed.contract,
+                                                      arguments)
+        messages = prompt_render.invocation_messages(self._exposed, tool_arguments)
         meta = {"chainweaver": {"tool": self._exposed.tool_name, "arguments": tool_arguments}}
         return _result(messages, self.description, meta)
 
@@ -119,47 +112,36 @@ class GuidePrompt(Prompt):
         return _result(prompt_render.guide_messages(self._exposure), self.description)
 
 
-class NonStringPromptArguments:
-    """MCP SDK middleware for ``prompts/get`` requests carrying non-string argument values.
+def malformed_prompt_request(params: Mapping[str, Any]) -> str | None:
+    """Why raw ``prompts/get`` params do not have the shape MCP requires, or None.
 
-    The SDK checks ``arguments`` against ``dict[str, str]`` before any FastMCP code
-    runs and answers a bare "Invalid request parameters". Here such values are
-    replaced by empty strings and remembered, so the request goes through the security
-    gate like any other and rendering answers -32602 naming the prompt and argument
-    (an unknown prompt name still answers "unknown prompt"). Only prompts this server
-    publishes are touched: other prompts added to the FastMCP instance keep the SDK's
-    own answer rather than rendering with blanked values.
+    The MCP SDK refuses such requests with a bare "Invalid request parameters"; this
+    names the argument instead. The text never depends on whether the prompt exists.
     """
-
-    def __init__(self, exposure: Exposure) -> None:
-        self._exposure = exposure
-
-    async def __call__(self, ctx: ServerRequestContext[Any, Any],
-                       call_next: CallNext) -> HandlerResult:
-        params = ctx.params
-        arguments = params.get("arguments") if isinstance(params, Mapping) else None
-        if (ctx.method != "prompts/get" or not isinstance(arguments, Mapping)
-                or params.get("name") not in self._exposure.prompts):
-            return await call_next(ctx)
-        wrong = {str(name): _json_type(value) for name, value in arguments.items()
-                 if not isinstance(value, str)}
-        if not wrong:
-            return await call_next(ctx)
-        blanked = {name: value if isinstance(value, str) else ""
-                   for name, value in arguments.items()}
-        token = prompt_render.NON_STRING_ARGUMENTS.set(wrong)
-        try:
-            return await call_next(dataclasses.replace(
-                ctx, params={**params, "arguments": blanked}))
-        finally:
-            prompt_render.NON_STRING_ARGUMENTS.reset(token)
+    name = params.get("name")
+    if not isinstance(name, str):
+        return f"prompts/get needs 'name' to be a string, got {json_type(name)}"
+    arguments = params.get("arguments")
+    if arguments is None:
+        return None
+    if not isinstance(arguments, Mapping):
+        return (f"Prompt {name!r}: arguments must be an object of strings, got "
+                f"{json_type(arguments)}")
+    for argument, value in arguments.items():
+        if not isinstance(value, str):
+            return (f"Prompt {name!r}: argument {str(argument)!r} must be a string, got "
+                    f"{json_type(value)}")
+    return None
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type name of a decoded JSON value."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
         return "number"
-    return {dict: "object", list: "array"}.get(type(value), type(value).__name__)
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"

@@ -21,8 +21,9 @@ from fastmcp.utilities.versions import VersionSpec
 
 from ..executor import FlowExecutor
 from . import prompt_render
+from .config import ErrorDetail
 from .exposure import INDEX_URI, ExposedFlow, Exposure
-from .flow_tool import ErrorDetail, FlowTool, flow_schemas
+from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
 
@@ -56,7 +57,7 @@ class FlowProvider(Provider):
         self.error_detail = error_detail
         self.flow_timeout = flow_timeout
         self._cache: dict[tuple[str, str], Any] = {}
-        self._template = SchemaTemplate.build() if exposure.policy.expose_schemas else None
+        self._template = SchemaTemplate.build() if exposure.expose_schemas else None
 
     def __repr__(self) -> str:
         return f"FlowProvider(tools={len(self.exposure.tools)})"
@@ -86,17 +87,17 @@ class FlowProvider(Provider):
     # -------------------------------------------------------------- resources
 
     def resource(self, uri: str) -> Resource | None:
-        if not self.exposure.policy.expose_schemas:
+        if not self.exposure.expose_schemas:
             return None
         if uri == INDEX_URI:
             return self._cached("resource", uri, lambda: index_resource(self.exposure))
         exposed = self.exposure.resources.get(uri)
         if exposed is None:
             return None
-        return self._cached("resource", uri, lambda: schema_resource(self.executor, exposed))
+        return self._cached("resource", uri, lambda: schema_resource(exposed))
 
     async def _list_resources(self) -> Sequence[Resource]:
-        if not self.exposure.policy.expose_schemas:
+        if not self.exposure.expose_schemas:
             return []
         return [self.resource(INDEX_URI), *(self.resource(uri) for uri in
                                             self.exposure.resources)]
@@ -127,7 +128,7 @@ class FlowProvider(Provider):
             if entry.prompt is not None:
                 return AuthoredPrompt.build(name, entry.prompt, entry.exposed_flow)
             if entry.exposed_flow is not None:
-                return FlowInvocationPrompt.build(entry.exposed_flow, self.executor)
+                return FlowInvocationPrompt.build(entry.exposed_flow)
             return GuidePrompt.build(self.exposure)
 
         return self._cached("prompt", name, build)
@@ -163,6 +164,7 @@ class FlowProvider(Provider):
                 return []  # authored arguments are free text
             if entry.exposed_flow is None:
                 return []
-            input_schema, _ = flow_schemas(self.executor, entry.exposed_flow)
-            names = prompt_render.argument_choices(input_schema, argument.name)
+            specs = [spec for spec in entry.exposed_flow.contract.arguments
+                     if spec.name == argument.name]
+            names = prompt_render.argument_choices(specs[0]) if specs else []
         return [value for value in names if value.startswith(typed)]

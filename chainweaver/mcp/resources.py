@@ -15,9 +15,7 @@ from fastmcp.resources.template import ResourceTemplate
 from mcp_types import Annotations
 from pydantic import PrivateAttr
 
-from ..executor import FlowExecutor
 from .exposure import INDEX_URI, ExposedFlow, Exposure, schema_uri
-from .flow_tool import flow_schemas
 
 TEMPLATE_URI = schema_uri("{published_name}")
 MIME_TYPE = "application/json"
@@ -26,17 +24,16 @@ INDEX_ANNOTATIONS = Annotations(audience=["assistant", "user"], priority=0.9)
 SCHEMA_ANNOTATIONS = Annotations(audience=["assistant", "user"], priority=0.7)
 
 
-def schema_document(executor: FlowExecutor, exposed: ExposedFlow) -> dict[str, Any]:
+def schema_document(exposed: ExposedFlow) -> dict[str, Any]:
     flow = exposed.flow
-    input_schema, output_schema = flow_schemas(executor, exposed)
     return {
         "name": flow.name,
         "version": flow.version,
         "title": flow.display_title,
         "description": flow.description,
         "tool_name": exposed.tool_name,
-        "input_schema": input_schema,
-        "output_schema": output_schema,
+        "input_schema": exposed.contract.input_schema,
+        "output_schema": exposed.contract.output_schema,
     }
 
 
@@ -88,11 +85,11 @@ class JSONDocumentResource(Resource):
         return super().convert_result(raw_value)
 
 
-def schema_resource(executor: FlowExecutor, exposed: ExposedFlow) -> JSONDocumentResource:
+def schema_resource(exposed: ExposedFlow) -> JSONDocumentResource:
     assert exposed.schema_uri is not None
     flow = exposed.flow
     return JSONDocumentResource.build(
-        lambda: schema_document(executor, exposed),
+        lambda: schema_document(exposed),
         uri=exposed.schema_uri,
         name=f"{exposed.tool_name}_schema",
         title=f"{flow.display_title} schema",

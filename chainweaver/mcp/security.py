@@ -22,8 +22,11 @@ from typing import Any, Literal, Protocol
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
+from mcp_types import INVALID_PARAMS
 
+from .config import SecurityConfig
 from .exposure import Exposure
+from .prompts import malformed_prompt_request
 
 logger = logging.getLogger("chainweaver.mcp.security")
 
@@ -171,24 +174,27 @@ def payload_text(kind: RequestKind, result: Any) -> str:
 class SecurityGate(Middleware):
     """FastMCP middleware applying the gate to tools, resources and prompts alike."""
 
-    def __init__(
-        self,
-        exposure: Exposure,
-        *,
-        authenticator: Authenticator | None = None,
-        rate_limiter: RateLimiter | None = None,
-        authorizer: Authorizer | None = None,
-        audit_hook: AuditHook | None = None,
-        hook_timeout: float = 5.0,
-    ) -> None:
+    def __init__(self, exposure: Exposure, config: SecurityConfig) -> None:
         self.exposure = exposure
-        self.authenticator = authenticator
-        self.rate_limiter = rate_limiter
-        self.authorizer = authorizer
-        self.audit_hook = audit_hook
-        self.hook_timeout = hook_timeout
-        self.active = any(h is not None for h in (authenticator, rate_limiter, authorizer,
-                                                  audit_hook))
+        self.authenticator = config.authenticator
+        self.rate_limiter = config.rate_limiter
+        self.authorizer = config.authorizer
+        self.audit_hook = config.audit_hook
+        self.hook_timeout = config.hook_timeout
+        self.active = config.active
+
+    async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
+        # The only hook that sees prompts/get params before the MCP SDK validates
+        # them: a malformed request still passes the gate and the audit, then gets
+        # -32602 naming what is wrong instead of the SDK's bare message.
+        params = context.message
+        if context.method == "prompts/get" and isinstance(params, Mapping):
+            problem = malformed_prompt_request(params)
+            if problem is not None:
+                name = params.get("name")
+                return await self._guard("prompt", name if isinstance(name, str) else "",
+                                         context, _refuse_malformed(problem))
+        return await call_next(context)
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("tool", context.message.name, context, call_next)
@@ -330,6 +336,13 @@ class SecurityGate(Middleware):
                 await asyncio.wait_for(value, self.hook_timeout)
         except Exception as error:  # auditing must never break a request
             logger.warning("audit hook failed: %s", type(error).__name__)
+
+
+def _refuse_malformed(problem: str) -> Callable[[MiddlewareContext], Awaitable[Any]]:
+    async def refuse(context: MiddlewareContext) -> Any:
+        raise MCPError(code=INVALID_PARAMS, message=problem)
+
+    return refuse
 
 
 def _with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
 
 import anyio
 from fastmcp import FastMCP
 
+from .. import __version__
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
-from ..flows import FlowLifecycle
 from ..prompts import FlowPrompt
-from ..safety import SideEffectLevel
-from .exposure import INDEX_URI, Exposure, ExposurePolicy, FlowExposure, decide_exposure
-from .flow_tool import ERROR_DETAILS, ErrorDetail
-from .prompts import NonStringPromptArguments
+from .config import (
+    ExposurePolicy,
+    SecurityConfig,
+    ServingConfig,
+    check_bool,
+    check_text,
+)
+from .exposure import INDEX_URI, Exposure, FlowExposure, decide_exposure
 from .provider import FlowProvider
-from .security import AuditHook, Authenticator, Authorizer, RateLimiter, SecurityGate
+from .security import SecurityGate
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -40,82 +43,61 @@ class FlowServer:
         self,
         executor: FlowExecutor,
         *,
-        name: str = "chainweaver",
-        flow_names: Iterable[str] | None = None,
-        server_prefix: str = "",
-        force_expose: bool = False,
-        allowed_lifecycles: Iterable[FlowLifecycle | str] | None = None,
-        allowed_side_effects: Iterable[SideEffectLevel | str] | None = None,
-        owners: Iterable[str] | None = None,
-        allow_requires_approval: bool = False,
         expose_schemas: bool = False,
         expose_prompts: bool = False,
         prompts: Sequence[FlowPrompt] = (),
-        authenticator: Authenticator | None = None,
-        rate_limiter: RateLimiter | None = None,
-        authorizer: Authorizer | None = None,
-        audit_hook: AuditHook | None = None,
-        error_detail: ErrorDetail = "full",
-        flow_timeout: float | None = None,
-        hook_timeout: float = 5.0,
+        policy: ExposurePolicy | None = None,
+        security: SecurityConfig | None = None,
+        serving: ServingConfig | None = None,
+        name: str = "chainweaver",
+        version: str | None = None,
         instructions: str | None = None,
-        page_size: int | None = None,
     ) -> None:
-        if error_detail not in ERROR_DETAILS:
+        if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
-                f"error_detail must be one of {', '.join(ERROR_DETAILS)}, got {error_detail!r}"
-            )
-        if flow_timeout is not None and not _positive_seconds(flow_timeout):
-            raise ExposureConfigError(
-                f"flow_timeout must be None or a number of seconds > 0, got {flow_timeout!r}")
-        if not _positive_seconds(hook_timeout):
-            raise ExposureConfigError(
-                f"hook_timeout must be a number of seconds > 0, got {hook_timeout!r}")
-        if not all(isinstance(p, FlowPrompt) for p in prompts):
-            raise ExposureConfigError("prompts must be FlowPrompt values")
+                f"executor must be a FlowExecutor, got {type(executor).__name__}")
+        check_bool("expose_schemas", expose_schemas)
+        check_bool("expose_prompts", expose_prompts)
+        policy = _config("policy", policy, ExposurePolicy)
+        security = _config("security", security, SecurityConfig)
+        serving = _config("serving", serving, ServingConfig)
+        check_text("name", name)
+        check_text("version", version, optional=True)
+        if instructions is not None and not isinstance(instructions, str):
+            raise ExposureConfigError(f"instructions must be None or a string, got "
+                                      f"{instructions!r}")
+        if isinstance(prompts, (str, bytes)) or not all(isinstance(p, FlowPrompt)
+                                                         for p in prompts):
+            raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         if prompts and not expose_prompts:
             raise ExposureConfigError("server-level prompts need expose_prompts=True")
         self.executor = executor
-        policy = ExposurePolicy.build(
-            flow_names=flow_names,
-            server_prefix=server_prefix,
-            force_expose=force_expose,
-            allowed_lifecycles=allowed_lifecycles,
-            allowed_side_effects=allowed_side_effects,
-            owners=owners,
-            allow_requires_approval=allow_requires_approval,
-            expose_schemas=expose_schemas,
-            expose_prompts=expose_prompts,
-        )
-        self._exposure: Exposure = decide_exposure(executor, policy, prompts)
-        self._provider = FlowProvider(self._exposure, executor, error_detail=error_detail,
-                                      flow_timeout=flow_timeout)
-        self._gate = SecurityGate(
-            self._exposure,
-            authenticator=authenticator,
-            rate_limiter=rate_limiter,
-            authorizer=authorizer,
-            audit_hook=audit_hook,
-            hook_timeout=hook_timeout,
-        )
+        self.policy = policy
+        self.security = security
+        self.serving = serving
+        self._exposure: Exposure = decide_exposure(
+            executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
+            server_prompts=tuple(prompts))
+        self._provider = FlowProvider(self._exposure, executor,
+                                      error_detail=security.error_detail,
+                                      flow_timeout=serving.flow_timeout)
+        self._gate = SecurityGate(self._exposure, security)
         # Schemas are published already dereferenced (see flow_tool.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
             name,
+            version=version or __version__,
             instructions=instructions,
             providers=[self._provider],
             middleware=[self._gate],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
-            mask_error_details=error_detail != "full",
-            list_page_size=page_size,
+            mask_error_details=security.error_detail != "full",
+            list_page_size=serving.page_size,
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
-        if expose_prompts:
-            # Outermost, so FastMCP and its security gate see the request it rewrites.
-            self._fastmcp._mcp_server.middleware.insert(0, NonStringPromptArguments(self._exposure))
 
     @property
     def fastmcp(self) -> FastMCP:
@@ -130,7 +112,7 @@ class FlowServer:
     @property
     def resource_uris(self) -> list[str]:
         """Published schema resource URIs (plus the index), empty without expose_schemas."""
-        if not self._exposure.policy.expose_schemas:
+        if not self._exposure.expose_schemas:
             return []
         return [INDEX_URI, *sorted(self._exposure.resources)]
 
@@ -184,9 +166,16 @@ class FlowServer:
             )
 
 
-def _positive_seconds(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
+C = TypeVar("C")
+
+
+def _config(setting: str, value: C | None, kind: type[C]) -> C:
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ExposureConfigError(
+            f"{setting} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
 
 
 def _flush_stray_stdout() -> None:

@@ -23,7 +23,7 @@ from support.procs import EXIT_TIMEOUT, STARTUP_TIMEOUT, free_port, stop, wait_u
 
 from chainweaver import FlowExecutor, FlowRegistry, Tool, __version__, load_flows
 from chainweaver.cli import main
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import ExposurePolicy, FlowServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "examples/flows"
@@ -69,7 +69,7 @@ def reference_server(**policy: Any) -> FlowServer:
             executor.register_tool(value)
     for flow in load_flows(ROOT / FLOWS, tools=executor.tools):
         executor.registry.register_flow(flow)
-    return FlowServer(executor, **policy)
+    return FlowServer(executor, policy=ExposurePolicy(**policy))
 
 
 # ------------------------------------------------------------------ inspect

@@ -28,7 +28,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig
 
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
 
@@ -174,7 +174,10 @@ async def test_exclusions_are_not_logged_again_when_clients_list_or_call(
 
 
 def test_flow_names_restricts_the_candidates() -> None:
-    server = FlowServer(build_catalogue(), flow_names=["order_status", "write_flow"])
+    server = FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(flow_names=["order_status", "write_flow"]),
+    )
     assert server.registered_tool_names == ["order_status"]
     by_name = report_by_name(server)
     assert by_name["product_search"].reason == "not listed in flow_names"
@@ -184,48 +187,60 @@ def test_flow_names_restricts_the_candidates() -> None:
 
 def test_unknown_flow_name_is_a_construction_error() -> None:
     with pytest.raises(ExposureConfigError, match="no_such_flow"):
-        FlowServer(build_catalogue(), flow_names=["product_search", "no_such_flow"])
+        FlowServer(
+            build_catalogue(),
+            policy=ExposurePolicy(flow_names=["product_search", "no_such_flow"]),
+        )
 
 
 def test_flow_names_must_be_a_list_not_a_string() -> None:
     with pytest.raises(ExposureConfigError):
-        FlowServer(build_catalogue(), flow_names="product_search")
+        FlowServer(build_catalogue(), policy=ExposurePolicy(flow_names="product_search"))
 
 
 def test_allowed_lifecycles_admits_drafts_when_asked() -> None:
-    server = FlowServer(build_catalogue(), allowed_lifecycles=["active", "draft"])
+    server = FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(allowed_lifecycles=["active", "draft"]),
+    )
     assert "draft_report" in server.registered_tool_names
     assert "archived_search" not in server.registered_tool_names
     assert "allowed: active, draft" in report_by_name(server)["archived_search"].reason
 
 
 def test_owners_filter_keeps_only_listed_owners() -> None:
-    server = FlowServer(build_catalogue(), owners=["search-team"])
+    server = FlowServer(build_catalogue(), policy=ExposurePolicy(owners=["search-team"]))
     assert server.registered_tool_names == ["failing_flow", "product_search"]
     reason = report_by_name(server)["order_status"].reason
     assert "owner 'orders-team' is not allowed" in reason and "search-team" in reason
 
 
 def test_allowed_side_effects_widens_and_narrows_the_filter() -> None:
-    wide = FlowServer(build_catalogue(), allowed_side_effects=["none", "read", "write"])
+    wide = FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"]),
+    )
     assert {"write_flow", "idempotent_write"} <= set(wide.registered_tool_names)
     assert "destructive_flow" not in wide.registered_tool_names
-    narrow = FlowServer(build_catalogue(), allowed_side_effects=[SideEffectLevel.NONE])
+    narrow = FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(allowed_side_effects=[SideEffectLevel.NONE]),
+    )
     assert narrow.registered_tool_names == ["price_quote"]
     assert "'read' are not allowed" in report_by_name(narrow)["product_search"].reason
 
 
 def test_invalid_policy_values_are_construction_errors() -> None:
     with pytest.raises(ExposureConfigError):
-        FlowServer(build_catalogue(), allowed_side_effects=["sideways"])
+        FlowServer(build_catalogue(), policy=ExposurePolicy(allowed_side_effects=["sideways"]))
     with pytest.raises(ExposureConfigError):
-        FlowServer(build_catalogue(), allowed_lifecycles=["retired"])
+        FlowServer(build_catalogue(), policy=ExposurePolicy(allowed_lifecycles=["retired"]))
     with pytest.raises(ExposureConfigError):
-        FlowServer(build_catalogue(), error_detail="everything")
+        FlowServer(build_catalogue(), security=SecurityConfig(error_detail="everything"))
 
 
 def test_allow_requires_approval_publishes_approval_flows() -> None:
-    server = FlowServer(build_catalogue(), allow_requires_approval=True)
+    server = FlowServer(build_catalogue(), policy=ExposurePolicy(allow_requires_approval=True))
     assert "needs_approval" in server.registered_tool_names
 
 
@@ -233,9 +248,11 @@ def test_unknown_safety_is_never_published_by_policy_alone() -> None:
     # Even the widest policy cannot vouch for a flow whose safety nobody declared.
     server = FlowServer(
         build_catalogue(),
-        allowed_lifecycles=["draft", "reviewed", "active", "archived"],
-        allowed_side_effects=list(SideEffectLevel),
-        allow_requires_approval=True,
+        policy=ExposurePolicy(
+            allowed_lifecycles=["draft", "reviewed", "active", "archived"],
+            allowed_side_effects=list(SideEffectLevel),
+            allow_requires_approval=True,
+        ),
     )
     assert server.registered_tool_names == sorted(set(EXPOSED) | set(EXCLUDED_NAMES)
                                                   - {"unknown_safety"})
@@ -258,8 +275,11 @@ def test_force_expose_bypasses_filters_only_for_named_flows_and_warns_for_each(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="chainweaver.mcp"):
         server = FlowServer(
-            build_catalogue(), force_expose=True,
-            flow_names=["destructive_flow", "unknown_safety", "product_search"],
+            build_catalogue(),
+            policy=ExposurePolicy(
+                force_expose=True,
+                flow_names=["destructive_flow", "unknown_safety", "product_search"],
+            ),
         )
     assert server.registered_tool_names == ["destructive_flow", "product_search",
                                             "unknown_safety"]
@@ -278,14 +298,17 @@ def test_force_expose_bypasses_filters_only_for_named_flows_and_warns_for_each(
 
 def test_force_expose_without_flow_names_is_a_construction_error() -> None:
     with pytest.raises(ExposureConfigError, match="flow_names"):
-        FlowServer(build_catalogue(), force_expose=True)
+        FlowServer(build_catalogue(), policy=ExposurePolicy(force_expose=True))
 
 
 def test_force_expose_never_publishes_a_flow_that_cannot_run() -> None:
     executor = build_catalogue()
     executor.registry.register_flow(Flow("broken", "Uses a missing tool.",
                                          [FlowStep("no_such_tool")]))
-    server = FlowServer(executor, force_expose=True, flow_names=["broken", "product_search"])
+    server = FlowServer(
+        executor,
+        policy=ExposurePolicy(force_expose=True, flow_names=["broken", "product_search"]),
+    )
     assert server.registered_tool_names == ["product_search"]
     reason = report_by_name(server)["broken"].reason
     assert reason.startswith("flow is invalid") and "'no_such_tool'" in reason
@@ -296,7 +319,7 @@ def test_force_expose_never_publishes_a_flow_that_cannot_run() -> None:
 
 @pytest.mark.anyio
 async def test_server_prefix_names_every_tool_prefix__flow() -> None:
-    server = FlowServer(build_catalogue(), server_prefix="shop")
+    server = FlowServer(build_catalogue(), policy=ExposurePolicy(server_prefix="shop"))
     expected = sorted(f"shop__{name}" for name in EXPOSED)
     assert server.registered_tool_names == expected
     assert await listed_tool_names(server) == expected
@@ -312,7 +335,7 @@ async def test_server_prefix_names_every_tool_prefix__flow() -> None:
 def test_a_published_name_too_long_for_mcp_is_a_construction_error() -> None:
     prefix = "p" * 50  # "p"*50 + "__" + "product_search" is 66 characters
     with pytest.raises(ExposureConfigError, match="not a valid MCP tool name"):
-        FlowServer(build_catalogue(), server_prefix=prefix)
+        FlowServer(build_catalogue(), policy=ExposurePolicy(server_prefix=prefix))
     # The same prefix is fine when only short names are published.
     executor = FlowExecutor(FlowRegistry())
 
@@ -322,13 +345,13 @@ def test_a_published_name_too_long_for_mcp_is_a_construction_error() -> None:
 
     executor.register_tool(ping)
     executor.registry.register_flow(Flow("ping", "Ping.", [FlowStep("ping")]))
-    assert FlowServer(executor, server_prefix=prefix).registered_tool_names == [
-        f"{prefix}__ping"]
+    server = FlowServer(executor, policy=ExposurePolicy(server_prefix=prefix))
+    assert server.registered_tool_names == [f"{prefix}__ping"]
 
 
 def test_a_prefix_with_invalid_characters_is_a_construction_error() -> None:
     with pytest.raises(ExposureConfigError, match="server_prefix"):
-        FlowServer(build_catalogue(), server_prefix="my shop")
+        FlowServer(build_catalogue(), policy=ExposurePolicy(server_prefix="my shop"))
 
 
 def test_name_validity_is_checked_only_for_flows_that_publish() -> None:
@@ -336,12 +359,20 @@ def test_name_validity_is_checked_only_for_flows_that_publish() -> None:
     executor = build_catalogue()
     long_name = "w" * 60
     executor.registry.register_flow(Flow(long_name, "Writes.", [FlowStep("write_note")]))
-    server = FlowServer(executor, server_prefix="shop", flow_names=["product_search",
-                                                                     long_name])
+    server = FlowServer(
+        executor,
+        policy=ExposurePolicy(server_prefix="shop", flow_names=["product_search", long_name]),
+    )
     assert server.registered_tool_names == ["shop__product_search"]
     with pytest.raises(ExposureConfigError, match=long_name):
-        FlowServer(executor, server_prefix="shop", allowed_side_effects=["read", "write"],
-                   flow_names=[long_name])
+        FlowServer(
+            executor,
+            policy=ExposurePolicy(
+                server_prefix="shop",
+                allowed_side_effects=["read", "write"],
+                flow_names=[long_name],
+            ),
+        )
 
 
 # ---------------------------------------------------- schemas and prompts toggles
@@ -394,7 +425,7 @@ def test_owner_filter_excludes_flows_without_an_owner() -> None:
         "orphan_search", "Nobody owns this.", [FlowStep("search_products")],
         governance=FlowGovernance(owner=None),
     ))
-    server = FlowServer(executor, owners=["search-team"])
+    server = FlowServer(executor, policy=ExposurePolicy(owners=["search-team"]))
     assert "orphan_search" not in server.registered_tool_names
     assert "owner None" in report_by_name(server)["orphan_search"].reason
 
@@ -415,8 +446,12 @@ async def test_flow_whose_schema_cannot_be_generated_is_excluded_not_fatal() -> 
                                 lambda model: {}, safety=ToolSafetyContract("none")))
     executor.registry.register_flow(Flow("opaque_flow", "Opaque.", [FlowStep("opaque")]))
     # Even forcing it does not publish it: it could not be listed.
-    server = FlowServer(executor, flow_names=["opaque_flow", "product_search"],
-                        force_expose=True, expose_schemas=True, expose_prompts=True)
+    server = FlowServer(
+        executor,
+        expose_schemas=True,
+        expose_prompts=True,
+        policy=ExposurePolicy(flow_names=["opaque_flow", "product_search"], force_expose=True),
+    )
     entry = report_by_name(server)["opaque_flow"]
     assert not entry.exposed
     assert entry.reason.startswith("its input JSON Schema cannot be generated from "
@@ -436,7 +471,11 @@ def test_flow_cannot_take_the_guide_prompt_name() -> None:
         FlowServer(executor, expose_prompts=True)
     # Without prompts there is no clash; with a prefix the names differ.
     assert "chainweaver_guide" in FlowServer(executor).registered_tool_names
-    prefixed = FlowServer(executor, expose_prompts=True, server_prefix="shop")
+    prefixed = FlowServer(
+        executor,
+        expose_prompts=True,
+        policy=ExposurePolicy(server_prefix="shop"),
+    )
     assert "shop__chainweaver_guide" in prefixed.prompt_names
     assert "chainweaver_guide" in prefixed.prompt_names
 

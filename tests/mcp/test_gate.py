@@ -23,6 +23,7 @@ from chainweaver.mcp import (
     FixedWindowRateLimiter,
     FlowServer,
     GateContext,
+    SecurityConfig,
 )
 from chainweaver.mcp.security import PRUNE_ABOVE
 
@@ -51,10 +52,11 @@ class Caller:
         return CallerIdentity(self.identity) if self.identity else None
 
 
-def server_with(**options: Any) -> tuple[FlowServer, list[AuditEvent]]:
+def server_with(**security: Any) -> tuple[FlowServer, list[AuditEvent]]:
+    """A catalogue server whose SecurityConfig has ``security`` (audit into a list)."""
     events: list[AuditEvent] = []
-    options.setdefault("audit_hook", events.append)
-    return FlowServer(build_catalogue(), **options), events
+    security.setdefault("audit_hook", events.append)
+    return FlowServer(build_catalogue(), security=SecurityConfig(**security)), events
 
 
 async def refusal(client: Client, name: str, arguments: dict[str, Any]) -> MCPError:
@@ -161,7 +163,10 @@ async def test_a_broken_audit_hook_never_breaks_a_call(flavour: str) -> None:
         await asyncio.sleep(600)
 
     hook = {"sync": broken, "async": broken_async, "slow": stuck}[flavour]
-    server = FlowServer(build_catalogue(), audit_hook=hook, hook_timeout=0.1)
+    server = FlowServer(
+        build_catalogue(),
+        security=SecurityConfig(audit_hook=hook, hook_timeout=0.1),
+    )
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("price_quote", {"sku": "SKU-1", "quantity": 2})
         assert result.structured_content == {"sku": "SKU-1", "total_cents": 1998}
@@ -178,7 +183,7 @@ async def test_an_async_audit_hook_receives_every_event() -> None:
         await asyncio.sleep(0)
         events.append(event)
 
-    server = FlowServer(build_catalogue(), audit_hook=hook)
+    server = FlowServer(build_catalogue(), security=SecurityConfig(audit_hook=hook))
     async with Client(server.fastmcp) as client:
         await client.call_tool("price_quote", {"sku": "SKU-1"})
     assert [e.phase for e in events] == ["decision", "completed"]
@@ -309,8 +314,7 @@ async def test_the_gate_runs_in_order_and_stops_at_the_first_refusal() -> None:
         return True
 
     limiter = FixedWindowRateLimiter(1, window_seconds=60, clock=FakeClock())
-    server, _ = server_with(authenticator=caller, rate_limiter=limiter,
-                            authorizer=authorizer)
+    server, _ = server_with(authenticator=caller, rate_limiter=limiter, authorizer=authorizer)
     async with Client(server.fastmcp) as client:
         # Refused by authentication: the rate budget is untouched, the authorizer not asked.
         await refusal(client, "price_quote", {"sku": "S"})

@@ -6,7 +6,7 @@ import pytest
 from fastmcp import Client
 from support.catalogue import build_catalogue
 
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import FlowServer, ServingConfig
 
 
 async def _all_pages(client: Client, method: str, result_key: str) -> tuple[list[str], int]:
@@ -25,8 +25,12 @@ async def _all_pages(client: Client, method: str, result_key: str) -> tuple[list
 @pytest.mark.anyio
 async def test_paged_listings_equal_unpaged_listings() -> None:
     unpaged = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True)
-    paged = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                       page_size=2)
+    paged = FlowServer(
+        build_catalogue(),
+        expose_schemas=True,
+        expose_prompts=True,
+        serving=ServingConfig(page_size=2),
+    )
     async with Client(unpaged.fastmcp) as a, Client(paged.fastmcp) as b:
         for method, key in [("list_tools", "tools"), ("list_resources", "resources"),
                             ("list_prompts", "prompts")]:

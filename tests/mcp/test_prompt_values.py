@@ -43,7 +43,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import AuditEvent, FlowServer
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig
 
 PROPERTIES = settings(max_examples=40, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow])
@@ -203,10 +203,10 @@ async def test_recursive_unions_type_lists_and_bare_enums_convert_and_name_their
     assert text.meta["chainweaver"]["arguments"]["tree"] == "plain"
     # Errors inside a union name the top-level argument, not a field inside it.
     assert [e.model_dump() for e in errors] == [
-        invalid("unusual", "argument 'tree' does not fit the flow's input schema: "
-                           "'name' is a required property"),
-        invalid("unusual", "argument 'backup' does not fit the flow's input schema: "
-                           "'zip_code' is a required property"),
+        invalid("unusual", "argument 'tree' does not fit the flow's input schema at "
+                           "name: Field required"),
+        invalid("unusual", "argument 'backup' does not fit the flow's input schema at "
+                           "zip_code: Field required"),
         invalid("unusual", "argument 'grade' must be one of: x, y")]
     assert grades.values == ["x", "y"]
 
@@ -219,7 +219,7 @@ async def test_recursive_unions_type_lists_and_bare_enums_convert_and_name_their
     ("count", "three", "argument 'count' must be an integer"),
     ("count", "2.0", "argument 'count' must be an integer"),
     ("count", "0", "argument 'count' does not fit the flow's input schema: "
-                   "0 is less than the minimum of 1"),
+                   "Input should be greater than or equal to 1"),
     ("weight", "heavy", "argument 'weight' must be a number"),
     ("weight", "nan", "argument 'weight' must be a finite number"),
     ("weight", "1e400", "argument 'weight' must be a finite number"),
@@ -228,13 +228,13 @@ async def test_recursive_unions_type_lists_and_bare_enums_convert_and_name_their
     ("tags", "fragile", "argument 'tags' must be JSON text (array)"),
     ("tags", '{"a": 1}', "argument 'tags' must be a JSON array"),
     ("tags", "[]", "argument 'tags' does not fit the flow's input schema: "
-                   "[] should be non-empty"),
-    ("tags", "[1]", "argument 'tags' does not fit the flow's input schema: "
-                    "1 is not of type 'string'"),
+                   "List should have at least 1 item after validation, not 0"),
+    ("tags", "[1]", "argument 'tags' does not fit the flow's input schema at 0: "
+                    "Input should be a valid string"),
     ("sizes", "[1]", "argument 'sizes' must be a JSON object"),
     ("address", '{"city": "Oslo", "zip_code": "x"}',
-     "argument 'address' does not fit the flow's input schema: "
-     "'x' does not match '^\\\\d{5}$'"),
+     "argument 'address' does not fit the flow's input schema at zip_code: "
+     "String should match pattern '^\\d{5}$'"),
 ])
 async def test_a_value_that_does_not_fit_names_the_prompt_and_argument(
     name: str, text: str, detail: str
@@ -258,27 +258,29 @@ async def test_non_string_values_of_every_json_type_are_named_and_unknown_names_
         return (await raw_prompt_error(client, name, arguments)).model_dump()
 
     events: list[AuditEvent] = []
-    async with Client(prompting(audit_hook=events.append).fastmcp) as client:
+    server = prompting(security=SecurityConfig(audit_hook=events.append))
+    async with Client(server.fastmcp) as client:
         for value, kind in [(None, "null"), (True, "boolean"), (2.5, "number"),
                             ({"a": 1}, "object"), (["x"], "array")]:
             assert await send(client, "product_search__compare",
                               {"first": "a", "second": value}) == invalid(
                 "product_search__compare", f"argument 'second' must be a string, got {kind}")
-        # An unknown argument name is still reported as unknown, whatever its value.
+        # The shape of the request is checked before its names: a wrong type wins.
         assert await send(client, "order_status", {"order_id": "A-1", "extra": 1}) == invalid(
-            "order_status", "unknown argument 'extra'")
-        # Names this server does not publish keep the SDK's own answer, which is the
-        # same for an excluded flow's prompt and for a name that never existed.
+            "order_status", "argument 'extra' must be a string, got number")
+        # The answer never depends on whether the prompt exists: an excluded flow's
+        # prompt answers like a name that never existed.
         excluded, never = [await send(client, name, {"query": 1})
                            for name in ("write_flow", NEVER)]
-        assert excluded == never and excluded["code"] == -32602
+        assert excluded == invalid("write_flow", "argument 'query' must be a string, got number")
+        assert never == invalid(NEVER, "argument 'query' must be a string, got number")
         # The rewritten request leaves nothing behind for the next one.
         ok = await client.get_prompt("product_search__compare", {"first": "a", "second": "b"})
     assert "b" in text_of(ok)
     # Each of these requests went through the gate and was audited as an error.
     completed = [e for e in events if e.phase == "completed"]
-    assert len(completed) == 7
-    assert [e.outcome for e in completed] == ["error"] * 6 + ["ok"]
+    assert len(completed) == 9
+    assert [e.outcome for e in completed] == ["error"] * 8 + ["ok"]
 
 
 # ---------------------------------------------------------- authored prompts

@@ -38,8 +38,10 @@ from chainweaver import (
 from chainweaver.mcp import (
     AuditEvent,
     AuthorizationDecision,
+    ExposurePolicy,
     FlowServer,
     GateContext,
+    SecurityConfig,
 )
 
 # ----------------------------------------------------------------- listing
@@ -100,7 +102,7 @@ async def test_argument_descriptions_give_type_allowed_values_default_and_exampl
 
 @pytest.mark.anyio
 async def test_prefixed_servers_name_prompts_after_the_prefixed_tools() -> None:
-    server = prompting(server_prefix="shop")
+    server = prompting(policy=ExposurePolicy(server_prefix="shop"))
     async with Client(server.fastmcp) as client:
         names = {p.name for p in await client.list_prompts()}
         result = await client.get_prompt("shop__order_status", {"order_id": "A-5"})
@@ -151,10 +153,14 @@ async def test_schema_defaults_fill_omitted_optional_arguments() -> None:
 
 @pytest.mark.anyio
 async def test_safety_lines_follow_the_flow_safety() -> None:
-    server = prompting(allow_requires_approval=True,
-                       allowed_side_effects=["none", "read", "write"],
-                       force_expose=True, flow_names=["needs_approval", "write_flow",
-                                                      "unknown_safety"])
+    server = prompting(
+        policy=ExposurePolicy(
+            allow_requires_approval=True,
+            allowed_side_effects=["none", "read", "write"],
+            force_expose=True,
+            flow_names=["needs_approval", "write_flow", "unknown_safety"],
+        ),
+    )
     async with Client(server.fastmcp) as client:
         texts = {name: text_of(await client.get_prompt(name, {"query": "q"}))
                  for name in ("needs_approval", "write_flow", "unknown_safety")}
@@ -300,7 +306,7 @@ async def test_the_guide_explains_every_exposed_flow_and_no_excluded_one() -> No
 
 @pytest.mark.anyio
 async def test_the_guide_of_a_server_publishing_nothing_says_so() -> None:
-    server = prompting(allowed_lifecycles=["reviewed"])
+    server = prompting(policy=ExposurePolicy(allowed_lifecycles=["reviewed"]))
     async with Client(server.fastmcp) as client:
         assert [p.name for p in await client.list_prompts()] == [GUIDE]
         assert text_of(await client.get_prompt(GUIDE)) == (
@@ -335,8 +341,13 @@ async def test_completion_offers_enum_boolean_and_example_values() -> None:
 
 @pytest.mark.anyio
 async def test_no_prompts_get_ever_calls_a_tool_function() -> None:
-    server = prompting(expose_schemas=True, allowed_lifecycles=["active", "draft"],
-                       allowed_side_effects=["none", "read", "write", "destructive"])
+    server = prompting(
+        expose_schemas=True,
+        policy=ExposurePolicy(
+            allowed_lifecycles=["active", "draft"],
+            allowed_side_effects=["none", "read", "write", "destructive"],
+        ),
+    )
     before = CALLS.copy()
     rendered = 0
     async with Client(server.fastmcp) as client:
@@ -363,7 +374,7 @@ SECRET = "zebra-4471-private"
 @pytest.mark.anyio
 async def test_prompts_get_is_audited_with_a_hash_of_the_rendered_messages() -> None:
     events: list[AuditEvent] = []
-    server = prompting(audit_hook=events.append)
+    server = prompting(security=SecurityConfig(audit_hook=events.append))
     async with Client(server.fastmcp) as client:
         await client.list_prompts()
         assert events == []  # prompts/list is not audited
@@ -390,7 +401,7 @@ async def test_prompts_get_is_audited_with_a_hash_of_the_rendered_messages() -> 
 async def test_argument_values_never_reach_logs_above_debug(
     all_logs: pytest.LogCaptureFixture,
 ) -> None:
-    server = prompting(audit_hook=lambda event: None)
+    server = prompting(security=SecurityConfig(audit_hook=lambda event: None))
     async with Client(server.fastmcp) as client:
         await client.get_prompt("product_search", {"query": SECRET})
         await client.get_prompt("product_search__brief", {"audience": SECRET})
@@ -415,7 +426,7 @@ async def test_the_gate_refuses_prompts_and_hooks_see_kind_prompt() -> None:
         seen.append(ctx)
         return AuthorizationDecision(ctx.name == GUIDE, "prompts_closed")
 
-    server = prompting(audit_hook=events.append, authorizer=authorize)
+    server = prompting(security=SecurityConfig(audit_hook=events.append, authorizer=authorize))
     before = CALLS.copy()
     async with Client(server.fastmcp) as client:
         await client.get_prompt(GUIDE)

@@ -59,7 +59,7 @@ from chainweaver import (
     Tool,
     ToolSafetyContract,
 )
-from chainweaver.mcp import AuditEvent, FlowServer, GateContext
+from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, GateContext, SecurityConfig
 
 GUIDE = "chainweaver_guide"
 INDEX = "chainweaver://flows"
@@ -106,10 +106,17 @@ class Policy:
 
     def server(self, executor: FlowExecutor) -> FlowServer:
         return FlowServer(
-            executor, expose_schemas=True, expose_prompts=True,
-            flow_names=self.flow_names, owners=self.owners,
-            allowed_lifecycles=self.lifecycles, allowed_side_effects=self.side_effects,
-            allow_requires_approval=self.allow_approval, server_prefix=self.prefix,
+            executor,
+            expose_schemas=True,
+            expose_prompts=True,
+            policy=ExposurePolicy(
+                flow_names=self.flow_names,
+                owners=self.owners,
+                allowed_lifecycles=self.lifecycles,
+                allowed_side_effects=self.side_effects,
+                allow_requires_approval=self.allow_approval,
+                server_prefix=self.prefix,
+            ),
         )
 
     def exposes(self, spec: Spec) -> bool:
@@ -370,7 +377,7 @@ async def test_excluded_prompt_names_answer_exactly_like_names_that_never_existe
 @pytest.mark.anyio
 async def test_completion_of_excluded_flows_offers_nothing_even_when_they_have_choices() -> None:
     # The same flow offers its enum once published and nothing while excluded.
-    published = prompting(allowed_lifecycles=["active", "draft"])
+    published = prompting(policy=ExposurePolicy(allowed_lifecycles=["active", "draft"]))
     async with Client(published.fastmcp) as client:
         assert await complete(client, "draft_report", "sort") == ["relevance", "price"]
     async with Client(prompting().fastmcp) as client:
@@ -402,7 +409,7 @@ async def test_hooks_cannot_tell_an_excluded_uri_from_a_never_existing_one() -> 
         seen.append(ctx)
         return True
 
-    server = exposing(authorizer=authorize, audit_hook=events.append)
+    server = exposing(security=SecurityConfig(authorizer=authorize, audit_hook=events.append))
     async with Client(server.fastmcp) as client:
         await read_error(client, schema_uri("write_flow"))
         await read_error(client, schema_uri(NEVER))

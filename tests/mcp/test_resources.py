@@ -42,8 +42,10 @@ from chainweaver.mcp import (
     GATE_REFUSED,
     AuditEvent,
     AuthorizationDecision,
+    ExposurePolicy,
     FlowServer,
     GateContext,
+    SecurityConfig,
 )
 
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
@@ -113,7 +115,7 @@ async def test_one_resource_per_exposed_flow_plus_the_index() -> None:
 
 @pytest.mark.anyio
 async def test_report_and_resources_use_the_prefixed_tool_names() -> None:
-    server = exposing(server_prefix="shop")
+    server = exposing(policy=ExposurePolicy(server_prefix="shop"))
     async with Client(server.fastmcp) as client:
         uris = {str(r.uri) for r in await client.list_resources()}
         assert json.loads(await read_text(client, schema_uri("shop__order_status")))[
@@ -334,7 +336,7 @@ async def test_a_version_other_than_the_exposed_one_is_not_found() -> None:
 @pytest.mark.anyio
 async def test_reads_are_audited_with_a_hash_and_length_lists_are_not() -> None:
     events: list[AuditEvent] = []
-    server = exposing(audit_hook=events.append)
+    server = exposing(security=SecurityConfig(audit_hook=events.append))
     async with Client(server.fastmcp) as client:
         await client.list_resources()
         await client.list_resource_templates()
@@ -367,7 +369,7 @@ async def test_the_gate_refuses_reads_and_hooks_see_kind_resource() -> None:
         seen.append(ctx)
         return AuthorizationDecision(ctx.name == INDEX, "schemas_closed")
 
-    server = exposing(audit_hook=events.append, authorizer=authorize)
+    server = exposing(security=SecurityConfig(audit_hook=events.append, authorizer=authorize))
     async with Client(server.fastmcp) as client:
         await read_text(client, INDEX)
         with pytest.raises(MCPError) as caught:

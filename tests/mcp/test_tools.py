@@ -14,7 +14,6 @@ from pydantic import BaseModel, field_serializer, model_validator
 from support.catalogue import CALLS, EXPOSED, OrderInput, OrderStatus, SearchInput, build_catalogue
 
 from chainweaver import (
-    ExposureConfigError,
     Flow,
     FlowExecutor,
     FlowRegistry,
@@ -23,7 +22,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
 
 ALL_SIDE_EFFECTS = list(SideEffectLevel)
 
@@ -118,8 +117,10 @@ async def test_output_schema_and_structured_content_when_the_output_is_known() -
 @pytest.mark.anyio
 async def test_no_output_schema_and_no_structured_content_when_the_output_is_unknown() -> None:
     # write_note returns a plain dict: the flow's output shape is not declared.
-    server = FlowServer(build_catalogue(), flow_names=["write_flow"],
-                        allowed_side_effects=["write"])
+    server = FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(flow_names=["write_flow"], allowed_side_effects=["write"]),
+    )
     tools = await tools_by_name(server)
     assert tools["write_flow"].output_schema is None
     async with Client(server.fastmcp) as client:
@@ -140,7 +141,10 @@ async def test_title_is_the_flow_title_or_its_humanised_name() -> None:
 
 @pytest.mark.anyio
 async def test_meta_carries_flow_name_version_lifecycle_owner_and_safety() -> None:
-    tools = await tools_by_name(FlowServer(build_catalogue(), server_prefix="shop"))
+    tools = await tools_by_name(FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(server_prefix="shop"),
+    ))
     meta = tools["shop__order_status"].meta["chainweaver"]
     assert meta["flow"] == "order_status"
     assert meta["version"] == "2.1.0"
@@ -178,8 +182,13 @@ async def test_annotations_follow_the_effective_safety() -> None:
                                          [FlowStep("web_lookup")]))
     executor.registry.register_flow(Flow("webhook", "Post a webhook.",
                                          [FlowStep("post_webhook")]))
-    server = FlowServer(executor, allowed_side_effects=ALL_SIDE_EFFECTS,
-                        allow_requires_approval=True)
+    server = FlowServer(
+        executor,
+        policy=ExposurePolicy(
+            allowed_side_effects=ALL_SIDE_EFFECTS,
+            allow_requires_approval=True,
+        ),
+    )
     tools = await tools_by_name(server)
     #                                 readOnly, destructive, idempotent, openWorld
     assert hints(tools["product_search"]) == (True, False, True, False)
@@ -196,7 +205,10 @@ async def test_annotations_follow_the_effective_safety() -> None:
 
 @pytest.mark.anyio
 async def test_forced_flow_with_unknown_safety_is_annotated_worst_case() -> None:
-    server = FlowServer(build_catalogue(), force_expose=True, flow_names=["unknown_safety"])
+    server = FlowServer(
+        build_catalogue(),
+        policy=ExposurePolicy(force_expose=True, flow_names=["unknown_safety"]),
+    )
     t = (await tools_by_name(server))["unknown_safety"]
     assert hints(t) == (False, True, False, True)
     assert t.meta["chainweaver"]["safety"] is None
@@ -227,8 +239,11 @@ async def test_an_excluded_flow_answers_exactly_like_a_tool_that_never_existed(
 
 @pytest.mark.anyio
 async def test_a_flow_left_out_of_flow_names_is_uncallable_too() -> None:
-    server = FlowServer(build_catalogue(), flow_names=["price_quote"])
-    absent = FlowServer(catalogue_without("product_search"), flow_names=["price_quote"])
+    server = FlowServer(build_catalogue(), policy=ExposurePolicy(flow_names=["price_quote"]))
+    absent = FlowServer(
+        catalogue_without("product_search"),
+        policy=ExposurePolicy(flow_names=["price_quote"]),
+    )
     async with Client(server.fastmcp) as a, Client(absent.fastmcp) as b:
         left_out = await a.call_tool("product_search", {"query": "q"}, raise_on_error=False)
         never = await b.call_tool("product_search", {"query": "q"}, raise_on_error=False)
@@ -266,7 +281,7 @@ async def test_the_latest_version_is_served_and_older_ones_are_not_published() -
 async def test_bad_arguments_are_an_error_result_naming_the_field_and_nothing_runs(
     tool_name: str, arguments: dict[str, Any], field: str
 ) -> None:
-    server = FlowServer(build_catalogue(), error_detail="generic")
+    server = FlowServer(build_catalogue(), security=SecurityConfig(error_detail="generic"))
     before = CALLS.copy()
     async with Client(server.fastmcp) as client:
         result = await client.call_tool(tool_name, arguments, raise_on_error=False)
@@ -300,7 +315,7 @@ async def test_async_tools_run_through_the_mcp_call_path() -> None:
 
 
 async def failing_text(error_detail: str) -> str:
-    server = FlowServer(build_catalogue(), error_detail=error_detail)
+    server = FlowServer(build_catalogue(), security=SecurityConfig(error_detail=error_detail))
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("failing_flow", {"query": "x"}, raise_on_error=False)
     assert result.is_error
@@ -331,7 +346,7 @@ async def test_error_detail_generic_reveals_nothing() -> None:
 
 @pytest.mark.anyio
 async def test_the_server_keeps_serving_after_failures() -> None:
-    server = FlowServer(build_catalogue(), error_detail="generic")
+    server = FlowServer(build_catalogue(), security=SecurityConfig(error_detail="generic"))
     async with Client(server.fastmcp) as client:
         for _ in range(3):
             failed = await client.call_tool("failing_flow", {"query": "x"},
@@ -358,7 +373,11 @@ async def test_a_flow_timeout_is_an_error_result_not_a_hang() -> None:
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(stall)
     executor.registry.register_flow(Flow("stall", "Sleep.", [FlowStep("stall")]))
-    server = FlowServer(executor, flow_timeout=0.2, error_detail="type_only")
+    server = FlowServer(
+        executor,
+        security=SecurityConfig(error_detail="type_only"),
+        serving=ServingConfig(flow_timeout=0.2),
+    )
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("stall", {"seconds": 600}, raise_on_error=False)
     assert result.is_error and result.content[0].text == "TimeoutError"
@@ -409,7 +428,7 @@ def _fragile_server(error_detail: str) -> FlowServer:
         executor.register_tool(each)
         executor.registry.register_flow(Flow(f"{each.name}_flow", "Fragile.",
                                              [FlowStep(each.name)]))
-    return FlowServer(executor, error_detail=error_detail)
+    return FlowServer(executor, security=SecurityConfig(error_detail=error_detail))
 
 
 @pytest.mark.anyio
@@ -440,13 +459,3 @@ async def test_nan_output_is_an_error_not_invalid_json() -> None:
     assert result.content[0].text == (
         "OutputSerializationError: flow 'not_a_number_flow' output cannot be sent as JSON: "
         "Out of range float values are not JSON compliant")
-
-
-@pytest.mark.parametrize("options", [
-    {"flow_timeout": "5"}, {"flow_timeout": 0}, {"flow_timeout": -1},
-    {"flow_timeout": float("nan")}, {"hook_timeout": "5"}, {"hook_timeout": 0},
-    {"flow_timeout": True},
-])
-def test_timeouts_are_checked_at_construction(options: dict[str, Any]) -> None:
-    with pytest.raises(ExposureConfigError, match="timeout must be"):
-        FlowServer(build_catalogue(), **options)

@@ -22,7 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.catalogue import build_catalogue  # noqa: E402
 
 from chainweaver import Flow, FlowStep, SideEffectLevel, ToolSafetyContract, tool  # noqa: E402
-from chainweaver.mcp import AuditEvent, CallerIdentity, FlowServer, GateContext  # noqa: E402
+from chainweaver.mcp import (  # noqa: E402
+    AuditEvent,
+    CallerIdentity,
+    FlowServer,
+    GateContext,
+    SecurityConfig,
+)
 
 
 @tool(safety=ToolSafetyContract(SideEffectLevel.NONE))
@@ -62,10 +68,12 @@ def main() -> None:
     server = FlowServer(
         executor,
         name="catalogue",
-        authenticator=authenticate if args.token else None,
-        audit_hook=audit if args.audit else None,
         expose_schemas=args.expose,
         expose_prompts=args.expose,
+        security=SecurityConfig(
+            authenticator=authenticate if args.token else None,
+            audit_hook=audit if args.audit else None,
+        ),
     )
     server.serve(args.transport, host="127.0.0.1", port=args.port)
 

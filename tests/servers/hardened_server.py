@@ -56,6 +56,8 @@ from chainweaver.mcp import (  # noqa: E402
     FixedWindowRateLimiter,
     FlowServer,
     GateContext,
+    SecurityConfig,
+    ServingConfig,
 )
 
 # Text that must never reach a client: hooks and faulty tools put it in their errors.
@@ -165,10 +167,9 @@ def build_server(args: argparse.Namespace) -> FlowServer:
         name="hardened",
         expose_schemas=True,
         expose_prompts=True,
-        hook_timeout=args.hook_timeout,
-        flow_timeout=args.flow_timeout,
-        error_detail=args.error_detail,
-        **options,
+        security=SecurityConfig(hook_timeout=args.hook_timeout, error_detail=args.error_detail,
+                                **options),
+        serving=ServingConfig(flow_timeout=args.flow_timeout),
     )
 
 

@@ -1,0 +1,155 @@
+"""A flow's published contract: what its tool, schema resource and prompt advertise.
+
+Computed once per exposure decision (and once per model class, since many flows
+share their tools' models) and carried on the exposed flow, so no primitive ever
+re-derives a schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastmcp.utilities.json_schema import dereference_refs
+from pydantic import BaseModel
+
+from ..executor import FlowExecutor
+from ..flows import Flow
+from ..schemas import model_json_schema, resolve_property
+
+
+@dataclass(frozen=True)
+class ArgumentSpec:
+    """One top-level input property, as a prompt argument."""
+
+    name: str
+    description: str
+    required: bool
+    # The property schema with refs and nullable wrappers removed (unions stay unions).
+    schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PublishedContract:
+    """The input and output a flow's tool advertises, and the model that checks input."""
+
+    input_model: type[BaseModel]
+    output_model: type[BaseModel] | None
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    arguments: tuple[ArgumentSpec, ...]
+
+    @property
+    def required_arguments(self) -> dict[str, bool]:
+        """Argument name -> required, in schema order."""
+        return {spec.name: spec.required for spec in self.arguments}
+
+
+class ContractError(Exception):
+    """The flow's JSON Schema cannot be published; the message says why."""
+
+
+# model class -> its dereferenced schema, or the reason it cannot be published
+_PUBLISHED: dict[type[BaseModel], dict[str, Any] | str] = {}
+
+
+def published_schema(model: type[BaseModel]) -> dict[str, Any] | str:
+    """The JSON Schema a model is advertised with (refs inlined: some clients cannot
+    follow ``$ref``), or why it cannot be published. Computed once per class."""
+    cached = _PUBLISHED.get(model)
+    if cached is not None:
+        return cached
+    try:
+        schema = model_json_schema(model)
+        json.dumps(schema, allow_nan=False)  # e.g. a NaN default, a date example
+        result: dict[str, Any] | str = dereference_refs(schema)
+    except (TypeError, ValueError) as error:
+        result = f"from {model.__name__} is not valid JSON: {error}"
+    except Exception as error:  # pydantic raises several error types while generating
+        detail = str(error).splitlines()[0]
+        result = f"cannot be generated from {model.__name__}: {detail}"
+    _PUBLISHED[model] = result
+    return result
+
+
+def build_contract(executor: FlowExecutor, flow: Flow) -> PublishedContract:
+    """The flow's contract; :class:`ContractError` when a schema cannot be published."""
+    input_model = executor.input_model(flow)
+    output_model = executor.output_model(flow)
+    if input_model is None:
+        raise ContractError("its input model is unknown")
+    schemas = []
+    for label, model in (("input", input_model), ("output", output_model)):
+        schema = None if model is None else published_schema(model)
+        if isinstance(schema, str):
+            raise ContractError(f"its {label} JSON Schema {schema}")
+        schemas.append(schema)
+    input_schema, output_schema = schemas
+    assert input_schema is not None
+    return PublishedContract(input_model, output_model, input_schema, output_schema,
+                             argument_specs(input_schema))
+
+
+def _union_types(prop: Mapping[str, Any]) -> list[str]:
+    """The non-null branch types of an ``anyOf``; a ``$ref`` branch is a model, an object."""
+    return [str(b.get("type", "object" if "$ref" in b or "properties" in b else "value"))
+            for b in prop.get("anyOf", ()) if isinstance(b, Mapping) and b.get("type") != "null"]
+
+
+def property_schema(raw: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
+    """A property schema with refs and nullable wrappers removed.
+
+    A union of several non-null types (``int | str``) stays a union: reading it as
+    its first branch would reject values the schema accepts.
+    """
+    branches = raw.get("anyOf")
+    if isinstance(branches, list) and len(_union_types(raw)) != 1:
+        return dict(raw)
+    return resolve_property(dict(raw), dict(root))
+
+
+def property_kind(prop: Mapping[str, Any]) -> str | None:
+    """The property's single JSON type, ``"enum"``, or None (a union or untyped)."""
+    kind = prop.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        return kinds[0] if len(kinds) == 1 else None
+    if kind is None and "enum" in prop:
+        return "enum"
+    return kind
+
+
+def show_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def describe_property(prop: Mapping[str, Any]) -> str:
+    """One line for a prompt argument: description, type, allowed values, default, examples."""
+    parts = []
+    if prop.get("description"):
+        parts.append(str(prop["description"]).rstrip("."))
+    kind = property_kind(prop)
+    if kind and kind != "enum":
+        parts.append(f"Type: {kind}" + (" (JSON text)" if kind in ("array", "object") else ""))
+    elif kind is None and _union_types(prop):
+        parts.append("Type: " + " or ".join(dict.fromkeys(_union_types(prop))))
+    if prop.get("enum"):
+        parts.append("Allowed values: " + ", ".join(show_value(v) for v in prop["enum"]))
+    if "default" in prop:
+        parts.append(f"Default: {show_value(prop['default'])}")
+    if prop.get("examples"):
+        parts.append("Examples: " + ", ".join(show_value(v) for v in prop["examples"][:3]))
+    return ". ".join(parts) + "." if parts else ""
+
+
+def argument_specs(schema: Mapping[str, Any]) -> tuple[ArgumentSpec, ...]:
+    """One spec per top-level property of an input schema, in schema order."""
+    required = set(schema.get("required", ()))
+    specs = []
+    for name, raw in schema.get("properties", {}).items():
+        prop = property_schema(raw, schema)
+        specs.append(ArgumentSpec(name, describe_property(prop),
+                                  name in required and "default" not in prop, prop))
+    return tuple(specs)
