@@ -95,9 +95,11 @@ class FlowTool(FastMCPTool):
             return self._failure(result)
         try:
             return self._success(result)
-        except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as error:
-            # NaN / Infinity or an object JSON cannot carry: valid JSON or an error, never
-            # text that breaks the advertised output schema.
+        except (TypeError, ValueError, RecursionError,
+                pydantic_core.PydanticSerializationError) as error:
+            # NaN / Infinity, a lone surrogate, nesting too deep to encode, or an object
+            # JSON cannot carry: valid JSON or an error, never text that breaks the
+            # advertised output schema or the transport.
             return self._error_result(
                 "OutputSerializationError",
                 f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
@@ -105,6 +107,7 @@ class FlowTool(FastMCPTool):
     def _success(self, result: ExecutionResult) -> ToolResult:
         output = pydantic_core.to_jsonable_python(result.final_output)
         text = json.dumps(output, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")  # a lone surrogate cannot be sent: UnicodeEncodeError
         if self.output_schema is None:
             return ToolResult(content=[TextContent(type="text", text=text)])
         return ToolResult(content=[TextContent(type="text", text=text)],

@@ -20,7 +20,7 @@ import jsonschema
 import pydantic
 from fastmcp.exceptions import ValidationError
 
-from ..prompts import USER_DATA_NOTICE, FlowPrompt, PromptMessage, label_user_data
+from ..prompts import USER_DATA_NOTICE, FlowPrompt, PromptMessage, label_user_data, seal_json
 from ..schemas import example_value
 from .contract import (
     ArgumentSpec,
@@ -66,7 +66,7 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
     if kind == "integer":
         try:
             return int(text.strip())
-        except ValueError:
+        except ValueError:  # also more digits than Python converts (4,300)
             raise invalid(prompt, f"argument {name!r} must be an integer") from None
     if kind == "number":
         try:
@@ -85,9 +85,10 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
         raise invalid(prompt, f"argument {name!r} must be true or false")
     if kind in ("array", "object"):
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            raise invalid(prompt, f"argument {name!r} must be JSON text ({kind})") from None
+            value = _json_value(text)
+        except ValueError as error:
+            raise invalid(prompt, f"argument {name!r} must be JSON text ({kind}): "
+                                  f"{error}") from None
         expected = list if kind == "array" else dict
         if not isinstance(value, expected):
             raise invalid(prompt, f"argument {name!r} must be a JSON {kind}")
@@ -95,12 +96,49 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
     # Unions and untyped fields: the JSON reading of the text when the property takes
     # it (or nothing does), else the text itself.
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
-    except ValueError:  # JSONDecodeError, or NaN / Infinity
+        value = _json_value(text)
+    except ValueError:  # not JSON, too deep, NaN / Infinity or out of range
         return text
     if _fits(value, prop) or not _fits(text, prop):
         return value
     return text
+
+
+MAX_JSON_DEPTH = 64
+
+
+def _json_value(text: str) -> Any:
+    """Decode JSON text that is finite and at most ``MAX_JSON_DEPTH`` levels deep.
+
+    Deeper text is refused before decoding: rendering (and the validation after it)
+    walks the value recursively, and must never hit the interpreter's recursion limit.
+    Raises ValueError for anything else it refuses.
+    """
+    if _nesting(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _nesting(text: str) -> int:
+    """The deepest bracket nesting of JSON text, ignoring brackets inside strings."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def _no_constant(name: str) -> Any:
@@ -132,10 +170,21 @@ def check_argument_names(
         if not isinstance(value, str):
             raise invalid(prompt, f"argument {name!r} must be a string, got "
                                   f"{type(value).__name__}")
+        if not _encodable(value):
+            # A lone surrogate ("\\ud800" in the request's JSON) cannot be sent back.
+            raise invalid(prompt, f"argument {name!r} is not valid Unicode text")
     for name, required in known.items():
         if required and name not in values:
             raise invalid(prompt, f"missing required argument {name!r}")
     return values
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @lru_cache(maxsize=1024)
@@ -154,7 +203,10 @@ def tool_arguments(
     arguments: dict[str, Any] = {}
     for spec in contract.arguments:
         if spec.name in strings:
-            arguments[spec.name] = _convert(prompt, spec.name, strings[spec.name], spec.schema)
+            value = _convert(prompt, spec.name, strings[spec.name], spec.schema)
+            if not _encodable(json.dumps(value, ensure_ascii=False)):
+                raise invalid(prompt, f"argument {spec.name!r} is not valid Unicode text")
+            arguments[spec.name] = value
         elif "default" in spec.schema:
             arguments[spec.name] = spec.schema["default"]
     try:
@@ -256,7 +308,7 @@ def invocation_messages(
     ]
     if exposed.schema_uri:
         lines.append(f"The full input/output contract is in the resource {exposed.schema_uri}.")
-    lines += ["", USER_DATA_NOTICE, label_user_data("arguments", arguments_json)]
+    lines += ["", USER_DATA_NOTICE, label_user_data("arguments", seal_json(arguments_json))]
     return [PromptMessage("user", "\n".join(lines))]
 
 

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import inspect
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,7 +23,7 @@ from typing import Any, Literal, Protocol
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from .config import SecurityConfig
 from .exposure import Exposure
@@ -33,6 +34,8 @@ logger = logging.getLogger("chainweaver.mcp.security")
 RequestKind = Literal["tool", "resource", "prompt"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
 GATE_REFUSED = -32001
+# A refusal carries only a reason code, never free text that could leak details.
+REASON_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,15 @@ class AuthorizationDecision:
 
     allowed: bool
     reason: str = "forbidden"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.allowed, bool):
+            raise TypeError(f"AuthorizationDecision.allowed must be True or False, got "
+                            f"{self.allowed!r}")
+        if not isinstance(self.reason, str) or not REASON_CODE.fullmatch(self.reason):
+            raise TypeError("AuthorizationDecision.reason must be a short code of letters, "
+                            "digits, '_', '.' and '-' (it is sent to the client), got "
+                            f"{self.reason!r}")
 
 
 @dataclass(frozen=True)
@@ -241,8 +253,14 @@ class SecurityGate(Middleware):
             await self._audit(gate, caller, "allowed", "ok", started=started,
                               outcome="error", error_type=type(error).__name__)
             raise
-        text = payload_text(kind, result)
-        data = text.encode("utf-8")
+        try:
+            data = payload_text(kind, result).encode("utf-8")
+        except UnicodeEncodeError:
+            # The transport cannot send it either: never audit "ok" for a reply the
+            # client will not receive.
+            await self._audit(gate, caller, "allowed", "ok", started=started,
+                              outcome="error", error_type="UnsendableResult")
+            raise MCPError(code=INTERNAL_ERROR, message="The result cannot be sent") from None
         failed = kind == "tool" and bool(getattr(result, "is_error", False))
         await self._audit(
             gate, caller, "allowed", "ok", started=started,
@@ -267,15 +285,16 @@ class SecurityGate(Middleware):
                 lambda g: self.rate_limiter.acquire(caller, g.name), gate,
                 "rate_limiter_error", caller,
             )
-            if not allowed:
+            if allowed is not True:
                 raise GateRefused("rate_limited", caller)
         if self.authorizer is not None:
             decision = await self._call_hook(
                 self.authorizer, _with_caller(gate, caller), "authorizer_error", caller
             )
+            # Only an explicit yes allows: a truthy string or number is a bug, not consent.
             if isinstance(decision, AuthorizationDecision):
-                if not decision.allowed:
-                    raise GateRefused(decision.reason or "forbidden", caller)
+                if decision.allowed is not True:
+                    raise GateRefused(decision.reason, caller)
             elif decision is not True:
                 raise GateRefused("forbidden", caller)
         return caller

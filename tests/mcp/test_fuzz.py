@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import MCPError
 from support.catalogue import CALLS, EXCLUDED, build_catalogue
+from support.mcp_client import sealed, section
 from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp import FlowServer
@@ -204,11 +205,6 @@ def check_tool_answer(params: dict[str, Any], answer: Any) -> None:
         assert json.loads(text) == answer.structured_content
 
 
-def expected_section(argument: str, value: str) -> str:
-    return f'<user-data name="{argument}">' + value.replace("</user-data>", "<\\/user-data>") \
-        + "</user-data>"
-
-
 def check_prompt_answer(params: dict[str, Any], answer: Any) -> None:
     name, arguments = params["name"], params["arguments"]
     well_typed = arguments is None or (isinstance(arguments, dict) and all(
@@ -230,10 +226,10 @@ def check_prompt_answer(params: dict[str, Any], answer: Any) -> None:
     assert texts and all(isinstance(t, str) for t in texts)
     if "__" in name:  # an authored prompt: every value sits literally in its own section
         for argument, value in (arguments or {}).items():
-            assert any(expected_section(argument, value) in t for t in texts)
+            assert any(section(argument, value) in t for t in texts)
     elif name in TOOL_FIELDS:  # an invocation prompt: values sit in the arguments section
-        section = re.search(r'<user-data name="arguments">(.*)</user-data>', texts[0], re.DOTALL)
-        rendered = json.loads(section.group(1))  # a "\/" escape decodes to "/"
+        found = re.search(r'<user-data name="arguments">(.*)</user-data>', texts[0], re.DOTALL)
+        rendered = json.loads(found.group(1))  # a "\u003c" escape decodes to "<"
         assert rendered == answer.meta["chainweaver"]["arguments"]
         for argument, value in (arguments or {}).items():
             if TOOL_FIELDS[name][argument].get("type") == "string":
@@ -413,11 +409,6 @@ def sections(text: str) -> dict[str, str]:
     return dict(re.findall(r'<user-data name="([a-z_]+)">(.*?)</user-data>', text, re.DOTALL))
 
 
-def literal(value: str) -> str:
-    """How a value appears inside a section: only a closing tag is neutralised."""
-    return value.replace("</user-data>", "<\\/user-data>")
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("value", INJECTIONS)
 async def test_every_prompt_keeps_hostile_values_literal_inside_labelled_sections(
@@ -434,26 +425,26 @@ async def test_every_prompt_keeps_hostile_values_literal_inside_labelled_section
             text = message.content.text
             assert USER_DATA_NOTICE in text
             outside = re.sub(r"<user-data .*?</user-data>", "", text, flags=re.DOTALL)
-            assert literal(value) not in outside and "49" not in outside
+            assert sealed(value) not in outside and "49" not in outside
             return text
 
         # Schema-derived prompts: the value is one field of the JSON arguments section.
         for name, field in [("product_search", "query"), ("price_quote", "sku"),
                             ("failing_flow", "query")]:
             text = await text_of(name, {field: value})
-            section = sections(text)["arguments"]
-            assert literal(json.dumps(value, ensure_ascii=False)) in section
-            assert json.loads(section)[field] == value
+            arguments = sections(text)["arguments"]
+            assert "<" not in arguments and ">" not in arguments
+            assert json.loads(arguments)[field] == value
         text = await text_of("price_quote", {"sku": "SKU-1", "tags": json.dumps([value])})
         assert json.loads(sections(text)["arguments"])["tags"] == [value]
 
         # Authored prompts, static and dynamic: each value in a section of its own name.
         text = await text_of("product_search__compare",
                              {"first": value, "second": "plain", "focus": value})
-        assert sections(text) == {"first": literal(value), "second": "plain",
-                                  "focus": literal(value)}
+        assert sections(text) == {"first": sealed(value), "second": "plain",
+                                  "focus": sealed(value)}
         text = await text_of("product_search__brief", {"audience": value})
-        assert sections(text) == {"audience": literal(value)}
+        assert sections(text) == {"audience": sealed(value)}
         assert text.startswith("Write a plain brief for <user-data")
 
         # order_id must match ^A-\d+$: the value is refused, not rendered or echoed as a prompt.

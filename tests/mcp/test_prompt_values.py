@@ -30,6 +30,8 @@ from support.mcp_client import (
     prompt_error,
     prompting,
     raw_prompt_error,
+    sealed,
+    section,
     text_of,
 )
 
@@ -225,7 +227,8 @@ async def test_recursive_unions_type_lists_and_bare_enums_convert_and_name_their
     ("weight", "1e400", "argument 'weight' must be a finite number"),
     ("express", "maybe", "argument 'express' must be true or false"),
     ("mode", "rail", "argument 'mode' must be one of: air, sea, road"),
-    ("tags", "fragile", "argument 'tags' must be JSON text (array)"),
+    ("tags", "fragile", "argument 'tags' must be JSON text (array): Expecting value: line 1 "
+                        "column 1 (char 0)"),
     ("tags", '{"a": 1}', "argument 'tags' must be a JSON array"),
     ("tags", "[]", "argument 'tags' does not fit the flow's input schema: "
                    "List should have at least 1 item after validation, not 0"),
@@ -467,11 +470,6 @@ VALUES = st.lists(st.one_of(st.sampled_from(HOSTILE), st.text(max_size=10)), max
     "".join)
 
 
-def section(name: str, value: str) -> str:
-    return f'<user-data name="{name}">' + value.replace("</user-data>", "<\\/user-data>") + (
-        "</user-data>")
-
-
 @PROPERTIES
 @given(first=VALUES, second=VALUES, focus=st.none() | VALUES)
 def test_authored_values_come_out_literally_inside_their_user_data_sections(
@@ -484,9 +482,9 @@ def test_authored_values_come_out_literally_inside_their_user_data_sections(
     assert text_of(result) == (
         f"Compare {section('first', first)} with {section('second', second)}. "
         f"Focus on: {focus_text}.\n\n{NOTICE}")
-    # Nothing a value holds can close its section early.
+    # Nothing a value holds can open or close a section: no bracket survives sealing.
     for value in values.values():
-        assert "</user-data>" not in value.replace("</user-data>", "<\\/user-data>")
+        assert "<" not in sealed(value) and ">" not in sealed(value)
 
 
 @PROPERTIES
