@@ -10,6 +10,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 
 from .config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
 from .exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
+from .rate_limit import FixedWindowRateLimiter, RateLimiter
 from .security import (
     GATE_REFUSED,
     AuditEvent,
@@ -18,9 +19,7 @@ from .security import (
     AuthorizationDecision,
     Authorizer,
     CallerIdentity,
-    FixedWindowRateLimiter,
     GateContext,
-    RateLimiter,
 )
 from .server import FlowServer
 

@@ -17,7 +17,8 @@ from ..safety import SideEffectLevel
 from ..tools import NAME_PATTERN
 
 if TYPE_CHECKING:
-    from .security import AuditHook, Authenticator, Authorizer, RateLimiter
+    from .rate_limit import RateLimiter
+    from .security import AuditHook, Authenticator, Authorizer
 
 ErrorDetail = Literal["full", "type_only", "generic"]
 ERROR_DETAILS: tuple[ErrorDetail, ...] = ("full", "type_only", "generic")

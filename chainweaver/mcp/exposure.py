@@ -100,6 +100,7 @@ class Exposure:
     expose_prompts: bool = False
     report: list[FlowExposure] = field(default_factory=list)
     tools: dict[str, ExposedFlow] = field(default_factory=dict)
+    flows: dict[str, ExposedFlow] = field(default_factory=dict)  # by flow name
     resources: dict[str, ExposedFlow] = field(default_factory=dict)
     prompts: dict[str, PromptEntry] = field(default_factory=dict)
 
@@ -241,6 +242,7 @@ def _publish(
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, uri, authored, invocation)
 
     exposure.tools[tool_name] = exposed
+    exposure.flows[flow.name] = exposed
     if uri is not None:
         exposure.resources[uri] = exposed
     for prompt_name in exposed.prompt_names:

@@ -19,7 +19,9 @@ from fastmcp.server.providers import Provider
 from fastmcp.tools.base import Tool
 from fastmcp.utilities.versions import VersionSpec
 
+from ..errors import InvalidVersionError
 from ..executor import FlowExecutor
+from ..versions import version_key
 from . import prompt_render
 from .config import ErrorDetail
 from .exposure import INDEX_URI, ExposedFlow, Exposure
@@ -37,7 +39,21 @@ def _versioned(
     # version exists here: any other version is "not found", never silently served.
     if component is None or version is None or exposed is None:
         return component
-    return component if version.matches(exposed.flow.version) else None
+    return component if _version_matches(version, exposed.flow.version) else None
+
+
+def _version_matches(spec: VersionSpec, version: str) -> bool:
+    """Compare as the registry does (``2.1 == 2.1.0``, ``1.0rc1 == 1.0.0-rc.1``).
+
+    A requested version that is not a version at all matches nothing: the answer is
+    the ordinary "not found", with nothing logged.
+    """
+    try:
+        if spec.eq is not None:
+            return version_key(spec.eq) == version_key(version)
+        return spec.matches(version)
+    except (InvalidVersionError, ValueError, TypeError):
+        return False
 
 
 class FlowProvider(Provider):

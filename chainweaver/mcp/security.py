@@ -14,19 +14,20 @@ import hashlib
 import inspect
 import logging
 import re
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
+from .composition import ADMITTED_BY, component_flow, reached_directly
 from .config import SecurityConfig
-from .exposure import Exposure
+from .exposure import ExposedFlow, Exposure
 from .prompts import malformed_prompt_request
 
 logger = logging.getLogger("chainweaver.mcp.security")
@@ -105,61 +106,6 @@ Authorizer = Callable[[GateContext], "bool | AuthorizationDecision | Awaitable[A
 AuditHook = Callable[[AuditEvent], Any]
 
 
-class RateLimiter(Protocol):
-    def acquire(self, caller: CallerIdentity, name: str) -> bool: ...
-
-
-PRUNE_ABOVE = 10_000  # counters kept before past windows are dropped
-
-
-class FixedWindowRateLimiter:
-    """At most ``limit`` requests per caller per ``window_seconds`` window.
-
-    With ``per_name=True`` the budget is per caller *and* published name.
-    """
-
-    def __init__(
-        self,
-        limit: int,
-        window_seconds: float = 60.0,
-        *,
-        per_name: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if limit < 1 or window_seconds <= 0:
-            raise ValueError("limit must be >= 1 and window_seconds > 0")
-        self.limit = limit
-        self.window_seconds = window_seconds
-        self.per_name = per_name
-        self._clock = clock
-        self._windows: dict[Any, tuple[int, int]] = {}
-        self._pruned_window = -1
-        self._lock = threading.Lock()
-
-    @property
-    def tracked_keys(self) -> int:
-        """How many counters are held (for monitoring memory use)."""
-        return len(self._windows)
-
-    def acquire(self, caller: CallerIdentity, name: str) -> bool:
-        key = (caller.id, name) if self.per_name else caller.id
-        window = int(self._clock() // self.window_seconds)
-        with self._lock:
-            if window != self._pruned_window and len(self._windows) > PRUNE_ABOVE:
-                # Once per window, drop the counts of past windows, so many callers (or
-                # names) cannot grow memory without bound.
-                self._windows = {k: v for k, v in self._windows.items() if v[0] == window}
-                self._pruned_window = window
-            current, count = self._windows.get(key, (window, 0))
-            if current != window:
-                count = 0
-            if count >= self.limit:
-                self._windows[key] = (window, count)
-                return False
-            self._windows[key] = (window, count + 1)
-            return True
-
-
 class GateRefused(Exception):
     def __init__(self, reason: str, caller: CallerIdentity | None = None) -> None:
         super().__init__(reason)
@@ -194,6 +140,7 @@ class SecurityGate(Middleware):
         self.audit_hook = config.audit_hook
         self.hook_timeout = config.hook_timeout
         self.active = config.active
+        self._warned_composition = False
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         # The only hook that sees prompts/get params before the MCP SDK validates
@@ -217,27 +164,48 @@ class SecurityGate(Middleware):
     async def on_get_prompt(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("prompt", context.message.name, context, call_next)
 
-    def _target(self, kind: RequestKind, name: str) -> tuple[str | None, str | None]:
-        # Resolved through the exposure decision only, so an excluded flow looks
-        # exactly like a name that never existed, to hooks as to clients.
+    def published_target(self, kind: RequestKind, name: str) -> ExposedFlow | None:
+        """The exposed flow a published name belongs to (None: no flow, or not published).
+
+        Resolved through the exposure decision only, so an excluded flow looks
+        exactly like a name that never existed, to hooks as to clients.
+        """
         if kind == "tool":
-            exposed = self.exposure.tools.get(name)
-        elif kind == "resource":
-            exposed = self.exposure.resources.get(name)
-        else:
-            entry = self.exposure.prompts.get(name)
-            exposed = entry.exposed_flow if entry else None
-        if exposed is None:
-            return None, None
-        return exposed.flow.name, exposed.flow.version
+            return self.exposure.tools.get(name)
+        if kind == "resource":
+            return self.exposure.resources.get(name)
+        entry = self.exposure.prompts.get(name)
+        return entry.exposed_flow if entry else None
+
+    async def target_in(self, server: FastMCP | None, kind: RequestKind, name: str
+                        ) -> ExposedFlow | None:
+        """The exposed flow a request for ``name`` on ``server`` reaches, if any."""
+        if server is None or not server.transforms:
+            return self.published_target(kind, name)
+        # A transform added to server.fastmcp (a Namespace, a rename) changes the names
+        # clients use: find the component the name resolves to, and its flow from the
+        # metadata every flow component carries, so per-flow authorization holds.
+        return await component_flow(self.exposure, server, kind, name)
 
     async def _guard(
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
     ) -> Any:
-        if not self.active:
+        if not self.active or ADMITTED_BY.get() is self:
+            # No hooks; or a parent server's MountedGate already ran this gate.
             return await call_next(context)
-        flow_name, flow_version = self._target(kind, name)
-        gate = GateContext(kind, name, flow_name, flow_version,
+        if not reached_directly(self, context):
+            raise self._unsupported_composition(kind, name)
+        server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
+        exposed = await self.target_in(server, kind, name)
+        return await self.guard_target(kind, name, exposed, context, call_next)
+
+    async def guard_target(
+        self, kind: RequestKind, name: str, exposed: ExposedFlow | None,
+        context: MiddlewareContext, call_next: Any,
+    ) -> Any:
+        """Authenticate, rate-limit, authorize and audit one request for ``exposed``."""
+        gate = GateContext(kind, name, exposed.flow.name if exposed else None,
+                           exposed.flow.version if exposed else None,
                            get_http_headers(include_all=True))
         try:
             caller = await self._admit(gate)
@@ -268,6 +236,18 @@ class SecurityGate(Middleware):
             result_sha256=hashlib.sha256(data).hexdigest(), result_length=len(data),
         )
         return result
+
+    def _unsupported_composition(self, kind: RequestKind, name: str) -> MCPError:
+        # The request did not come through this server's transport: it was routed in
+        # by another FastMCP server (FastMCP.mount()), where a refusal would be
+        # reshaped into a tool result. Refuse rather than serve it unguarded.
+        if not self._warned_composition:
+            self._warned_composition = True
+            logger.error(
+                "a request for %s %r reached this FlowServer through another FastMCP "
+                "server; mount it with FlowServer.mount_into(parent) so the security gate "
+                "runs there. Refusing such requests.", kind, name)
+        return refusal_error("unsupported_composition")
 
     async def _admit(self, gate: GateContext) -> CallerIdentity:
         caller = ANONYMOUS

@@ -15,6 +15,8 @@ from .. import __version__
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
 from ..prompts import FlowPrompt
+from ..tools import NAME_PATTERN
+from .composition import MountedGate, gate_lifespan
 from .config import (
     ExposurePolicy,
     SecurityConfig,
@@ -95,6 +97,8 @@ class FlowServer:
             # message past the error_detail the operator chose.
             mask_error_details=security.error_detail != "full",
             list_page_size=serving.page_size,
+            # Marks requests that arrive through this server's own transport.
+            lifespan=gate_lifespan(self._gate),
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
@@ -103,6 +107,22 @@ class FlowServer:
     def fastmcp(self) -> FastMCP:
         """The FastMCP instance, for adding more components or mounting."""
         return self._fastmcp
+
+    def mount_into(self, parent: FastMCP, namespace: str | None = None) -> None:
+        """Mount this server into ``parent`` with its security gate kept in charge.
+
+        Use this instead of ``parent.mount(server.fastmcp)``: the gate then runs in
+        the parent's middleware chain, so a refusal is the same JSON-RPC error as when
+        this server stands alone. Requests routed in by a bare ``FastMCP.mount()`` are
+        refused (and logged as an error) whenever the gate has hooks.
+        """
+        if not isinstance(parent, FastMCP) or parent is self._fastmcp:
+            raise ExposureConfigError("mount_into needs another FastMCP server as parent")
+        if namespace is not None and not (isinstance(namespace, str)
+                                          and NAME_PATTERN.fullmatch(namespace)):
+            raise ExposureConfigError(f"namespace {namespace!r} is not a valid name part")
+        parent.add_middleware(MountedGate(self._gate, self._fastmcp, namespace))
+        parent.mount(self._fastmcp, namespace=namespace)
 
     @property
     def registered_tool_names(self) -> list[str]:

@@ -59,7 +59,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def reference_server(**policy: Any) -> FlowServer:
+def reference_server(expose_schemas: bool = False, expose_prompts: bool = False,
+                     **policy: Any) -> FlowServer:
     """The same flows and tools built with the library API, to compare the CLI against."""
     import flow_tools  # imported by an earlier CLI run, or from examples/ on sys.path
 
@@ -69,7 +70,8 @@ def reference_server(**policy: Any) -> FlowServer:
             executor.register_tool(value)
     for flow in load_flows(ROOT / FLOWS, tools=executor.tools):
         executor.registry.register_flow(flow)
-    return FlowServer(executor, policy=ExposurePolicy(**policy))
+    return FlowServer(executor, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
+                      policy=ExposurePolicy(**policy))
 
 
 # ------------------------------------------------------------------ inspect

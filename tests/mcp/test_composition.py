@@ -1,0 +1,166 @@
+"""FastMCP composition never routes around the security gate or reshapes its refusals.
+
+Renaming transforms on ``server.fastmcp`` keep per-flow authorization; a server
+mounted with ``FlowServer.mount_into`` refuses exactly as it does standing alone,
+with nothing logged at ERROR; a bare ``FastMCP.mount()`` of a gated server is
+refused loudly instead of being served unguarded.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from fastmcp import Client, FastMCP
+from fastmcp.server.transforms import Namespace, ToolTransform
+from fastmcp.tools.tool_transform import ToolTransformConfig
+from mcp import MCPError
+from support.catalogue import CALLS, build_catalogue
+
+from chainweaver import ExposureConfigError
+from chainweaver.mcp import (
+    GATE_REFUSED,
+    AuditEvent,
+    FlowServer,
+    GateContext,
+    SecurityConfig,
+)
+
+ALLOWED_FLOW = "price_quote"
+
+
+def gated(events: list[AuditEvent], seen: list[GateContext]) -> FlowServer:
+    """A server whose authorizer allows one flow only, judged by the flow's name."""
+
+    def authorize(context: GateContext) -> bool:
+        seen.append(context)
+        return context.flow_name == ALLOWED_FLOW
+
+    return FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
+                      security=SecurityConfig(authorizer=authorize, audit_hook=events.append))
+
+
+async def refusal(client: Client, kind: str, name: str) -> dict[str, Any]:
+    with pytest.raises(MCPError) as caught:
+        if kind == "tool":
+            await client.call_tool(name, {"query": "q"})
+        elif kind == "resource":
+            await client.read_resource(name)
+        else:
+            await client.get_prompt(name, {"query": "q"})
+    return caught.value.error.model_dump()
+
+
+FORBIDDEN = {"code": GATE_REFUSED, "message": "Request refused: forbidden",
+             "data": {"reason": "forbidden"}}
+
+
+@pytest.mark.anyio
+async def test_a_namespace_transform_keeps_per_flow_authorization() -> None:
+    events: list[AuditEvent] = []
+    seen: list[GateContext] = []
+    server = gated(events, seen)
+    server.fastmcp.add_transform(Namespace("shop"))
+    async with Client(server.fastmcp) as client:
+        names = {tool.name for tool in await client.list_tools()}
+        assert {"shop_price_quote", "shop_product_search"} <= names
+        allowed = await client.call_tool("shop_price_quote", {"sku": "SKU-1"})
+        assert not allowed.is_error
+        assert await refusal(client, "tool", "shop_product_search") == FORBIDDEN
+        assert await refusal(client, "prompt", "shop_product_search") == FORBIDDEN
+        assert await refusal(client, "resource",
+                             "chainweaver://shop/flows/product_search/schema") == FORBIDDEN
+    # The hooks saw the renamed names with the real flow behind them.
+    assert [(c.kind, c.name, c.flow_name) for c in seen[:2]] == [
+        ("tool", "shop_price_quote", "price_quote"),
+        ("tool", "shop_product_search", "product_search")]
+    assert {e.flow_name for e in events} == {"price_quote", "product_search"}
+
+
+@pytest.mark.anyio
+async def test_a_rename_cannot_move_a_denied_flow_under_an_allowed_name() -> None:
+    events: list[AuditEvent] = []
+    seen: list[GateContext] = []
+    server = gated(events, seen)
+    # The denied flow's tool takes the allowed flow's published name, and vice versa.
+    server.fastmcp.add_transform(ToolTransform({
+        "product_search": ToolTransformConfig(name="price_quote"),
+        "price_quote": ToolTransformConfig(name="product_search"),
+    }))
+    before = CALLS.copy()
+    async with Client(server.fastmcp) as client:
+        assert await refusal(client, "tool", "price_quote") == FORBIDDEN
+        allowed = await client.call_tool("product_search", {"sku": "SKU-1"})
+        assert not allowed.is_error
+    assert CALLS["search_products"] == before["search_products"]  # never ran
+    assert [c.flow_name for c in seen] == ["product_search", "price_quote"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("namespace", ["shop", None])
+async def test_mount_into_refuses_like_a_standalone_server_without_error_logs(
+    namespace: str | None, all_logs: pytest.LogCaptureFixture,
+) -> None:
+    standalone_events: list[AuditEvent] = []
+    async with Client(gated(standalone_events, []).fastmcp) as client:
+        standalone = await refusal(client, "tool", "product_search")
+
+    events: list[AuditEvent] = []
+    server = gated(events, [])
+    parent = FastMCP("parent")
+    server.mount_into(parent, namespace=namespace)
+    prefix = f"{namespace}_" if namespace else ""
+    uri = ("chainweaver://shop/flows/product_search/schema" if namespace
+           else "chainweaver://flows/product_search/schema")
+    before = CALLS.copy()
+    all_logs.clear()
+    async with Client(parent) as client:
+        assert await refusal(client, "tool", f"{prefix}product_search") == standalone
+        assert await refusal(client, "prompt", f"{prefix}product_search") == FORBIDDEN
+        assert await refusal(client, "resource", uri) == FORBIDDEN
+        allowed = await client.call_tool(f"{prefix}price_quote", {"sku": "SKU-1"})
+        assert not allowed.is_error
+    assert CALLS["search_products"] == before["search_products"]
+    assert not [r for r in all_logs.records if r.levelno >= logging.ERROR]
+    # Audited once per request, by the parent-side gate, under the name the client used.
+    decisions = [(e.name, e.decision) for e in events if e.phase == "decision"]
+    assert decisions == [(f"{prefix}product_search", "denied"),
+                         (f"{prefix}product_search", "denied"), (uri, "denied"),
+                         (f"{prefix}price_quote", "allowed")]
+
+
+@pytest.mark.anyio
+async def test_a_bare_fastmcp_mount_of_a_gated_server_is_refused_loudly(
+    all_logs: pytest.LogCaptureFixture,
+) -> None:
+    server = gated([], [])
+    parent = FastMCP("parent")
+    parent.mount(server.fastmcp, namespace="shop")
+    before = CALLS.copy()
+    async with Client(parent) as client:
+        result = await client.call_tool("shop_price_quote", {"sku": "SKU-1"},
+                                        raise_on_error=False)
+    # Even the flow the authorizer allows is not served: the gate cannot vouch for it.
+    assert result.is_error
+    assert CALLS == before
+    assert any("mount_into" in r.getMessage() for r in all_logs.records
+               if r.levelno >= logging.ERROR)
+
+
+@pytest.mark.anyio
+async def test_a_server_without_hooks_mounts_either_way() -> None:
+    server = FlowServer(build_catalogue())
+    parent = FastMCP("parent")
+    parent.mount(server.fastmcp, namespace="shop")
+    async with Client(parent) as client:
+        result = await client.call_tool("shop_price_quote", {"sku": "SKU-1"})
+    assert not result.is_error
+
+
+def test_mount_into_checks_its_arguments() -> None:
+    server = FlowServer(build_catalogue())
+    with pytest.raises(ExposureConfigError, match="parent"):
+        server.mount_into(server.fastmcp)
+    with pytest.raises(ExposureConfigError, match="namespace"):
+        server.mount_into(FastMCP("parent"), namespace="bad name\n")
