@@ -118,9 +118,11 @@ def malformed_prompt_request(params: Mapping[str, Any]) -> str | None:
     The MCP SDK refuses such requests with a bare "Invalid request parameters"; this
     names the argument instead. The text never depends on whether the prompt exists.
     """
-    name = params.get("name")
+    if "name" not in params:
+        return "prompts/get needs a 'name' (a string)"
+    name = params["name"]
     if not isinstance(name, str):
-        return f"prompts/get needs 'name' to be a string, got {json_type(name)}"
+        return f"prompts/get 'name' must be a string, got {json_type(name)}"
     arguments = params.get("arguments")
     if arguments is None:
         return None

@@ -145,10 +145,14 @@ def prompt_gets(limit: int) -> st.SearchStrategy[dict[str, Any]]:
                               st.fixed_dictionaries({a: hostile_text() for a in strings}))
         return st.fixed_dictionaries({"name": st.just(name), "arguments": arguments})
 
-    anything = st.fixed_dictionaries({"name": names(PROMPTS, limit), "arguments": st.one_of(
-        st.dictionaries(st.sampled_from(ALL_FIELDS) | st.text(max_size=20),
-                        st.one_of(text, JSON_VALUES), max_size=4),
-        st.none(), st.lists(st.text(max_size=5), max_size=2), hostile_text(200))})
+    # A name and arguments of any JSON type and shape, including missing ones.
+    anything = st.fixed_dictionaries({}, optional={
+        "name": names(PROMPTS, limit) | JSON_VALUES,
+        "arguments": st.one_of(
+            st.dictionaries(st.sampled_from(ALL_FIELDS) | st.text(max_size=20),
+                            st.one_of(text, JSON_VALUES), max_size=4),
+            st.none(), st.lists(st.text(max_size=5), max_size=2), hostile_text(200),
+            JSON_VALUES)})
     known = st.sampled_from(PROMPTS).flatmap(for_prompt)
     return st.one_of(anything, known, known)
 
@@ -205,13 +209,25 @@ def check_tool_answer(params: dict[str, Any], answer: Any) -> None:
         assert json.loads(text) == answer.structured_content
 
 
+JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number",
+              list: "array", dict: "object"}
+
+
 def check_prompt_answer(params: dict[str, Any], answer: Any) -> None:
-    name, arguments = params["name"], params["arguments"]
-    well_typed = arguments is None or (isinstance(arguments, dict) and all(
-        isinstance(v, str) for v in arguments.values()))
+    name, arguments = params.get("name"), params.get("arguments")
+    well_typed = isinstance(name, str) and (arguments is None or (
+        isinstance(arguments, dict) and all(isinstance(v, str) for v in arguments.values())))
     if not well_typed:
+        # -32602 naming what is wrong; never -32603, never an exception's own text.
         assert isinstance(answer, mcp_types.ErrorData), answer
-        assert answer.code == INVALID_PARAMS
+        assert answer.code == INVALID_PARAMS, answer
+        if isinstance(name, str):
+            assert answer.message.startswith(f"Prompt {name!r}: "), answer.message
+            assert "must be" in answer.message, answer.message
+        else:
+            assert answer.message in ("prompts/get needs a 'name' (a string)",
+                                      f"prompts/get 'name' must be a string, got "
+                                      f"{JSON_TYPES[type(name)]}"), answer.message
         return
     if name not in PROMPTS:
         assert isinstance(answer, mcp_types.ErrorData), answer
@@ -270,9 +286,11 @@ class Recorder(logging.Handler):
             self.bad.append(record)
 
 
-@pytest.fixture(scope="module")
-def memory() -> Iterator[tuple[anyio.from_thread.BlockingPortal, Client, Recorder]]:
-    """One in-memory client for every example; a recorder on the server's loggers."""
+@pytest.fixture(scope="module", params=["auto", "legacy"])
+def memory(request: pytest.FixtureRequest
+           ) -> Iterator[tuple[anyio.from_thread.BlockingPortal, Client, Recorder]]:
+    """One in-memory client per protocol era (2026-07-28, 2025-11-25) for every example;
+    a recorder on the server's loggers."""
     recorder = Recorder()
     # fastmcp's logger does not propagate to the root logger, so watch both.
     loggers = [logging.getLogger(), logging.getLogger("fastmcp")]
@@ -281,7 +299,8 @@ def memory() -> Iterator[tuple[anyio.from_thread.BlockingPortal, Client, Recorde
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True)
     try:
         with anyio.from_thread.start_blocking_portal("asyncio") as portal, \
-                portal.wrap_async_context_manager(Client(server.fastmcp)) as client:
+                portal.wrap_async_context_manager(Client(server.fastmcp,
+                                                         mode=request.param)) as client:
             yield portal, client, recorder
             portal.call(assert_still_serving, client)
     finally:
