@@ -273,10 +273,10 @@ def _typed(kind: str, schema: Mapping[str, Any], where: str, name: str) -> Any:
         items = schema.get("items")
         item_type = Any if items is None else _field_type(items, _join(where, "items"),
                                                          f"{name}Item")
-        lengths = [cls(_number(schema, where, key, integer=True))
-                   for key, cls in (("minItems", at.MinLen), ("maxItems", at.MaxLen))
-                   if key in schema]
-        return _annotated(list[item_type], lengths)
+        item_lengths: list[Any] = [
+            cls(_number(schema, where, key, integer=True))
+            for key, cls in (("minItems", at.MinLen), ("maxItems", at.MaxLen)) if key in schema]
+        return _annotated(list[item_type], item_lengths)  # type: ignore[valid-type]
     # object
     additional = schema.get("additionalProperties", True)
     if not isinstance(additional, bool):

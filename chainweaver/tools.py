@@ -37,7 +37,7 @@ def check_model(owner: str, label: str, value: object, *, optional: bool = False
     """
     if value is None and optional:
         return
-    if not _is_model_class(value):
+    if not isinstance(value, type) or not issubclass(value, BaseModel):
         suffix = " or None" if optional else ""
         raise DefinitionError(f"{owner}: {label} must be a pydantic model class{suffix}")
     if value.__pydantic_complete__:
@@ -134,13 +134,13 @@ def _tool_from_function(
     input_model = create_model(model_name, **fields)
     names = tuple(fields)
 
-    if inspect.iscoroutinefunction(fn):
-        async def call(model: BaseModel) -> Any:
-            return await fn(**{n: getattr(model, n) for n in names})
-    else:
-        def call(model: BaseModel) -> Any:
-            return fn(**{n: getattr(model, n) for n in names})
+    async def call_async(model: BaseModel) -> Any:
+        return await fn(**{n: getattr(model, n) for n in names})
 
+    def call_sync(model: BaseModel) -> Any:
+        return fn(**{n: getattr(model, n) for n in names})
+
+    call = call_async if inspect.iscoroutinefunction(fn) else call_sync
     return Tool(tool_name, description or _first_paragraph(fn.__doc__),
                 input_model, output_schema, call, safety)
 

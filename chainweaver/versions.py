@@ -52,8 +52,8 @@ def version_key(version: str) -> VersionKey:
     if semver:
         major, minor, patch, pre, build = semver.groups()
         release = _strip_zeros([int(major), int(minor), int(patch)])
-        pre_key = (0, tuple(_identifier(p) for p in pre.split("."))) if pre else (1, ())
-        return (0, release, pre_key, (-1,), (1, 0), build or "")
+        semver_pre = (0, tuple(_identifier(p) for p in pre.split("."))) if pre else (1, ())
+        return (0, release, semver_pre, (-1,), (1, 0), build or "")
     pep = _PEP440.match(text)
     if not pep:
         raise InvalidVersionError(

@@ -190,7 +190,7 @@ GIFT_PROMPTS = [
 
 
 def build_executor() -> FlowExecutor:
-    """The bookshop: six tools and six flows, three of which governance excludes."""
+    """The bookshop: seven tools and six flows, three of which governance excludes."""
     registry = FlowRegistry()
     executor = FlowExecutor(registry)
     for each in (find_books, rank_by_rating, lookup_book, format_card, convert_price,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
-from ..flows import Flow
+from ..flows import Flow, FlowLifecycle
 from ..prompts import FlowPrompt
-from ..safety import ToolSafetyContract
+from ..safety import SideEffectLevel, ToolSafetyContract
 from ..tools import NAME_PATTERN
 from .config import ExposurePolicy
 from .contract import ContractError, PublishedContract, build_contract
@@ -113,11 +113,15 @@ def _exclusion_reason(
     flow: Flow, executor: FlowExecutor, policy: ExposurePolicy, safety: ToolSafetyContract | None
 ) -> str | None:
     governance = flow.governance
-    if governance.lifecycle not in policy.allowed_lifecycles:
-        allowed = ", ".join(sorted(x.value for x in policy.allowed_lifecycles))
+    # ExposurePolicy normalised these to frozensets when it was built.
+    lifecycles = cast("frozenset[FlowLifecycle]", policy.allowed_lifecycles)
+    side_effects = cast("frozenset[SideEffectLevel]", policy.allowed_side_effects)
+    owners = cast("frozenset[str] | None", policy.owners)
+    if governance.lifecycle not in lifecycles:
+        allowed = ", ".join(sorted(x.value for x in lifecycles))
         return f"lifecycle {governance.lifecycle.value!r} is not allowed (allowed: {allowed})"
-    if policy.owners is not None and governance.owner not in policy.owners:
-        allowed = ", ".join(sorted(policy.owners)) or "none"
+    if owners is not None and governance.owner not in owners:
+        allowed = ", ".join(sorted(owners)) or "none"
         return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
     if safety is None:
         tools = executor.tools
@@ -125,8 +129,8 @@ def _exclusion_reason(
                    if s.tool_name not in tools or tools[s.tool_name].safety is None]
         return ("effective safety is unknown: no safety contract on the flow or on tool(s) "
                 + ", ".join(repr(n) for n in dict.fromkeys(missing)))
-    if safety.side_effects not in policy.allowed_side_effects:
-        allowed = ", ".join(x.value for x in sorted(policy.allowed_side_effects))
+    if safety.side_effects not in side_effects:
+        allowed = ", ".join(x.value for x in sorted(side_effects))
         return (f"side effects {safety.side_effects.value!r} are not allowed "
                 f"(allowed: {allowed})")
     if safety.requires_approval and not policy.allow_requires_approval:

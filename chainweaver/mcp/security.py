@@ -260,10 +260,10 @@ class SecurityGate(Middleware):
                                type(identity).__name__)
                 raise GateRefused("authenticator_error")
             caller = identity
-        if self.rate_limiter is not None:
+        limiter = self.rate_limiter
+        if limiter is not None:
             allowed = await self._call_hook(
-                lambda g: self.rate_limiter.acquire(caller, g.name), gate,
-                "rate_limiter_error", caller,
+                lambda g: limiter.acquire(caller, g.name), gate, "rate_limiter_error", caller,
             )
             if allowed is not True:
                 raise GateRefused("rate_limited", caller)

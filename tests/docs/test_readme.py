@@ -24,9 +24,11 @@ def test_python_examples_run(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     namespace: dict = {}
     for code in blocks("python"):
         exec(compile(code, "README.md", "exec"), namespace)
-    output = capsys.readouterr().out
+    output, errors = capsys.readouterr()
     assert "{'summary': 'Order A-1001 is shipped.'}" in output
-    assert "order_summary exposed" in output
+    # The MCP snippet serves on stdio, so its report goes to stderr, never stdout.
+    assert "order_summary exposed" in errors
+    assert "order_summary exposed" not in output
     assert served == [((), {})]
 
 
