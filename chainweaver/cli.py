@@ -156,8 +156,8 @@ def _import_file(path: Path, spec: str) -> ModuleType:
     name = path.stem
     loaded = sys.modules.get(name)
     if loaded is not None:
-        if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == \
-                path.resolve():
+        loaded_file = getattr(loaded, "__file__", None)
+        if loaded_file and Path(loaded_file).resolve() == path.resolve():
             return loaded
         raise CommandError(EXIT_MISSING, f"--tools {spec}: a different module named "
                            f"{name!r} is already imported; rename the file")

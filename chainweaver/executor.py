@@ -464,7 +464,7 @@ class FlowExecutor:
                 info = _raised(f"flow {flow.name!r} output validation", error).info
                 return self._failed(flow, info, records, started)
         else:
-            final = records[-1].outputs if records else {}
+            final = (records[-1].outputs or {}) if records else {}
         return ExecutionResult(
             flow.name, flow.version, True, final, None, records,
             (time.perf_counter() - started) * 1000,

@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,7 @@ class _Fields:
             raise self.error(field, "must not be empty")
         return value
 
-    def choice(self, value: Any, field: str, enum: type) -> Any:
+    def choice(self, value: Any, field: str, enum: type[Enum]) -> Any:
         choices = [member.value for member in enum]
         if value not in choices or not isinstance(value, str):
             raise self.error(field, f"must be one of {', '.join(choices)}, got {value!r}")

@@ -243,7 +243,10 @@ def _numeric_check(schema: Mapping[str, Any], where: str) -> list[Any]:
 
 
 def _annotated(base: Any, extras: list[Any]) -> Any:
-    return Annotated[(base, *extras)] if extras else base
+    if not extras:
+        return base
+    arguments = (base, *extras)  # Annotated[base, extra, ...] built at run time
+    return Annotated[arguments]
 
 
 def _typed(kind: str, schema: Mapping[str, Any], where: str, name: str) -> Any:

@@ -95,7 +95,7 @@ class FlowProvider(Provider):
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout))
 
     async def _list_tools(self) -> Sequence[Tool]:
-        return [self.tool(name) for name in self.exposure.tools]
+        return [tool for name in self.exposure.tools if (tool := self.tool(name)) is not None]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         return _versioned(self.tool(name), version, self.exposure.tools.get(name))
@@ -115,8 +115,8 @@ class FlowProvider(Provider):
     async def _list_resources(self) -> Sequence[Resource]:
         if not self.exposure.expose_schemas:
             return []
-        return [self.resource(INDEX_URI), *(self.resource(uri) for uri in
-                                            self.exposure.resources)]
+        uris = [INDEX_URI, *self.exposure.resources]
+        return [resource for uri in uris if (resource := self.resource(uri)) is not None]
 
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
@@ -150,7 +150,8 @@ class FlowProvider(Provider):
         return self._cached("prompt", name, build)
 
     async def _list_prompts(self) -> Sequence[Prompt]:
-        return [self.prompt(name) for name in self.exposure.prompts]
+        return [prompt for name in self.exposure.prompts
+                if (prompt := self.prompt(name)) is not None]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
         entry = self.exposure.prompts.get(name)
