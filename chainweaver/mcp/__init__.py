@@ -10,8 +10,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 
 from .config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
 from .exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
-from .rate_limit import FixedWindowRateLimiter, RateLimiter
-from .security import (
+from .hooks import (
     GATE_REFUSED,
     AuditEvent,
     AuditHook,
@@ -20,7 +19,9 @@ from .security import (
     Authorizer,
     CallerIdentity,
     GateContext,
+    RateLimiter,
 )
+from .rate_limit import FixedWindowRateLimiter
 from .server import FlowServer
 
 __all__ = [

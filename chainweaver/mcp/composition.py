@@ -25,9 +25,10 @@ from fastmcp import FastMCP
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
 from .exposure import ExposedFlow, Exposure
+from .hooks import RequestKind
 
 if TYPE_CHECKING:
-    from .security import RequestKind, SecurityGate
+    from .security import SecurityGate
 
 # Key of the gate in the lifespan state of the FastMCP server a FlowServer builds.
 GATE_STATE_KEY = "chainweaver_security_gate"

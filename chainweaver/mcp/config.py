@@ -9,16 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..errors import ExposureConfigError
 from ..flows import FlowLifecycle
 from ..safety import SideEffectLevel
 from ..tools import NAME_PATTERN
-
-if TYPE_CHECKING:
-    from .rate_limit import RateLimiter
-    from .security import AuditHook, Authenticator, Authorizer
+from .hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 
 ErrorDetail = Literal["full", "type_only", "generic"]
 ERROR_DETAILS: tuple[ErrorDetail, ...] = ("full", "type_only", "generic")

@@ -1,19 +1,13 @@
-"""Rate limiting for the security gate: the hook protocol and an in-process limiter."""
+"""An in-process rate limiter for the security gate."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    from .security import CallerIdentity
-
-
-class RateLimiter(Protocol):
-    def acquire(self, caller: CallerIdentity, name: str) -> bool: ...
-
+from .hooks import CallerIdentity
 
 PRUNE_ABOVE = 10_000  # counters kept before past windows are dropped
 
