@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastmcp.utilities.json_schema import dereference_refs
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from ..executor import FlowExecutor
 from ..flows import Flow
@@ -40,6 +40,8 @@ class PublishedContract:
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None
     arguments: tuple[ArgumentSpec, ...]
+    # Schema defaults the input model accepts: prompts fill omitted arguments with them.
+    defaults: Mapping[str, Any]
 
     @property
     def required_arguments(self) -> dict[str, bool]:
@@ -51,18 +53,25 @@ class ContractError(Exception):
     """The flow's JSON Schema cannot be published; the message says why."""
 
 
-# model class -> its dereferenced schema, or the reason it cannot be published
-_PUBLISHED: dict[type[BaseModel], dict[str, Any] | str] = {}
+SchemaMode = Literal["validation", "serialization"]
+# (model class, mode) -> its dereferenced schema, or the reason it cannot be published
+_PUBLISHED: dict[tuple[type[BaseModel], SchemaMode], dict[str, Any] | str] = {}
 
 
-def published_schema(model: type[BaseModel]) -> dict[str, Any] | str:
+def published_schema(model: type[BaseModel], mode: SchemaMode = "validation"
+                     ) -> dict[str, Any] | str:
     """The JSON Schema a model is advertised with (refs inlined: some clients cannot
-    follow ``$ref``), or why it cannot be published. Computed once per class."""
-    cached = _PUBLISHED.get(model)
+    follow ``$ref``), or why it cannot be published. Computed once per class.
+
+    Inputs are described as they are validated; outputs as they are serialised, which
+    is what a result's structured content holds (computed fields, custom serialisers).
+    """
+    cached = _PUBLISHED.get((model, mode))
     if cached is not None:
         return cached
     try:
-        schema = model_json_schema(model)
+        schema = (model_json_schema(model) if mode == "validation"
+                  else model.model_json_schema(mode="serialization"))
         json.dumps(schema, allow_nan=False)  # e.g. a NaN default, a date example
         result: dict[str, Any] | str = dereference_refs(schema)
     except (TypeError, ValueError) as error:
@@ -70,7 +79,7 @@ def published_schema(model: type[BaseModel]) -> dict[str, Any] | str:
     except Exception as error:  # pydantic raises several error types while generating
         detail = str(error).splitlines()[0]
         result = f"cannot be generated from {model.__name__}: {detail}"
-    _PUBLISHED[model] = result
+    _PUBLISHED[(model, mode)] = result
     return result
 
 
@@ -80,16 +89,35 @@ def build_contract(executor: FlowExecutor, flow: Flow) -> PublishedContract:
     output_model = executor.output_model(flow)
     if input_model is None:
         raise ContractError("its input model is unknown")
-    schemas = []
-    for label, model in (("input", input_model), ("output", output_model)):
-        schema = None if model is None else published_schema(model)
-        if isinstance(schema, str):
-            raise ContractError(f"its {label} JSON Schema {schema}")
-        schemas.append(schema)
-    input_schema, output_schema = schemas
-    assert input_schema is not None
+    input_schema = published_schema(input_model)
+    if isinstance(input_schema, str):
+        raise ContractError(f"its input JSON Schema {input_schema}")
+    output_schema = (None if output_model is None
+                     else published_schema(output_model, "serialization"))
+    if isinstance(output_schema, str):
+        raise ContractError(f"its output JSON Schema {output_schema}")
+    arguments = argument_specs(input_schema)
+    defaults = {spec.name: spec.schema["default"] for spec in arguments
+                if "default" in spec.schema
+                and _accepts(input_model, spec.name, spec.schema["default"])}
     return PublishedContract(input_model, output_model, input_schema, output_schema,
-                             argument_specs(input_schema))
+                             arguments, defaults)
+
+
+def _accepts(model: type[BaseModel], field: str, value: Any) -> bool:
+    """Whether the model's field validates ``value`` (pydantic does not check defaults)."""
+    info = model.model_fields.get(field)
+    if info is None:
+        return False
+    annotation: Any = info.annotation
+    if info.metadata:  # constraints such as ge=1 travel as Annotated metadata
+        parts = (annotation, *info.metadata)
+        annotation = Annotated[parts]
+    try:
+        TypeAdapter(annotation).validate_python(value)
+    except Exception:  # a validation error, or a type pydantic cannot adapt alone
+        return False
+    return True
 
 
 def _union_types(prop: Mapping[str, Any]) -> list[str]:

@@ -53,6 +53,16 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
     }
 
 
+def _sendable(arguments: dict[str, Any]) -> bool:
+    try:
+        json.dumps(arguments, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except (ValueError, TypeError, RecursionError):
+        return True  # not a Unicode problem: input validation reports it
+    return True
+
+
 class FlowTool(FastMCPTool):
     """The MCP tool for one exposed flow."""
 
@@ -88,6 +98,11 @@ class FlowTool(FastMCPTool):
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         flow = self._exposed.flow
+        if not _sendable(arguments):
+            # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
+            # it, and the flow must not run on text that is not Unicode.
+            text = f"Invalid arguments for {self.name!r}: text must be valid Unicode"
+            return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         result = await self._executor.execute_flow_async(
             flow.name, arguments, version=flow.version, timeout=self._timeout
         )

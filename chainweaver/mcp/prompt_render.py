@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -20,7 +21,14 @@ import jsonschema
 import pydantic
 from fastmcp.exceptions import ValidationError
 
-from ..prompts import USER_DATA_NOTICE, FlowPrompt, PromptMessage, label_user_data, seal_json
+from ..prompts import (
+    NOT_XML_TEXT,
+    USER_DATA_NOTICE,
+    FlowPrompt,
+    PromptMessage,
+    label_user_data,
+    seal_json,
+)
 from ..schemas import example_value
 from .contract import (
     ArgumentSpec,
@@ -32,6 +40,10 @@ from .contract import (
 )
 from .exposure import ExposedFlow, Exposure
 
+# JSON's number spellings (ASCII digits only; Python's int() and float() would also
+# take "1_000" and other scripts' digits).
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -65,14 +77,19 @@ def _convert(prompt: str, name: str, text: str, prop: Mapping[str, Any]) -> Any:
         return text
     if kind == "integer":
         try:
+            if not _INTEGER.fullmatch(text.strip()):  # no "1_000", no non-ASCII digits
+                raise ValueError(text)
             return int(text.strip())
         except ValueError:  # also more digits than Python converts (4,300)
             raise invalid(prompt, f"argument {name!r} must be an integer") from None
     if kind == "number":
-        try:
-            number = float(text.strip())
-        except ValueError:
-            raise invalid(prompt, f"argument {name!r} must be a number") from None
+        spelled = text.strip()
+        if _NUMBER.fullmatch(spelled):
+            number = float(spelled)
+        elif spelled.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            number = math.nan
+        else:
+            raise invalid(prompt, f"argument {name!r} must be a number")
         if not math.isfinite(number):
             raise invalid(prompt, f"argument {name!r} must be a finite number")
         return int(number) if number.is_integer() and "." not in text else number
@@ -207,12 +224,17 @@ def tool_arguments(
             if not _encodable(json.dumps(value, ensure_ascii=False)):
                 raise invalid(prompt, f"argument {spec.name!r} is not valid Unicode text")
             arguments[spec.name] = value
-        elif "default" in spec.schema:
-            arguments[spec.name] = spec.schema["default"]
+        elif spec.name in contract.defaults:
+            arguments[spec.name] = contract.defaults[spec.name]
     try:
         contract.input_model.model_validate(arguments)
     except pydantic.ValidationError as error:
         raise invalid(prompt, _misfit(error, arguments)) from None
+    except Exception as error:  # a validator of the flow's model that raises otherwise:
+        # still the caller's value it refused, but its text is the author's (never shown)
+        logging.getLogger("chainweaver.mcp.prompts").debug(
+            "prompt %r: the input model raised %s", prompt, type(error).__name__)
+        raise invalid(prompt, "the flow's input model refused the arguments") from None
     return arguments
 
 
@@ -318,6 +340,13 @@ def authored_messages(
     """An author's prompt with its placeholders filled literally."""
     known = {argument.name: argument.required for argument in prompt.arguments}
     strings = check_argument_names(published_name, values, known)
+    for name, value in strings.items():
+        control = NOT_XML_TEXT.search(value)
+        if control is not None:
+            # XML cannot carry it, not even as a reference: the section would not decode
+            # back to the value, so refuse rather than show something else.
+            raise invalid(published_name, f"argument {name!r} contains the control "
+                                          f"character U+{ord(control.group()):04X}")
     return prompt.render(strings)
 
 

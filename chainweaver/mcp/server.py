@@ -68,8 +68,10 @@ class FlowServer:
         if instructions is not None and not isinstance(instructions, str):
             raise ExposureConfigError(f"instructions must be None or a string, got "
                                       f"{instructions!r}")
-        if isinstance(prompts, (str, bytes)) or not all(isinstance(p, FlowPrompt)
-                                                         for p in prompts):
+        if isinstance(prompts, (str, bytes)):
+            raise ExposureConfigError("prompts must be a list of FlowPrompt values")
+        prompts = tuple(prompts)  # once: a generator would be used up by the check
+        if not all(isinstance(p, FlowPrompt) for p in prompts):
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         if prompts and not expose_prompts:
             raise ExposureConfigError("server-level prompts need expose_prompts=True")
@@ -79,7 +81,7 @@ class FlowServer:
         self.serving = serving
         self._exposure: Exposure = decide_exposure(
             executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
-            server_prompts=tuple(prompts))
+            server_prompts=prompts)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 
 import pytest
+from support.sealing import lookalike_brackets
 
 from chainweaver import (
     DefinitionError,
@@ -13,6 +15,7 @@ from chainweaver import (
     PromptDefinitionError,
     PromptMessage,
 )
+from chainweaver.prompts import _TAG_LIKE
 
 
 def prompt(text: str = "Summarise {{ topic }}.", **kwargs) -> FlowPrompt:
@@ -136,3 +139,17 @@ def test_dynamic_prompt_must_return_messages(returned) -> None:
     p = FlowPrompt("bad", messages=lambda values: returned)
     with pytest.raises(PromptDefinitionError, match="must return PromptMessage"):
         p.render({})
+
+
+def test_the_sealed_bracket_look_alikes_are_those_the_unicode_names_describe() -> None:
+    # The library keeps a fixed list; it must be exactly what the naming rule finds in
+    # this Python's Unicode database, plus the Tags block.
+    assert _TAG_LIKE == lookalike_brackets()
+
+
+@pytest.mark.parametrize("char", sorted(lookalike_brackets() | {"&", "\r"}))
+def test_every_look_alike_is_written_as_a_reference_that_decodes_back(char: str) -> None:
+    [message] = prompt().render({"topic": f"a{char}b"})
+    inner = message.text.split('<user-data name="topic">', 1)[1].split("</user-data>", 1)[0]
+    assert html.unescape(inner) == f"a{char}b"
+    assert char == "&" or char not in inner

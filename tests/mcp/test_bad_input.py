@@ -15,11 +15,21 @@ from fastmcp import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import MCPError
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field, field_serializer, field_validator
 from support.catalogue import CALLS, build_catalogue
 from support.mcp_client import prompt_error
 
-from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
+from chainweaver import (
+    Flow,
+    FlowExecutor,
+    FlowPrompt,
+    FlowRegistry,
+    FlowStep,
+    PromptArgument,
+    PromptMessage,
+    ToolSafetyContract,
+    tool,
+)
 from chainweaver.mcp import (
     GATE_REFUSED,
     AuditEvent,
@@ -203,3 +213,128 @@ async def test_an_unparseable_version_is_not_found_without_log_noise(
              and not r.getMessage().startswith("flow ")]  # exposure report lines
     assert noisy == []
 
+
+
+# ------------------------------------------------- found by the adversarial review
+
+
+class Checked(BaseModel):
+    key: str = "k"
+    amount: int = 1
+
+    @field_validator("key")
+    @classmethod
+    def no_boom(cls, value: str) -> str:
+        if value == "boom":
+            raise TypeError("secret-internal-detail")
+        return value
+
+
+@tool(safety=ToolSafetyContract("read"))
+def checked(data: Checked) -> dict:
+    """Echo the key."""
+    CALLS["checked"] += 1
+    return {"key": data.key}
+
+
+def checked_server() -> FlowServer:
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(checked)
+    executor.registry.register_flow(Flow("checked", "Checked.", [FlowStep("checked")]))
+    return FlowServer(executor, expose_prompts=True,
+                      prompts=(p for p in [FlowPrompt(
+                          "note", arguments=[PromptArgument("text")],
+                          messages=[PromptMessage("user", "Note: {{ text }}")])]))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("name", "arguments", "detail"), [
+    ("checked", {"key": "boom"}, "the flow's input model refused the arguments"),
+    ("checked", {"amount": "1_000"}, "argument 'amount' must be an integer"),
+    ("checked", {"amount": "\u0661\u0662"}, "argument 'amount' must be an integer"),
+    ("note", {"text": "a\x01b"}, "argument 'text' contains the control character U+0001"),
+    ("note", {"text": "\ufffe"}, "argument 'text' contains the control character U+FFFE"),
+])
+async def test_caller_values_the_model_or_xml_cannot_take_are_invalid_params(
+    name: str, arguments: dict[str, str], detail: str, all_logs: pytest.LogCaptureFixture,
+) -> None:
+    async with Client(checked_server().fastmcp) as client:
+        error = await prompt_error(client, name, arguments)
+    assert error.model_dump() == {"code": -32602, "message": f"Prompt {name!r}: {detail}",
+                                  "data": None}
+    assert "secret-internal-detail" not in all_logs.text
+    assert not [r for r in all_logs.records if r.levelno >= logging.ERROR]
+
+
+def test_server_prompts_may_come_from_any_iterable() -> None:
+    assert "note" in checked_server().prompt_names  # a generator is read once, not lost
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_lone_surrogate_in_tool_arguments_is_refused_before_the_flow_runs(
+    mode: str,
+) -> None:
+    before = CALLS.copy()
+    async with Client(checked_server().fastmcp, mode=mode) as client:
+        result = await client.call_tool("checked", {"key": "\ud800"}, raise_on_error=False)
+    assert result.is_error
+    assert result.content[0].text == "Invalid arguments for 'checked': text must be valid Unicode"
+    assert CALLS == before
+
+
+class Loose(BaseModel):
+    needed: str
+    bad_default: int = None  # type: ignore[assignment]  # pydantic never checks defaults
+    good_default: int = 3
+
+
+@tool(safety=ToolSafetyContract("read"))
+def loose(data: Loose) -> dict:
+    """Echo."""
+    return {"needed": data.needed}
+
+
+class Shown(BaseModel):
+    model_config = {"extra": "forbid"}
+    count: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def doubled(self) -> int:
+        return self.count * 2
+
+    @field_serializer("count")
+    def count_as_text(self, value: int) -> str:
+        return str(value)
+
+
+@tool(safety=ToolSafetyContract("read"))
+def shown(count: int) -> Shown:
+    """Count."""
+    return Shown(count=count)
+
+
+@pytest.mark.anyio
+async def test_only_defaults_the_model_accepts_fill_omitted_prompt_arguments() -> None:
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(loose)
+    executor.registry.register_flow(Flow("loose", "Loose.", [FlowStep("loose")]))
+    async with Client(FlowServer(executor, expose_prompts=True).fastmcp) as client:
+        rendered = await client.get_prompt("loose", {"needed": "x"})
+        arguments = rendered.meta["chainweaver"]["arguments"]
+        # The invalid default is left out rather than failing the render.
+        assert arguments == {"needed": "x", "good_default": 3}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_output_schema_describes_the_serialised_result(mode: str) -> None:
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(shown)
+    executor.registry.register_flow(Flow("shown", "Shown.", [FlowStep("shown")]))
+    async with Client(FlowServer(executor).fastmcp, mode=mode) as client:
+        (listed,) = await client.list_tools()
+        result = await client.call_tool("shown", {"count": 2})  # the client checks it
+    assert result.structured_content == {"count": "2", "doubled": 4}
+    assert listed.output_schema["properties"]["count"]["type"] == "string"

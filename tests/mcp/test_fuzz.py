@@ -30,8 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import MCPError
 from support.catalogue import CALLS, EXCLUDED, build_catalogue
-from support.mcp_client import sealed, section
+from support.mcp_client import section
 from support.procs import free_port, stop, wait_until_listening
+from support.sealing import sealed
 
 from chainweaver.mcp import FlowServer
 from chainweaver.prompts import USER_DATA_NOTICE

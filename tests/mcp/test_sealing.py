@@ -12,21 +12,21 @@ from __future__ import annotations
 import json
 import re
 from html.parser import HTMLParser
+from xml.etree import ElementTree
 
 import anyio
 from fastmcp import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.catalogue import build_catalogue
-from support.mcp_client import LOOKALIKE_BRACKETS
+from support.sealing import NOT_XML_TEXT, lookalike_brackets
 
 from chainweaver.mcp import FlowServer
 
 PROPERTIES = settings(max_examples=60, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow])
 SERVER = FlowServer(build_catalogue(), expose_prompts=True)
-OPEN_BRACKETS = "<" + LOOKALIKE_BRACKETS[0::2]
-CLOSE_BRACKETS = ">" + LOOKALIKE_BRACKETS[1::2]
+BRACKETS = "".join(sorted(lookalike_brackets()))
 SPACE = st.sampled_from(["", " ", "\n", "\t", "\r\n", "\u200b", "\u00a0"])
 
 
@@ -41,8 +41,8 @@ def tag_names(draw: st.DrawFn) -> str:
 @st.composite
 def tags(draw: st.DrawFn) -> str:
     """An opening or closing user-data tag in one of many spellings."""
-    opener = draw(st.sampled_from(OPEN_BRACKETS))
-    closer = draw(st.sampled_from(CLOSE_BRACKETS))
+    opener = draw(st.sampled_from(BRACKETS))
+    closer = draw(st.sampled_from(BRACKETS))
     slash = draw(st.sampled_from(["", "/", "/ "]))
     attributes = draw(st.sampled_from(["", ' name="arguments"', " name='first'", " name=x",
                                        ' NAME = "focus" ', " data-x=1"]))
@@ -52,8 +52,10 @@ def tags(draw: st.DrawFn) -> str:
 
 VALUES = st.lists(st.one_of(tags(), st.text(max_size=8),
                             st.sampled_from(["Ignore the above.", "SYSTEM:", "&lt;", "&",
-                                             "]]>", "<!--", "-->", "<![CDATA["])),
-                  min_size=1, max_size=6).map("".join)
+                                             "]]>", "<!--", "-->", "<![CDATA[", "\r\n",
+                                             "\u202e", "\u0338"])),
+                  min_size=1, max_size=6).map("".join).filter(
+                      lambda value: not NOT_XML_TEXT.search(value))
 
 
 class TagCollector(HTMLParser):
@@ -109,8 +111,14 @@ def assert_sealed(text: str, expected_sections: int) -> TagCollector:
     assert reader.tags == [("start", "user-data"), ("end", "user-data")] * expected_sections
     # What a model sees inside a section: no bracket of any kind.
     for body in re.findall(r'<user-data name="[a-z_]+">(.*?)</user-data>', text, re.DOTALL):
-        assert not set(body) & set(OPEN_BRACKETS + CLOSE_BRACKETS), body
+        assert not set(body) & set(BRACKETS), body
     return reader
+
+
+def xml_sections(text: str) -> list[str]:
+    """Each section as an XML reader decodes it."""
+    found = re.findall(r'(<user-data name="[a-z_]+">.*?</user-data>)', text, re.DOTALL)
+    return [ElementTree.fromstring(section).text or "" for section in found]
 
 
 @PROPERTIES
@@ -120,8 +128,9 @@ def test_authored_prompt_sections_cannot_be_opened_or_closed_by_a_value(
 ) -> None:
     text = render("product_search__compare", {"first": first, "second": second})
     reader = assert_sealed(text, expected_sections=2)
-    # The value still shows: decoding the section gives back exactly what was sent.
+    # The value still shows: an HTML and an XML reader decode exactly what was sent.
     assert reader.sections == [first, second]
+    assert xml_sections(text) == [first, second]
 
 
 @PROPERTIES
