@@ -10,6 +10,9 @@ Two compositions are supported:
   JSON-RPC shape (a parent turns exceptions raised under a mounted tool into
   ``isError`` results and logs them with a traceback).
 
+Both find "their" components by the owner mark every component of a FlowServer
+carries in ``_meta.chainweaver.server``, whatever name transforms gave it.
+
 Anything else that routes a request into the server without its own transport
 (a bare ``FastMCP.mount()``) is refused, loudly, by the gate itself.
 """
@@ -26,6 +29,7 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 
 from .exposure import ExposedFlow, Exposure
 from .hooks import RequestKind
+from .prompts import malformed_prompt_request, refuse_malformed
 
 if TYPE_CHECKING:
     from .security import SecurityGate
@@ -72,13 +76,27 @@ async def find_component(server: FastMCP, kind: RequestKind, name: str) -> Any:
         return None
 
 
-async def component_flow(exposure: Exposure, server: FastMCP, kind: RequestKind,
-                         name: str) -> ExposedFlow | None:
-    """The exposed flow behind the component ``name`` resolves to on ``server``."""
-    component = await find_component(server, kind, name)
+def stamp_owner(component: Any, owner: str) -> None:
+    """Mark a component as published by the FlowServer whose gate has ``owner``.
+
+    The mark travels with the component's metadata through transforms and mounts, so
+    a gate can tell its own components from anyone else's under any name.
+    """
+    meta = dict(component.meta or {})
+    meta["chainweaver"] = {**meta.get("chainweaver", {}), "server": owner}
+    component.meta = meta
+
+
+def owned_meta(component: Any, owner: str) -> Mapping[str, Any] | None:
+    """The component's ``chainweaver`` metadata if ``owner`` published it, else None."""
     meta = (getattr(component, "meta", None) or {}).get("chainweaver")
-    if not isinstance(meta, Mapping):
+    if not isinstance(meta, Mapping) or meta.get("server") != owner:
         return None
+    return meta
+
+
+def flow_of(exposure: Exposure, meta: Mapping[str, Any]) -> ExposedFlow | None:
+    """The exposed flow a component's metadata names (None: the index, the guide...)."""
     exposed = exposure.flows.get(meta.get("flow"))  # type: ignore[arg-type]
     if exposed is None or exposed.flow.version != meta.get("version"):
         return None
@@ -86,12 +104,24 @@ async def component_flow(exposure: Exposure, server: FastMCP, kind: RequestKind,
 
 
 class MountedGate(Middleware):
-    """A mounted FlowServer's gate, run in the parent server's middleware chain."""
+    """A mounted FlowServer's gate, run in the parent server's middleware chain.
 
-    def __init__(self, gate: SecurityGate, child: FastMCP, namespace: str | None) -> None:
+    A request is this server's when the component its name resolves to on the parent
+    (with every parent transform applied) carries this server's owner mark.
+    """
+
+    def __init__(self, gate: SecurityGate) -> None:
         self.gate = gate
-        self.child = child
-        self.namespace = namespace
+
+    async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
+        params = context.message
+        if context.method == "prompts/get" and isinstance(params, Mapping) \
+                and isinstance(params.get("name"), str):
+            problem = malformed_prompt_request(params)
+            if problem is not None:
+                return await self._guard("prompt", params["name"], context,
+                                         refuse_malformed(problem), call_next)
+        return await call_next(context)
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("tool", context.message.name, context, call_next)
@@ -102,30 +132,17 @@ class MountedGate(Middleware):
     async def on_get_prompt(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("prompt", context.message.name, context, call_next)
 
-    def _inner_name(self, kind: RequestKind, name: str) -> str | None:
-        """The child's own name for a parent-side name, or None if not the child's."""
-        if not self.namespace:
-            return name
-        if kind != "resource":
-            prefix = f"{self.namespace}_"
-            return name[len(prefix):] if name.startswith(prefix) else None
-        scheme, separator, path = name.partition("://")
-        prefix = f"{self.namespace}/"
-        if not separator or not path.startswith(prefix):
-            return None
-        return f"{scheme}://{path[len(prefix):]}"
-
     async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
-                     call_next: Any) -> Any:
-        if not self.gate.active:
-            return await call_next(context)
-        inner = self._inner_name(kind, name)
-        if inner is None or (not self.namespace
-                             and await find_component(self.child, kind, inner) is None):
-            return await call_next(context)  # not this FlowServer's name
-        exposed = await self.gate.target_in(self.child, kind, inner)
+                     call_next: Any, otherwise: Any = None) -> Any:
+        parent = context.fastmcp_context.fastmcp if context.fastmcp_context else None
+        component = None if parent is None else await find_component(parent, kind, name)
+        meta = owned_meta(component, self.gate.owner)
+        if not self.gate.active or meta is None:
+            # Not this FlowServer's component (the parent answers), or nothing to guard.
+            return await (otherwise or call_next)(context)
         admitted = ADMITTED_BY.set(self.gate)
         try:
-            return await self.gate.guard_target(kind, name, exposed, context, call_next)
+            return await self.gate.guard_target(kind, name, flow_of(self.gate.exposure, meta),
+                                                context, call_next)
         finally:
             ADMITTED_BY.reset(admitted)

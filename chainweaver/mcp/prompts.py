@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastmcp.exceptions import FastMCPError, PromptError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
+from fastmcp.server.middleware import MiddlewareContext
+from mcp import MCPError
+from mcp_types import INVALID_PARAMS
 from pydantic import PrivateAttr
 
 from ..prompts import FlowPrompt, PromptMessage
@@ -147,3 +150,10 @@ def json_type(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
+
+
+def refuse_malformed(problem: str) -> Callable[[MiddlewareContext], Awaitable[Any]]:
+    async def refuse(context: MiddlewareContext) -> Any:
+        raise MCPError(code=INVALID_PARAMS, message=problem)
+
+    return refuse

@@ -23,6 +23,7 @@ from ..errors import InvalidVersionError
 from ..executor import FlowExecutor
 from ..versions import version_key
 from . import prompt_render
+from .composition import stamp_owner
 from .config import ErrorDetail
 from .exposure import INDEX_URI, ExposedFlow, Exposure
 from .flow_tool import FlowTool
@@ -66,10 +67,12 @@ class FlowProvider(Provider):
         *,
         error_detail: ErrorDetail = "full",
         flow_timeout: float | None = None,
+        owner: str = "",
     ) -> None:
         super().__init__()
         self.exposure = exposure
         self.executor = executor
+        self.owner = owner
         self.error_detail = error_detail
         self.flow_timeout = flow_timeout
         self._cache: dict[tuple[str, str], Any] = {}
@@ -82,6 +85,7 @@ class FlowProvider(Provider):
         component = self._cache.get((kind, key))
         if component is None:
             component = build()
+            stamp_owner(component, self.owner)
             self._cache[(kind, key)] = component
         return component
 

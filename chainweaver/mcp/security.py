@@ -14,16 +14,16 @@ import hashlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR
 
-from .composition import ADMITTED_BY, component_flow, reached_directly
+from .composition import ADMITTED_BY, find_component, flow_of, owned_meta, reached_directly
 from .config import SecurityConfig
 from .exposure import ExposedFlow, Exposure
 from .hooks import (
@@ -35,7 +35,7 @@ from .hooks import (
     GateContext,
     RequestKind,
 )
-from .prompts import malformed_prompt_request
+from .prompts import malformed_prompt_request, refuse_malformed
 
 logger = logging.getLogger("chainweaver.mcp.security")
 
@@ -65,8 +65,9 @@ def payload_text(kind: RequestKind, result: Any) -> str:
 class SecurityGate(Middleware):
     """FastMCP middleware applying the gate to tools, resources and prompts alike."""
 
-    def __init__(self, exposure: Exposure, config: SecurityConfig) -> None:
+    def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "") -> None:
         self.exposure = exposure
+        self.owner = owner  # the mark on every component this server publishes
         self.authenticator = config.authenticator
         self.rate_limiter = config.rate_limiter
         self.authorizer = config.authorizer
@@ -85,7 +86,7 @@ class SecurityGate(Middleware):
             if problem is not None:
                 name = params.get("name")
                 return await self._guard("prompt", name if isinstance(name, str) else "",
-                                         context, _refuse_malformed(problem))
+                                         context, refuse_malformed(problem))
         return await call_next(context)
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
@@ -117,8 +118,10 @@ class SecurityGate(Middleware):
             return self.published_target(kind, name)
         # A transform added to server.fastmcp (a Namespace, a rename) changes the names
         # clients use: find the component the name resolves to, and its flow from the
-        # metadata every flow component carries, so per-flow authorization holds.
-        return await component_flow(self.exposure, server, kind, name)
+        # metadata every component of this server carries, so per-flow authorization
+        # follows the flow, whatever its name.
+        meta = owned_meta(await find_component(server, kind, name), self.owner)
+        return None if meta is None else flow_of(self.exposure, meta)
 
     async def _guard(
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
@@ -268,13 +271,6 @@ class SecurityGate(Middleware):
                 await asyncio.wait_for(value, self.hook_timeout)
         except Exception as error:  # auditing must never break a request
             logger.warning("audit hook failed: %s", type(error).__name__)
-
-
-def _refuse_malformed(problem: str) -> Callable[[MiddlewareContext], Awaitable[Any]]:
-    async def refuse(context: MiddlewareContext) -> Any:
-        raise MCPError(code=INVALID_PARAMS, message=problem)
-
-    return refuse
 
 
 def _with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
@@ -82,10 +83,12 @@ class FlowServer:
         self._exposure: Exposure = decide_exposure(
             executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
             server_prompts=prompts)
+        # Marks this server's components, so its gate knows them under any composition.
+        owner = secrets.token_hex(8)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
-                                      flow_timeout=serving.flow_timeout)
-        self._gate = SecurityGate(self._exposure, security)
+                                      flow_timeout=serving.flow_timeout, owner=owner)
+        self._gate = SecurityGate(self._exposure, security, owner=owner)
         # Schemas are published already dereferenced (see flow_tool.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -123,7 +126,7 @@ class FlowServer:
         if namespace is not None and not (isinstance(namespace, str)
                                           and NAME_PATTERN.fullmatch(namespace)):
             raise ExposureConfigError(f"namespace {namespace!r} is not a valid name part")
-        parent.add_middleware(MountedGate(self._gate, self._fastmcp, namespace))
+        parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
 
     @property

@@ -9,8 +9,10 @@ refused loudly instead of being served unguarded.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
+import mcp_types
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.transforms import Namespace, ToolTransform
@@ -164,3 +166,87 @@ def test_mount_into_checks_its_arguments() -> None:
         server.mount_into(server.fastmcp)
     with pytest.raises(ExposureConfigError, match="namespace"):
         server.mount_into(FastMCP("parent"), namespace="bad name\n")
+
+
+# ------------------------------------------------- found by the adversarial review
+
+
+@pytest.mark.anyio
+async def test_a_rename_on_the_parent_after_mount_into_keeps_per_flow_authorization() -> None:
+    seen: list[GateContext] = []
+    server = gated([], seen)
+    parent = FastMCP("parent")
+    server.mount_into(parent, namespace="shop")
+    parent.add_transform(ToolTransform({
+        "shop_product_search": ToolTransformConfig(name="shop_price_quote"),
+        "shop_price_quote": ToolTransformConfig(name="shop_product_search"),
+    }))
+    before = CALLS.copy()
+    async with Client(parent) as client:
+        assert await refusal(client, "tool", "shop_price_quote") == FORBIDDEN
+    assert CALLS["search_products"] == before["search_products"]
+    assert [c.flow_name for c in seen] == ["product_search"]
+
+
+@pytest.mark.anyio
+async def test_a_name_the_parent_hides_answers_like_one_that_never_existed() -> None:
+    server = gated([], [])
+    parent = FastMCP("parent")
+    server.mount_into(parent, namespace="shop")
+    parent.disable(names={"shop_product_search"})
+    async with Client(parent) as client:
+        hidden = await client.call_tool("shop_product_search", {"query": "q"},
+                                        raise_on_error=False)
+        never = await client.call_tool("shop_never_existed", {"query": "q"},
+                                       raise_on_error=False)
+    assert hidden.content[0].text == "Unknown tool: 'shop_product_search'"
+    assert never.content[0].text == "Unknown tool: 'shop_never_existed'"
+
+
+@pytest.mark.anyio
+async def test_two_servers_with_the_same_names_in_one_parent_each_keep_their_gate() -> None:
+    first_seen: list[GateContext] = []
+    second_seen: list[GateContext] = []
+    first, second = gated([], first_seen), gated([], second_seen)
+    parent = FastMCP("parent")
+    first.mount_into(parent)
+    second.mount_into(parent, namespace="two")
+    async with Client(parent) as client:
+        assert not (await client.call_tool("price_quote", {"sku": "S"})).is_error
+        assert not (await client.call_tool("two_price_quote", {"sku": "S"})).is_error
+        assert await refusal(client, "tool", "two_product_search") == FORBIDDEN
+    assert [c.name for c in first_seen] == ["price_quote"]
+    assert [c.name for c in second_seen] == ["two_price_quote", "two_product_search"]
+
+
+@pytest.mark.anyio
+async def test_a_malformed_prompt_request_through_mount_into_is_gated_and_named() -> None:
+    events: list[AuditEvent] = []
+    server = gated(events, [])
+    parent = FastMCP("parent")
+    server.mount_into(parent, namespace="shop")
+    wire = mcp_types.GetPromptRequestParams.model_construct(
+        name="shop_price_quote", arguments={"sku": 5})
+    async with Client(parent) as client:
+        with pytest.raises(MCPError) as caught, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            await client.session.send_request(mcp_types.GetPromptRequest(params=wire),
+                                              mcp_types.GetPromptResult)
+    assert caught.value.error.model_dump() == {
+        "code": -32602, "data": None,
+        "message": "Prompt 'shop_price_quote': argument 'sku' must be a string, got number"}
+    assert [(e.name, e.phase) for e in events] == [("shop_price_quote", "decision"),
+                                                   ("shop_price_quote", "completed")]
+
+
+@pytest.mark.anyio
+async def test_every_published_component_carries_its_servers_owner_mark() -> None:
+    first, second = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True), \
+        FlowServer(build_catalogue())
+    async with Client(first.fastmcp) as client:
+        marks = {c.meta["chainweaver"]["server"]
+                 for listing in (await client.list_tools(), await client.list_resources(),
+                                 await client.list_prompts()) for c in listing}
+    async with Client(second.fastmcp) as client:
+        other = {t.meta["chainweaver"]["server"] for t in await client.list_tools()}
+    assert len(marks) == 1 and len(other) == 1 and marks != other

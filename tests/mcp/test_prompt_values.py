@@ -29,6 +29,7 @@ from support.mcp_client import (
     invalid,
     prompt_error,
     prompting,
+    published_meta,
     raw_prompt_error,
     section,
     text_of,
@@ -299,7 +300,7 @@ async def test_authored_prompts_are_published_as_tool__prompt_with_their_argumen
     assert [(a.name, a.description, a.required) for a in compare.arguments] == [
         ("first", "First product", True), ("second", "Second product", True),
         ("focus", "What matters most", False)]
-    assert compare.meta["chainweaver"] == {"flow": "product_search", "version": "1.0.0",
+    assert published_meta(compare) == {"flow": "product_search", "version": "1.0.0",
                                            "tool": "product_search"}
     # The excluded draft flow's authored prompt is nowhere.
     assert not any("secret" in name or "draft" in name for name in prompts)

@@ -23,6 +23,7 @@ from support.mcp_client import (
     invalid,
     prompt_error,
     prompting,
+    published_meta,
     raw_prompt_error,
     text_of,
 )
@@ -75,7 +76,7 @@ async def test_every_exposed_flow_gets_an_invocation_prompt_named_like_its_tool(
         for argument in prompt.arguments:
             prop = listed.input_schema["properties"][argument.name]
             assert argument.required is (argument.name in required and "default" not in prop)
-        assert prompt.meta["chainweaver"] == {"flow": listed.meta["chainweaver"]["flow"],
+        assert published_meta(prompt) == {"flow": listed.meta["chainweaver"]["flow"],
                                               "version": listed.meta["chainweaver"]["version"],
                                               "tool": name}
 
@@ -235,9 +236,9 @@ async def test_server_level_prompts_are_published_and_override_flow_prompts() ->
         triage = await client.get_prompt("triage")
         old_arguments = await prompt_error(client, "product_search__compare",
                                            {"first": "a", "second": "b"})
-    assert prompts["triage"].meta["chainweaver"] == {"server_prompt": True}
+    assert published_meta(prompts["triage"]) == {"server_prompt": True}
     assert prompts["product_search__compare"].title == "Operator comparison"
-    assert prompts["product_search__compare"].meta["chainweaver"] == {"server_prompt": True}
+    assert published_meta(prompts["product_search__compare"]) == {"server_prompt": True}
     assert [m.role for m in compare.messages] == ["assistant"]
     assert text_of(compare).startswith('Comparing <user-data name="items">a, b</user-data>')
     assert text_of(triage) == "Which flow fits this request?"

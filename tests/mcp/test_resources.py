@@ -30,6 +30,7 @@ from support.mcp_client import (
     assert_not_found_like_never,
     complete_template,
     exposing,
+    published_meta,
     read_error,
     read_text,
     schema_uri,
@@ -74,14 +75,15 @@ async def test_flag_off_lists_no_resources_or_templates_and_tools_are_unchanged(
     async with Client(plain.fastmcp) as client:
         assert await client.list_resources() == []
         assert await client.list_resource_templates() == []
-        plain_tools = [t.model_dump() for t in await client.list_tools()]
+        plain_tools = [t.model_dump(exclude={"meta"}) for t in await client.list_tools()]
         # A schema URI that would exist with the flag on is unknown here.
         error = await read_error(client, schema_uri("product_search"))
         never = await read_error(client, NEVER)
         assert error.model_dump() == as_if_for(never, NEVER, schema_uri("product_search"))
         assert (await read_error(client, INDEX)).model_dump() == as_if_for(never, NEVER, INDEX)
     async with Client(with_schemas.fastmcp) as client:
-        assert [t.model_dump() for t in await client.list_tools()] == plain_tools
+        assert [t.model_dump(exclude={"meta"}) for t in await client.list_tools()] == \
+            plain_tools
     assert plain.resource_uris == []
 
 
@@ -110,7 +112,7 @@ async def test_one_resource_per_exposed_flow_plus_the_index() -> None:
     assert index.annotations.priority == 0.9
     search = resources[schema_uri("product_search")]
     assert search.title == "Product search schema"
-    assert search.meta["chainweaver"] == {"flow": "product_search", "version": "1.0.0"}
+    assert published_meta(search) == {"flow": "product_search", "version": "1.0.0"}
 
 
 @pytest.mark.anyio
