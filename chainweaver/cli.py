@@ -273,8 +273,16 @@ def _failure_location(error: BaseException, module_file: str | None) -> str:
     here = next((f for f in reversed(frames) if module_file and _same_file(f[0], module_file)),
                 None)
     if here is None or here == origin:
-        return f"{origin[0]}:{origin[1]}"
-    return f"{here[0]}:{here[1]} (raised at {origin[0]}:{origin[1]})"
+        return f"{_shown(origin[0])}:{origin[1]}"
+    return f"{_shown(here[0])}:{here[1]} (raised at {_shown(origin[0])}:{origin[1]})"
+
+
+def _shown(filename: str) -> str:
+    """A path relative to the current directory when it is inside it, as typed."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
+    except (OSError, ValueError):
+        return filename
 
 
 def _is_import_machinery(filename: str) -> bool:
