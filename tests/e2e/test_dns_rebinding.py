@@ -141,6 +141,34 @@ def test_rules_for_other_binds() -> None:
     assert not matches("localhost:8000x", ("localhost:*",))
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(("bind", "host", "origin", "status"), [
+    ("0.0.0.0", "anything.example:8000", None, 200),  # Host unchecked without a list
+    ("0.0.0.0", "anything.example:8000", "http://anything.example:8000", 403),
+    ("0.0.0.0", "mcp.example.com", "https://console.example.com", 200),
+    ("10.1.2.3", "mcp.example.com", None, 200),
+    ("127.0.0.1", "127.0.0.1:8000", "http://[::1]:8000", 200),
+    ("127.0.0.1", "127.0.0.1:8000", "http://127.0.0.1", 403),
+])
+async def test_the_guard_in_process(bind: str, host: str, origin: str | None,
+                                    status: int) -> None:
+    """The same middleware without a socket, for binds a test must not open."""
+    from starlette.responses import PlainTextResponse
+
+    from chainweaver.mcp.http_guard import HostOriginGuard
+
+    async def endpoint(scope, receive, send) -> None:  # noqa: ANN001
+        await PlainTextResponse("ok")(scope, receive, send)
+
+    configured = ("https://console.example.com",) if bind != "127.0.0.1" else None
+    rules = HostOriginRules.for_bind(bind, 8000, None, configured)
+    transport = httpx2.ASGITransport(app=HostOriginGuard(endpoint, rules))
+    headers = {"Host": host, **({"Origin": origin} if origin else {})}
+    async with httpx2.AsyncClient(transport=transport) as client:
+        response = await client.get(f"http://{host}/mcp", headers=headers)
+    assert response.status_code == status
+
+
 # ------------------------------------------------------------------ conformance suite
 
 
