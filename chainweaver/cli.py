@@ -3,11 +3,13 @@
     chainweaver serve PATH... --tools MODULE [options]
     chainweaver inspect PATH... --tools MODULE [options] [--json]
 
-Everything (tools, flow files, policy, the exposure decision) is loaded and checked
-before anything is served, so a bad file never starts a half-configured server.
-Exit codes: 0 success, 1 invalid flow file, tool set or policy, 2 a missing (or
-unloadable) file or module, and argparse's usual 2 for a malformed command line.
-Errors are one line on stderr; under stdio, stdout carries nothing but MCP.
+Everything (tools, flow files, policy, token and instructions files, the exposure
+decision) is loaded and checked before anything is served, so a bad file never starts a
+half-configured server. Exit codes: 0 success, 1 invalid flow file, tool set, policy or
+setting, 2 a missing (or unloadable) file or module, and argparse's usual 2 for a
+malformed command line (an HTTP-only flag with stdio too), 3 an HTTP server that could
+not listen, 141 output into a closed pipe. Errors are one line on stderr; under stdio,
+stdout carries nothing but MCP.
 """
 
 from __future__ import annotations
@@ -401,13 +403,18 @@ def build_server(args: argparse.Namespace) -> Built:
                 owners=owners,
                 allow_requires_approval=args.allow_requires_approval,
             ),
-            security=SecurityConfig(error_detail=args.error_detail or "full", auth=auth),
+            security=SecurityConfig(auth=auth, **_given(error_detail=args.error_detail)),
             serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
                                   allowed_hosts=args.allowed_host,
                                   allowed_origins=args.allowed_origin),
             instructions=instructions,
         )
     return Built(server, len(files), len(executor.tools))
+
+
+def _given(**settings: Any) -> dict[str, Any]:
+    """The settings whose flag was given; the others keep the library's default."""
+    return {name: value for name, value in settings.items() if value is not None}
 
 
 def _instructions(args: argparse.Namespace) -> str | None:

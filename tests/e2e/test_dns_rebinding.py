@@ -125,6 +125,19 @@ def test_configured_hosts_and_origins_are_added_to_the_defaults(
     assert configured_server.post("evil.example.com:443") == 421
 
 
+def test_the_example_server_takes_allowed_hosts_and_origins(tmp_path: Path) -> None:
+    server = Server([sys.executable, str(EXAMPLE), "--transport", "streamable-http",
+                     "--allowed-host", "books.example.com", "--allowed-origin",
+                     "https://shop.example.com"], tmp_path / "server.log")
+    try:
+        assert server.post("books.example.com", "https://shop.example.com") == 200
+        assert server.post(f"localhost:{server.port}") == 200
+        assert server.post("books.example.com:8080") == 421
+        assert server.post("books.example.com", "https://evil.example.com") == 403
+    finally:
+        stop(server.process)
+
+
 def test_rules_for_other_binds() -> None:
     """Not served here: a test binds nothing beyond loopback."""
     open_bind = HostOriginRules.for_bind("0.0.0.0", 8000, None, None)
