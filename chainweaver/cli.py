@@ -112,11 +112,13 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                        help="stop a flow call after this many seconds (default: none)")
     group.add_argument("--page-size", type=_positive_int, metavar="N",
                        help="list results per page (default: all in one page)")
-    text = group.add_mutually_exclusive_group()
-    text.add_argument("--instructions", metavar="TEXT",
-                      help="instructions clients receive when they connect")
-    text.add_argument("--instructions-file", metavar="FILE",
-                      help="read the instructions from a UTF-8 text file")
+    # Not an argparse mutually exclusive group: those leave their argument group when
+    # copied through parents=, and the help would list these two elsewhere.
+    group.add_argument("--instructions", metavar="TEXT",
+                       help="instructions clients receive when they connect")
+    group.add_argument("--instructions-file", metavar="FILE",
+                       help="read the instructions from a UTF-8 text file (not with "
+                            "--instructions)")
 
 
 def _add_http_options(parser: argparse.ArgumentParser) -> None:
@@ -420,6 +422,9 @@ def _given(**settings: Any) -> dict[str, Any]:
 def _instructions(args: argparse.Namespace) -> str | None:
     if args.instructions_file is None:
         return args.instructions
+    if args.instructions is not None:
+        raise CommandError(EXIT_USAGE, "--instructions and --instructions-file cannot be "
+                           "used together")
     text = _read_text(args.instructions_file, "--instructions-file").strip()
     if not text:
         raise CommandError(EXIT_INVALID, f"--instructions-file {args.instructions_file}: "

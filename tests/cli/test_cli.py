@@ -335,6 +335,14 @@ def test_http_options_with_stdio_are_a_usage_error(
                    "streamable-http, not stdio\n")
 
 
+def test_instructions_come_from_one_place(capsys: pytest.CaptureFixture, served: list) -> None:
+    code, out, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--instructions", "x",
+                         "--instructions-file", "instructions.md")
+    assert (code, out, served) == (2, "", [])
+    assert err == ("chainweaver: error: --instructions and --instructions-file cannot be "
+                   "used together\n")
+
+
 def test_several_http_options_with_stdio_are_named_together(
         capsys: pytest.CaptureFixture, served: list) -> None:
     code, _, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--transport", "stdio",
@@ -349,7 +357,6 @@ def test_several_http_options_with_stdio_are_named_together(
     (["--flow-timeout", "inf"], "'inf' is not a number of seconds > 0"),
     (["--page-size", "-1"], "'-1' is not a whole number > 0"),
     (["--error-detail", "verbose"], "invalid choice: 'verbose'"),
-    (["--instructions", "x", "--instructions-file", "y"], "not allowed with argument"),
     (["--transport", "streamable-http", "--allowed-host", "http://evil.example.com"],
      "'http://evil.example.com' is not a valid value"),
     (["--transport", "streamable-http", "--allowed-origin", "app.example.com"],
