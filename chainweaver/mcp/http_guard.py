@@ -43,11 +43,9 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class HostOriginRules:
-    """The Host and Origin values one listening server accepts.
-
-    ``None`` means "not checked": a request without an ``Origin`` header (any
-    non-browser client) is never refused for it.
-    """
+    """The Host and Origin values one listening server accepts; ``None``: that header
+    is not checked. A request without an ``Origin`` header (any non-browser client)
+    passes the Origin check either way."""
 
     hosts: tuple[str, ...] | None
     origins: tuple[str, ...] | None
@@ -65,11 +63,12 @@ class HostOriginRules:
         defaults_hosts: tuple[str, ...] = ()
         defaults_origins: tuple[str, ...] = ()
         if is_loopback(host):
+            names = tuple(dict.fromkeys((*LOOPBACK_NAMES, _as_host_header(host))))
             # Port 0 lets the OS choose, so the port a client uses is not known here.
             suffix = ":*" if port == 0 else f":{port}"
-            defaults_hosts = tuple(name + suffix for name in LOOPBACK_NAMES)
+            defaults_hosts = tuple(name + suffix for name in names)
             if port == 80:  # a browser leaves the default port out of Host and Origin
-                defaults_hosts += LOOPBACK_NAMES
+                defaults_hosts += names
             defaults_origins = tuple(f"http://{name}" for name in defaults_hosts)
         hosts = _merge(defaults_hosts, allowed_hosts)
         origins = _merge(defaults_origins, allowed_origins)
@@ -80,6 +79,12 @@ class HostOriginRules:
     def middleware(self) -> Middleware:
         """The Starlette middleware that enforces these rules."""
         return Middleware(HostOriginGuard, rules=self)
+
+
+def _as_host_header(host: str) -> str:
+    """A bind address as it appears in a Host header: IPv6 in brackets, lower case."""
+    name = host.strip().strip("[]").lower()
+    return f"[{name}]" if ":" in name else name
 
 
 def _merge(defaults: tuple[str, ...], configured: tuple[str, ...] | None

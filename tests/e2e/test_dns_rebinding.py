@@ -150,6 +150,10 @@ def test_rules_for_other_binds() -> None:
     assert everything == HostOriginRules(None, None)
     assert HostOriginRules.for_bind("::1", 80, None, None).hosts == (
         "127.0.0.1:80", "localhost:80", "[::1]:80", "127.0.0.1", "localhost", "[::1]")
+    assert HostOriginRules.for_bind("127.0.0.2", 8000, None, None).hosts == (
+        "127.0.0.1:8000", "localhost:8000", "[::1]:8000", "127.0.0.2:8000")
+    assert HostOriginRules.for_bind("0:0::1", 0, None, None).origins == (
+        "http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*", "http://[0:0::1]:*")
     assert matches("LOCALHOST:8000", ("localhost:8000",))
     assert not matches("localhost:8000x", ("localhost:*",))
 
