@@ -38,7 +38,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import FlowServer, ServingConfig
 
 READ = ToolSafetyContract(SideEffectLevel.READ, idempotent=True)
 PURE = ToolSafetyContract(SideEffectLevel.NONE, idempotent=True)
@@ -218,10 +218,10 @@ def build_executor() -> FlowExecutor:
     return executor
 
 
-def build_server() -> FlowServer:
+def build_server(serving: ServingConfig | None = None) -> FlowServer:
     """The example server: every primitive on, default governance policy."""
     return FlowServer(build_executor(), name="chainweaver-bookshop",
-                      expose_schemas=True, expose_prompts=True)
+                      expose_schemas=True, expose_prompts=True, serving=serving)
 
 
 # FastMCP's CLI (`fastmcp run examples/mcp_flow_server.py`) looks for a FastMCP
@@ -316,13 +316,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    # Beyond 127.0.0.1, localhost and [::1] with the port (DNS-rebinding protection):
+    parser.add_argument("--allowed-host", action="append", metavar="HOST",
+                        help="also accept this Host header over HTTP; repeatable")
+    parser.add_argument("--allowed-origin", action="append", metavar="ORIGIN",
+                        help="also accept this Origin header over HTTP; repeatable")
     args = parser.parse_args(argv)
     if args.demo:
         asyncio.run(run_demo())
         return
+    server = flow_server
+    if args.allowed_host or args.allowed_origin:
+        if args.transport != "streamable-http":
+            parser.error("--allowed-host and --allowed-origin need --transport streamable-http")
+        server = build_server(ServingConfig(allowed_hosts=args.allowed_host,
+                                            allowed_origins=args.allowed_origin))
     if args.transport == "streamable-http":
         print(f"Serving on http://{args.host}:{args.port}/mcp", file=sys.stderr)
-    flow_server.serve(args.transport, host=args.host, port=args.port)
+    server.serve(args.transport, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

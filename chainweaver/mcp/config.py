@@ -7,9 +7,12 @@ naming the setting, so a bad configuration fails at start-up, never on a request
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from fastmcp.server.auth import AuthProvider
 
 from ..errors import ExposureConfigError
 from ..flows import FlowLifecycle
@@ -132,7 +135,10 @@ class SecurityConfig:
     """The gate's hooks (see ``docs/security.md``) and how much error text clients see.
 
     ``hook_timeout`` bounds every async hook; ``error_detail`` is ``"full"``,
-    ``"type_only"`` or ``"generic"``.
+    ``"type_only"`` or ``"generic"``. ``auth`` is a FastMCP ``AuthProvider`` (for
+    example ``StaticTokenVerifier`` or ``JWTVerifier``) that streamable HTTP enforces
+    before any MCP message is read: a request without a valid bearer token gets HTTP
+    401 with ``WWW-Authenticate: Bearer``. It does not apply to stdio.
     """
 
     authenticator: Authenticator | None = None
@@ -141,8 +147,12 @@ class SecurityConfig:
     audit_hook: AuditHook | None = None
     hook_timeout: float = 5.0
     error_detail: ErrorDetail = "full"
+    auth: AuthProvider | None = None
 
     def __post_init__(self) -> None:
+        if self.auth is not None and not isinstance(self.auth, AuthProvider):
+            raise ExposureConfigError(
+                f"auth must be a fastmcp AuthProvider or None, got {self.auth!r}")
         for setting in ("authenticator", "authorizer", "audit_hook"):
             hook = getattr(self, setting)
             if hook is not None and not callable(hook):
@@ -167,12 +177,56 @@ class SecurityConfig:
 
 @dataclass(frozen=True)
 class ServingConfig:
-    """How the server runs requests: the per-call flow timeout and list page size."""
+    """How the server runs requests: the per-call flow timeout and list page size, and
+    which ``Host`` and ``Origin`` headers streamable HTTP accepts.
+
+    ``allowed_hosts`` / ``allowed_origins`` (``None``: the defaults) protect against DNS
+    rebinding. On a loopback bind only ``127.0.0.1``, ``localhost`` and ``[::1]`` with
+    the bound port are accepted, plus the values listed here. On any other bind the
+    Host is checked only when ``allowed_hosts`` is set, and a request carrying an
+    ``Origin`` is refused unless ``allowed_origins`` lists it. Hosts are ``name``,
+    ``name:port`` or ``name:*`` (any port); origins are ``scheme://name[:port]`` or
+    ``scheme://name:*``; ``"*"`` switches that check off. See ``docs/security.md``.
+    """
 
     flow_timeout: float | None = None
     page_size: int | None = None
+    allowed_hosts: Iterable[str] | None = None
+    allowed_origins: Iterable[str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)
+        object.__setattr__(self, "allowed_hosts",
+                           _header_values("allowed_hosts", self.allowed_hosts, _HOST))
+        object.__setattr__(self, "allowed_origins",
+                           _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
+
+
+# A host name, IPv4 address or bracketed IPv6 address, with an optional port or ":*".
+_HOST_PART = (r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+\])"
+              r"(?::(?:\d{1,5}|\*))?")
+_HOST = re.compile(rf"\*|{_HOST_PART}")
+_ORIGIN = re.compile(rf"\*|https?://{_HOST_PART}")
+_HEADER_EXAMPLES = {"allowed_hosts": "'mcp.example.com', 'mcp.example.com:8443' or "
+                                     "'mcp.example.com:*'",
+                    "allowed_origins": "'https://app.example.com' or 'http://localhost:*'"}
+
+
+def _header_values(setting: str, value: object, pattern: re.Pattern[str]
+                   ) -> tuple[str, ...] | None:
+    """A non-empty list of Host or Origin values, as a tuple, or ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ExposureConfigError(f"{setting} takes a list of values, got {value!r}")
+    values = tuple(value)
+    if not values:
+        raise ExposureConfigError(f"{setting} must list at least one value, or be None "
+                                  "for the defaults")
+    for item in values:
+        if not isinstance(item, str) or not pattern.fullmatch(item):
+            raise ExposureConfigError(f"{setting}: {item!r} is not a valid value (for "
+                                      f"example {_HEADER_EXAMPLES[setting]})")
+    return values

@@ -7,7 +7,7 @@ import os
 import secrets
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
@@ -26,6 +26,7 @@ from .config import (
     check_text,
 )
 from .exposure import INDEX_URI, Exposure, FlowExposure, decide_exposure
+from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .security import SecurityGate
 
@@ -95,6 +96,7 @@ class FlowServer:
             name,
             version=version or __version__,
             instructions=instructions,
+            auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
             middleware=[self._gate],
             dereference_schemas=False,
@@ -173,7 +175,9 @@ class FlowServer:
         """Serve over stdio (stdout carries only MCP) or streamable HTTP on ``path``.
 
         ``stateless=True`` keeps no per-session state on HTTP, so several server
-        processes can sit behind one load balancer.
+        processes can sit behind one load balancer. Over HTTP, requests whose ``Host``
+        or ``Origin`` the serving config does not accept for this bind are refused
+        (421 and 403: DNS-rebinding protection, see :class:`ServingConfig`).
         """
         if transport == "stdio":
             try:
@@ -181,9 +185,16 @@ class FlowServer:
             finally:
                 _flush_stray_stdout()
         elif transport == "streamable-http":
+            # ServingConfig normalised both to tuples (or None) when it was built.
+            hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
+            origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
+            guard = HostOriginRules.for_bind(host, port, hosts, origins)
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
                 stateless_http=stateless, log_level=log_level,
+                # One Host/Origin check, ours: FastMCP's (off by default, or switched on
+                # by its environment settings) would apply a second, looser list.
+                host_origin_protection=False, middleware=[guard.middleware()],
             )
         else:
             raise ExposureConfigError(

@@ -5,6 +5,7 @@ with its exit code and a one-line message naming the file, field or flag."""
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import shutil
 import socket
@@ -218,8 +219,11 @@ def test_serve_builds_everything_then_serves_with_the_transport_options(
     assert summary[1] == ("chainweaver: exposed 3 of 6 flows: help_search, order_status, "
                           "order_total")
     assert "chainweaver: excluded refund_order v1.0.0: side effects 'write'" in err
-    assert summary[-1] == ("chainweaver: serving 3 tool(s), 0 resource(s), 5 prompt(s) on "
+    assert summary[-2] == ("chainweaver: serving 3 tool(s), 0 resource(s), 5 prompt(s) on "
                            "http://0.0.0.0:8123/mcp")
+    assert summary[-1] == ("chainweaver: warning: 0.0.0.0 is not a loopback address and no "
+                           "--auth-token-file is set: anyone who can reach port 8123 can call "
+                           "the published flows")
 
 
 def test_ctrl_c_stops_serve_with_exit_code_0(capsys: pytest.CaptureFixture,
@@ -258,6 +262,145 @@ def test_what_a_tools_module_prints_while_loading_goes_to_stderr(
         assert out == "" and len(served) == 1
 
 
+# ------------------------------------------------------------------ server settings
+
+
+def _token_file(directory: Path, *tokens: str, mode: int = 0o600) -> Path:
+    path = directory / "tokens.txt"
+    path.write_text("# development tokens, one per line\n\n" + "\n".join(tokens) + "\n")
+    path.chmod(mode)
+    return path
+
+
+def test_every_server_setting_has_a_flag(capsys: pytest.CaptureFixture, served: list,
+                                         tmp_path: Path) -> None:
+    from fastmcp.server.auth import StaticTokenVerifier
+
+    tokens = _token_file(tmp_path, "tok-alice-1", "tok-bob-2")
+    code, out, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--error-detail", "generic",
+                         "--flow-timeout", "2.5", "--page-size", "2", "--instructions",
+                         "Use order_status first.", "--transport", "streamable-http",
+                         "--allowed-host", "mcp.example.com:*", "--allowed-host",
+                         "mcp.internal", "--allowed-origin", "https://app.example.com",
+                         "--auth-token-file", str(tokens))
+    assert (code, out) == (0, "")
+    assert "warning" not in err
+    ((server, _, _),) = served
+    assert server.security.error_detail == "generic"
+    assert server.serving.flow_timeout == 2.5
+    assert server.serving.page_size == 2
+    assert server.serving.allowed_hosts == ("mcp.example.com:*", "mcp.internal")
+    assert server.serving.allowed_origins == ("https://app.example.com",)
+    assert server.fastmcp.instructions == "Use order_status first."
+    auth = server.fastmcp.auth
+    assert isinstance(auth, StaticTokenVerifier) and server.security.auth is auth
+    assert auth.tokens == {"tok-alice-1": {"client_id": "token-3", "scopes": []},
+                           "tok-bob-2": {"client_id": "token-4", "scopes": []}}
+
+
+def test_defaults_are_the_library_defaults(capsys: pytest.CaptureFixture, served: list) -> None:
+    code, _, _ = run(capsys, "serve", FLOWS, "--tools", TOOLS)
+    assert code == 0
+    ((server, args, options),) = served
+    reference = FlowServer(server.executor)
+    assert server.security == reference.security
+    assert server.serving == reference.serving
+    assert server.fastmcp.instructions is None and server.fastmcp.auth is None
+    assert (args, options) == (("stdio",), {"host": "127.0.0.1", "port": 8000,
+                                             "stateless": False, "log_level": None})
+
+
+def test_instructions_from_a_file(capsys: pytest.CaptureFixture, served: list,
+                                  tmp_path: Path) -> None:
+    (tmp_path / "instructions.md").write_text("Answer in English.\nQuote order ids.\n")
+    code, _, _ = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--instructions-file",
+                     str(tmp_path / "instructions.md"))
+    assert code == 0
+    assert served[0][0].fastmcp.instructions == "Answer in English.\nQuote order ids."
+
+
+HTTP_ONLY = [["--host", "127.0.0.1"], ["--port", "8000"], ["--stateless"],
+             ["--allowed-host", "mcp.example.com"], ["--allowed-origin", "https://a.example"],
+             ["--auth-token-file", "tokens.txt"]]
+
+
+@pytest.mark.parametrize("command", ["serve", "inspect"])
+@pytest.mark.parametrize("flag", HTTP_ONLY, ids=[f[0] for f in HTTP_ONLY])
+def test_http_options_with_stdio_are_a_usage_error(
+    capsys: pytest.CaptureFixture, served: list, command: str, flag: list[str],
+) -> None:
+    code, out, err = run(capsys, command, FLOWS, "--tools", TOOLS, *flag)
+    assert (code, out, served) == (2, "", [])
+    assert err == (f"chainweaver: error: {flag[0]} only applies to --transport "
+                   "streamable-http, not stdio\n")
+
+
+def test_instructions_come_from_one_place(capsys: pytest.CaptureFixture, served: list) -> None:
+    code, out, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--instructions", "x",
+                         "--instructions-file", "instructions.md")
+    assert (code, out, served) == (2, "", [])
+    assert err == ("chainweaver: error: --instructions and --instructions-file cannot be "
+                   "used together\n")
+
+
+def test_several_http_options_with_stdio_are_named_together(
+        capsys: pytest.CaptureFixture, served: list) -> None:
+    code, _, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--transport", "stdio",
+                       "--port", "9000", "--stateless")
+    assert code == 2
+    assert err == ("chainweaver: error: --port, --stateless only apply to --transport "
+                   "streamable-http, not stdio\n")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--flow-timeout", "0"], "'0' is not a number of seconds > 0"),
+    (["--flow-timeout", "inf"], "'inf' is not a number of seconds > 0"),
+    (["--page-size", "-1"], "'-1' is not a whole number > 0"),
+    (["--error-detail", "verbose"], "invalid choice: 'verbose'"),
+    (["--transport", "streamable-http", "--allowed-host", "http://evil.example.com"],
+     "'http://evil.example.com' is not a valid value"),
+    (["--transport", "streamable-http", "--allowed-origin", "app.example.com"],
+     "'app.example.com' is not a valid value"),
+])
+def test_malformed_setting_values_are_usage_errors(
+    capsys: pytest.CaptureFixture, argv: list[str], expected: str,
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", FLOWS, "--tools", TOOLS, *argv])
+    assert exited.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("host", "with_token", "warned"), [
+    ("0.0.0.0", False, True), ("192.0.2.10", False, True), ("::", False, True),
+    ("0.0.0.0", True, False), ("127.0.0.1", False, False), ("localhost", False, False),
+    ("::1", False, False),
+])
+def test_a_non_loopback_bind_without_authentication_warns(
+    capsys: pytest.CaptureFixture, served: list, tmp_path: Path, host: str,
+    with_token: bool, warned: bool,
+) -> None:
+    auth = ["--auth-token-file", str(_token_file(tmp_path, "tok-1"))] if with_token else []
+    code, _, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--transport",
+                       "streamable-http", "--host", host, *auth)
+    assert code == 0 and len(served) == 1
+    warnings = [line for line in err.splitlines() if line.startswith("chainweaver: warning:")]
+    expected = [f"chainweaver: warning: {host} is not a loopback address and no "
+                "--auth-token-file is set: anyone who can reach port 8000 can call the "
+                "published flows"]
+    assert warnings == (expected if warned else [])
+
+
+def test_a_token_file_readable_by_others_warns(capsys: pytest.CaptureFixture, served: list,
+                                               tmp_path: Path) -> None:
+    tokens = _token_file(tmp_path, "tok-1", mode=0o644)
+    code, _, err = run(capsys, "serve", FLOWS, "--tools", TOOLS, "--transport",
+                       "streamable-http", "--auth-token-file", str(tokens))
+    assert code == 0
+    assert err.splitlines()[-1] == (f"chainweaver: warning: --auth-token-file {tokens} is "
+                                    f"readable by other users (chmod 600 {tokens})")
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -279,7 +422,14 @@ def bad_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     flow("dupes/a.flow.yaml", ok)
     flow("dupes/b.flow.json", '{"name": "ping", "description": "P", "steps": ["find_order"]}')
     (tmp_path / "empty").mkdir()
-    flow("raises.py", "raise RuntimeError('tools module is broken')\n")
+    flow("raises.py", "import os\nraise RuntimeError('tools module is broken')\n")
+    flow("bad_syntax.py", "from chainweaver import tool\n\ndef lookup(order_id:\n")
+    flow("uses_broken.py", "import os\nimport broken_helper\n")
+    flow("broken_helper.py", "import os\n\n\nraise ValueError('WAREHOUSE_URL is not set')\n")
+    flow("exits.py", "import sys\n\nsys.exit(4)\n")
+    flow("empty_tokens.txt", "# no tokens yet\n\n")
+    flow("bad_tokens.txt", "# dev tokens\ntok-ok-1\ntok with spaces\n")
+    flow("empty_instructions.txt", "\n  \n")
     flow("needs_dep.py", "import not_installed_dependency_xyz\n")
     flow("no_tools.py", "VALUE = 1\n")
     flow("json.py", "VALUE = 1\n")  # named like a module that is already imported
@@ -298,14 +448,22 @@ BAD_RUNS = [
     ([FLOWS, "--tools", "no_such_tools_module"], 2,
      "--tools no_such_tools_module: no module named 'no_such_tools_module'"),
     ([FLOWS, "--tools", "{d}/missing_tools.py"], 2, "--tools {d}/missing_tools.py: no such file"),
-    ([FLOWS, "--tools", "{d}/raises.py"], 2,
-     "--tools {d}/raises.py: importing it failed: RuntimeError: tools module is broken"),
-    ([FLOWS, "--tools", "{d}/needs_dep.py"], 2, "--tools {d}/needs_dep.py: importing it failed: "
-     "ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"),
+    ([FLOWS, "--tools", "{d}/raises.py"], 2, "--tools {d}/raises.py: importing it failed at "
+     "{d}/raises.py:2: RuntimeError: tools module is broken"),
+    ([FLOWS, "--tools", "{d}/needs_dep.py"], 2, "--tools {d}/needs_dep.py: importing it failed "
+     "at {d}/needs_dep.py:1: ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"),
+    ([FLOWS, "--tools", "{d}/bad_syntax.py"], 2, "--tools {d}/bad_syntax.py: importing it "
+     "failed at {d}/bad_syntax.py:3: SyntaxError: "),
+    ([FLOWS, "--tools", "{d}/uses_broken.py"], 2, "--tools {d}/uses_broken.py: importing it "
+     "failed at {d}/uses_broken.py:2 (raised at {d}/broken_helper.py:4): ValueError: "
+     "WAREHOUSE_URL is not set"),
+    ([FLOWS, "--tools", "{d}/exits.py"], 2,
+     "--tools {d}/exits.py: importing it failed at {d}/exits.py:3: SystemExit: 4"),
     ([FLOWS, "--tools", "{d}/json.py"], 2, "--tools {d}/json.py: a different module named "
      "'json' is already imported; rename the file"),
     ([FLOWS, "--tools", "acme_broken.tools"], 2, "--tools acme_broken.tools: importing it "
-     "failed: ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"),
+     "failed at {d}/acme_broken/tools.py:1: ModuleNotFoundError: No module named "
+     "'not_installed_dependency_xyz'"),
     ([FLOWS, "--tools", "{d}/no_tools.py"], 2,
      "--tools {d}/no_tools.py: the module defines no chainweaver Tool objects"),
     ([FLOWS, "--tools", "{d}/clash.py"], 1, "--tools {d}/clash.py: a different tool named "
@@ -331,6 +489,16 @@ BAD_RUNS = [
      "--side-effects: 'risky' is not one of none, read, write, external, destructive"),
     ([FLOWS, "--owner", ","], 1, "--owner needs at least one value"),
     ([FLOWS, "--prefix", "bad prefix"], 1, "server_prefix 'bad prefix' is not a valid name part"),
+    ([FLOWS, "--transport", "streamable-http", "--auth-token-file", "{d}/no_tokens.txt"], 2,
+     "--auth-token-file {d}/no_tokens.txt: no such file"),
+    ([FLOWS, "--transport", "streamable-http", "--auth-token-file", "{d}/empty_tokens.txt"], 1,
+     "--auth-token-file {d}/empty_tokens.txt: the file lists no tokens"),
+    ([FLOWS, "--transport", "streamable-http", "--auth-token-file", "{d}/bad_tokens.txt"], 1,
+     "--auth-token-file {d}/bad_tokens.txt, line 3: not a bearer token"),
+    ([FLOWS, "--instructions-file", "{d}/no_instructions.txt"], 2,
+     "--instructions-file {d}/no_instructions.txt: no such file"),
+    ([FLOWS, "--instructions-file", "{d}/empty_instructions.txt"], 1,
+     "--instructions-file {d}/empty_instructions.txt: the file is empty"),
 ]
 
 
@@ -560,3 +728,84 @@ def test_serve_on_a_port_in_use_exits_3_with_one_line(tmp_path: Path) -> None:
             "(see the log above)") in run_serve.stderr
     assert "address already in use" in run_serve.stderr
     assert "Traceback" not in run_serve.stderr
+
+
+@pytest.mark.anyio
+async def test_a_token_file_makes_http_require_a_bearer_token(tmp_path: Path) -> None:
+    import httpx2
+
+    tokens = _token_file(tmp_path, "tok-alice-4f1c", "tok-bob-9b2e")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    with open(tmp_path / "server.log", "w") as output:
+        process = subprocess.Popen(
+            [CHAINWEAVER, *_serve_args("--transport", "streamable-http", "--port", str(port),
+                                       "--auth-token-file", str(tokens))],
+            cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            wait_until_listening(process, port)
+            initialize = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                     "params": {"protocolVersion": "2025-11-25",
+                                                "capabilities": {},
+                                                "clientInfo": {"name": "t", "version": "0"}}})
+            refused = {}
+            for label, header in [("none", None), ("wrong", "Bearer tok-mallory"),
+                                  ("scheme", "Basic tok-alice-4f1c"),
+                                  ("prefix", "Bearer tok-alice-4f1")]:
+                headers = {"Content-Type": "application/json",
+                           "Accept": "application/json, text/event-stream"}
+                if header:
+                    headers["Authorization"] = header
+                response = httpx2.post(url, content=initialize, headers=headers,
+                                       timeout=STARTUP_TIMEOUT)
+                refused[label] = (response.status_code,
+                                  response.headers.get("www-authenticate", "").split(" ")[0])
+            transport = StreamableHttpTransport(
+                url, headers={"Authorization": "Bearer tok-bob-9b2e"})
+            async with Client(transport) as client:
+                tools, _, _ = await _published(client)
+        finally:
+            stop(process)
+    assert refused == dict.fromkeys(["none", "wrong", "scheme", "prefix"], (401, "Bearer"))
+    assert tools == EXPOSED
+    log = (tmp_path / "server.log").read_text()
+    assert "tok-alice-4f1c" not in log and "tok-bob-9b2e" not in log
+    assert "warning" not in log
+
+
+def _into_closed_pipe(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run with stdout a pipe whose reader is already gone, as `... | head -0` would."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        return subprocess.run(argv, cwd=ROOT, stdout=writer, stderr=subprocess.PIPE,
+                              input=stdin, text=True, timeout=STARTUP_TIMEOUT)
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_inspect_into_a_closed_pipe_exits_141_quietly(extra: list[str]) -> None:
+    completed = _into_closed_pipe([CHAINWEAVER, "inspect", FLOWS, "--tools", TOOLS, *extra])
+    assert (completed.returncode, completed.stderr) == (141, "")
+
+
+def test_serve_over_stdio_into_a_closed_pipe_exits_141_quietly() -> None:
+    request = _rpc(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                     "clientInfo": {"name": "raw", "version": "0"}})
+    completed = _into_closed_pipe([CHAINWEAVER, *_serve_args()], stdin=request)
+    assert completed.returncode == 141
+    assert "chainweaver: serving 3 tool(s)" in completed.stderr  # it did start
+    assert "Traceback" not in completed.stderr and "Error" not in completed.stderr
+
+
+def test_a_broken_tools_module_is_reported_by_file_and_line_without_a_traceback(
+        tmp_path: Path) -> None:
+    (tmp_path / "half_done.py").write_text("from chainweaver import tool\n\n\n@tool(\n")
+    completed = subprocess.run(
+        [CHAINWEAVER, "serve", FLOWS, "--tools", str(tmp_path / "half_done.py")], cwd=ROOT,
+        input="", capture_output=True, text=True, timeout=STARTUP_TIMEOUT)
+    assert (completed.returncode, completed.stdout) == (2, "")
+    assert completed.stderr == (f"chainweaver: error: --tools {tmp_path}/half_done.py: "
+                                f"importing it failed at {tmp_path}/half_done.py:4: "
+                                "SyntaxError: '(' was never closed\n")

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
@@ -121,16 +123,37 @@ async def served_over_stdio(argv: list[str], cwd: Path, log: Path) -> dict[str, 
         return await listed(client)
 
 
+def bearer_headers(argv: list[str], cwd: Path) -> dict[str, str]:
+    """The Authorization header a client of this command needs: the first token of its
+    --auth-token-file (written, as the docs show, when an earlier example did not)."""
+    if "--auth-token-file" not in argv:
+        return {}
+    path = cwd / argv[argv.index("--auth-token-file") + 1]
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+        path.chmod(0o600)
+    tokens = [line.strip() for line in path.read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    return {"Authorization": f"Bearer {tokens[0]}"}
+
+
 async def served_over_http(argv: list[str], cwd: Path, log: Path) -> dict[str, list[str]]:
     port = free_port()
     argv = list(argv)
     argv[argv.index("--port") + 1] = str(port)  # the docs say 8000; tests take a free port
+    headers = bearer_headers(argv, cwd)
     with open(log, "w") as output:
         process = subprocess.Popen(argv, cwd=cwd, env=ENV, stdout=output,
                                    stderr=subprocess.STDOUT)
         try:
             wait_until_listening(process, port)
-            async with Client(StreamableHttpTransport(f"http://127.0.0.1:{port}/mcp")) as client:
+            url = f"http://127.0.0.1:{port}/mcp"
+            if headers:  # without the token the server must refuse
+                refused = httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                      timeout=STARTUP_TIMEOUT)
+                assert refused.status_code == 401
+                assert refused.headers["www-authenticate"].startswith("Bearer")
+            async with Client(StreamableHttpTransport(url, headers=headers)) as client:
                 return await listed(client)
         finally:
             stop(process)
@@ -209,10 +232,12 @@ def test_http_client_configuration_points_at_the_documented_server() -> None:
     (http,) = [entry for config in client_configs()
                for entry in (config.get("mcpServers") or config["servers"]).values()
                if entry.get("type") == "http"]
-    (command,) = [c for _, c, _ in serve_examples() if "streamable-http" in c]
-    argv = shlex.split(command)
-    host, port = argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]
-    assert http["url"] == f"http://{host}:{port}/mcp"
+    commands = [c for _, c, _ in serve_examples() if "streamable-http" in c]
+    assert commands
+    for command in commands:
+        argv = shlex.split(command)
+        host, port = argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]
+        assert http["url"] == f"http://{host}:{port}/mcp"
 
 
 # ------------------------------------------------------------------ flow files

@@ -76,6 +76,10 @@ class RoundRobin(httpx2.AsyncBaseTransport):
         port = next(self.ports)
         self.hits[port] += 1
         request.url = request.url.copy_with(port=port)
+        # Like a proxy that addresses each backend by its own address (nginx's default
+        # for a single upstream): a backend bound to loopback accepts only its own port
+        # in Host. A proxy that forwards another name needs --allowed-host / allowed_hosts.
+        request.headers["Host"] = f"127.0.0.1:{port}"
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:
