@@ -1,0 +1,357 @@
+"""One step runner for both lanes, the run state it works on, and the run's records.
+
+:func:`run_step` is a generator: it does everything a step needs (condition, inputs,
+validation, retries, fallback, records, writing its outputs) and *yields* the few
+things that differ between the lanes as requests: call a tool, sleep before a retry,
+run a sub-flow. The sync lane answers them by calling directly; the async lane by
+awaiting (async tools, sub-flows) or in a worker thread (sync tools). So the rules
+live in one place and both lanes produce the same records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .conditions import ConditionError
+from .plan import FieldSource, Plan, PlannedStep
+from .tools import Tool
+
+logger = logging.getLogger("chainweaver.executor")
+
+# Request kinds a step yields to its lane.
+CALL, SLEEP, FLOW = "call", "sleep", "flow"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Why a run (or a step) failed: an error type, a message, and where it happened."""
+
+    type: str
+    message: str
+    step_index: int | None = None
+    tool_name: str | None = None
+    field: str | None = None
+    step_id: str | None = None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one step received and returned, how it ended and how long it took.
+
+    ``status`` is ``"completed"``, ``"skipped"`` (its condition was false, or it failed
+    with ``on_error="skip"``: then ``error`` says why) or ``"failed"``. ``attempts``
+    counts tool calls (retries and a fallback included); ``attempt_errors`` holds the
+    error of every failed attempt, in order; ``fallback`` names the fallback tool when
+    it produced the output.
+    """
+
+    index: int
+    tool_name: str
+    inputs: dict[str, Any] | None = None
+    outputs: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    duration_ms: float = 0.0
+    step_id: str = ""
+    status: str = "running"
+    attempts: int = 0
+    attempt_errors: list[ErrorInfo] = field(default_factory=list)
+    fallback: str | None = None
+
+
+@dataclass(slots=True)
+class ExecutionResult:
+    """The outcome of one flow run."""
+
+    flow_name: str
+    flow_version: str
+    success: bool
+    final_output: dict[str, Any] | None
+    error: ErrorInfo | None
+    steps: list[StepRecord] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+
+class StepFailed(Exception):
+    """Internal: carries the ErrorInfo of a failure (and the exception behind it)."""
+
+    def __init__(self, info: ErrorInfo, cause: BaseException | None = None) -> None:
+        super().__init__(info.message)
+        self.info = info
+        self.cause = cause
+
+
+class StepTimeout(TimeoutError):
+    """Raised into a step by its lane when one attempt ran out of time."""
+
+
+class SubFlowFailed(Exception):
+    """The cause of a failed sub-flow attempt (so ``retry_on`` can name it)."""
+
+
+class RunState:
+    """One run of a plan: the flow input, each step's context writes, records, failure."""
+
+    __slots__ = ("plan", "flow_input", "writes", "records", "failure", "failed_at",
+                 "waiting", "ready")
+
+    def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
+        self.plan = plan
+        self.flow_input = flow_input
+        count = len(plan.steps)
+        self.writes: list[dict[str, Any] | None] = [None] * count
+        self.records: list[StepRecord | None] = [None] * count
+        self.failure: ErrorInfo | None = None
+        self.failed_at = count
+        self.waiting = [len(step.depends) for step in plan.steps]
+        self.ready = [step.position for step in plan.steps if not step.depends]
+
+    def fail(self, position: int, info: ErrorInfo) -> None:
+        # Several branches may fail in the async lane: the earliest in plan order wins,
+        # which is the failure the sync lane reports.
+        if position < self.failed_at:
+            self.failure, self.failed_at = info, position
+
+    def finish(self, position: int) -> None:
+        """Mark a step done; its dependents whose steps are all done become ready."""
+        for dependent in self.plan.steps[position].dependents:
+            self.waiting[dependent] -= 1
+            if self.waiting[dependent] == 0:
+                self.ready.append(dependent)
+        self.ready.sort(reverse=True)  # pop() takes the earliest in plan order
+
+    def context(self) -> dict[str, Any]:
+        """The final context: the flow input and every step's writes, in plan order."""
+        context = dict(self.flow_input)
+        for written in self.writes:
+            if written:
+                context.update(written)
+        return context
+
+
+def first_error_field(error: ValidationError) -> str | None:
+    errors = error.errors()
+    if not errors or not errors[0].get("loc"):
+        return None
+    return ".".join(str(part) for part in errors[0]["loc"])
+
+
+def describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        where = ".".join(str(p) for p in item.get("loc", ())) or "(root)"
+        parts.append(f"{where}: {item.get('msg')}")
+    return "; ".join(parts)
+
+
+def raised(what: str, error: BaseException, **where: Any) -> StepFailed:
+    """A failure raised by code the executor calls (a tool, a validator, a serializer).
+
+    The message may carry the exception's text; servers decide how much of it to show.
+    """
+    logger.debug("%s raised", what, exc_info=error)
+    try:
+        text = str(error)
+    except Exception:  # an exception whose __str__ itself fails
+        text = "(message unavailable)"
+    name = type(error).__name__
+    return StepFailed(ErrorInfo(name, f"{what} raised {name}: {text}", **where), error)
+
+
+# ------------------------------------------------------------------ the step runner
+
+
+def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, None]:
+    """Run one step of ``state``'s plan, yielding tool calls, sleeps and sub-flow runs."""
+    step = planned.step
+    record = StepRecord(planned.index, step.name, step_id=planned.id)
+    state.records[planned.position] = record
+    started = time.perf_counter()
+    try:
+        if planned.condition is not None and not _condition_holds(state, planned):
+            record.status = "skipped"
+            return
+        arguments = _gather(state, planned, planned.sources)
+        record.inputs = arguments
+        outputs = yield from _attempts(planned, arguments, record)
+        _complete(state, planned, record, outputs)
+    except StepFailed as failure:
+        record.error = failure.info
+        if step.on_error == "fallback" and planned.fallback is not None \
+                and record.inputs is not None:
+            try:
+                outputs = yield from _call_tool(planned, planned.fallback, record.inputs,
+                                                record)
+            except StepFailed as second:
+                record.attempt_errors.append(failure.info)
+                record.error = second.info
+            else:
+                record.attempt_errors.append(failure.info)
+                record.error = None
+                record.fallback = planned.fallback.name
+                _complete(state, planned, record, outputs)
+                return
+        if step.on_error == "skip":
+            record.status = "skipped"
+        else:
+            record.status = "failed"
+            state.fail(planned.position, record.error)
+    finally:
+        record.duration_ms = (time.perf_counter() - started) * 1000
+
+
+def _complete(state: RunState, planned: PlannedStep, record: StepRecord,
+              outputs: dict[str, Any]) -> None:
+    record.outputs = outputs
+    record.status = "completed"
+    if planned.output_mapping:
+        # Only the mapped keys reach the context; a field the output lacks is left out.
+        outputs = {key: outputs[name] for key, name in planned.output_mapping
+                   if name in outputs}
+    state.writes[planned.position] = outputs
+
+
+def _where(planned: PlannedStep, tool_name: str | None = None, **extra: Any) -> dict:
+    return {"step_index": planned.index, "tool_name": tool_name or planned.step.name,
+            "step_id": planned.id, **extra}
+
+
+def _lookup(state: RunState, source: FieldSource) -> tuple[bool, Any]:
+    writes = state.writes
+    for position in source.candidates:
+        written = writes[position]
+        if written is not None and source.key in written:
+            return True, written[source.key]
+    if source.key in state.flow_input:
+        return True, state.flow_input[source.key]
+    return False, None
+
+
+def _gather(state: RunState, planned: PlannedStep,
+            sources: tuple[FieldSource, ...]) -> dict[str, Any]:
+    arguments = {}
+    for source in sources:
+        found, value = _lookup(state, source)
+        if found:
+            arguments[source.field] = value
+        elif source.mapped:
+            raise StepFailed(ErrorInfo(
+                "MissingContextKeyError",
+                f"{planned.label}: field {source.field!r} is mapped to context key "
+                f"{source.key!r}, which does not exist{_skipped(state, source)}",
+                **_where(planned, field=source.field)))
+        elif source.required and source.candidates:
+            # Only steps that were skipped (or failed and were skipped) could provide it.
+            raise StepFailed(ErrorInfo(
+                "MissingContextKeyError",
+                f"{planned.label}: required field {source.field!r} has no value"
+                f"{_skipped(state, source)}", **_where(planned, field=source.field)))
+    return arguments
+
+
+def _skipped(state: RunState, source: FieldSource) -> str:
+    skipped = [state.plan.steps[p].id for p in source.candidates
+               if state.records[p] is not None and state.records[p].status == "skipped"]
+    if not skipped:
+        return ""
+    return f" (only step(s) {', '.join(map(repr, skipped))} could provide it, and were skipped)"
+
+
+def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
+    values = {}
+    for source in planned.condition_sources:
+        found, value = _lookup(state, source)
+        if found:
+            values[source.key] = value
+    try:
+        return planned.condition.evaluate(values)  # type: ignore[union-attr]
+    except ConditionError as error:
+        raise StepFailed(ErrorInfo("ConditionError", f"{planned.label}: {error}",
+                                   **_where(planned))) from None
+
+
+def _attempts(planned: PlannedStep, arguments: dict[str, Any],
+              record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+    retry = planned.step.retry
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            if planned.subflow is not None:
+                return (yield from _call_flow(planned, arguments, record))
+            return (yield from _call_tool(planned, planned.tool, arguments, record))
+        except StepFailed as failure:
+            if retry is None or attempt >= retry.max_attempts or failure.cause is None \
+                    or not retry.retries(failure.cause):
+                raise
+            record.attempt_errors.append(failure.info)
+            yield (SLEEP, retry.delay(attempt))
+
+
+def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any],
+               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+    assert tool is not None  # plans with missing tools never run
+    what = planned.label if tool is planned.tool else \
+        f"{planned.label} fallback {tool.name!r}"
+    where = _where(planned, tool.name)
+    try:
+        model = tool.input_schema.model_validate(arguments)
+    except ValidationError as error:
+        raise StepFailed(ErrorInfo(
+            "StepInputError", f"{what} input is invalid: {describe(error)}",
+            **where, field=first_error_field(error))) from None
+    except Exception as error:
+        raise raised(f"{what} input validation", error, **where) from None
+    record.attempts += 1
+    timeout = planned.step.timeout
+    try:
+        raw = yield (CALL, tool, model, timeout)
+    except StepTimeout as error:
+        logger.debug("%s timed out", what)
+        raise StepFailed(ErrorInfo("TimeoutError", f"{what} did not finish within "
+                                   f"{timeout} s", **where), error) from None
+    except Exception as error:  # a tool's failure is data, not a crash
+        raise raised(what, error, **where) from None
+    return _output(what, tool, raw, where)
+
+
+def _output(what: str, tool: Tool, raw: Any, where: dict) -> dict[str, Any]:
+    schema = tool.output_schema
+    try:
+        if schema is not None:
+            if type(raw) is schema:
+                return raw.model_dump()
+            if isinstance(raw, BaseModel):
+                # Another model (or a subclass with extra fields): validate its data.
+                raw = raw.model_dump()
+            return schema.model_validate(raw).model_dump()
+        if isinstance(raw, BaseModel):
+            return raw.model_dump()
+    except ValidationError as error:
+        raise StepFailed(ErrorInfo(
+            "StepOutputError", f"{what} output is invalid: {describe(error)}",
+            **where, field=first_error_field(error))) from None
+    except Exception as error:  # e.g. a serializer that raises, an unconvertible value
+        raise raised(f"{what} output validation", error, **where) from None
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise StepFailed(ErrorInfo(
+        "StepOutputError", f"{what} returned {type(raw).__name__}; a tool must return a "
+        "dict or a pydantic model", **where))
+
+
+def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
+               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+    record.attempts += 1
+    result = yield (FLOW, planned.subflow, arguments, planned.step.timeout)
+    if result.success:
+        return dict(result.final_output or {})
+    inner = result.error
+    raise StepFailed(ErrorInfo(
+        inner.type, f"{planned.label}: sub-flow {planned.step.flow!r} failed: "
+        f"{inner.message}", **_where(planned, field=inner.field)), SubFlowFailed(inner.type))
