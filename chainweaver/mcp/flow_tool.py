@@ -79,6 +79,24 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
     }
 
 
+def run_meta(result: ExecutionResult, error_detail: str = "full") -> dict[str, Any]:
+    """The tool result's ``_meta``: which flow version ran and, per step, its id, status,
+    attempts and duration; the error type of a failed or skipped step too, never its
+    text, and not even the type when ``error_detail`` is ``"generic"``."""
+    steps = []
+    for record in result.steps:
+        entry: dict[str, Any] = {"id": record.step_id, "status": record.status,
+                                 "attempts": record.attempts,
+                                 "duration_ms": round(record.duration_ms, 3)}
+        if record.error is not None and error_detail != "generic":
+            entry["error"] = record.error.type
+        if record.fallback is not None:
+            entry["fallback"] = record.fallback
+        steps.append(entry)
+    return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
+                            "steps": steps}}
+
+
 class FlowTool(FastMCPTool):
     """The MCP tool for one exposed flow."""
 
@@ -118,16 +136,20 @@ class FlowTool(FastMCPTool):
         result = await self._executor.execute_flow_async(
             flow.name, arguments, version=flow.version, timeout=self._timeout
         )
+        meta = run_meta(result, self._error_detail)
         if not result.success:
-            return self._failure(result)
-        try:
-            return self._success(result)
-        except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as error:
-            # NaN / Infinity or an object JSON cannot carry: valid JSON or an error, never
-            # text that breaks the advertised output schema.
-            return self._error_result(
-                "OutputSerializationError",
-                f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
+            tool_result = self._failure(result)
+        else:
+            try:
+                tool_result = self._success(result)
+            except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as error:
+                # NaN / Infinity or an object JSON cannot carry: valid JSON or an error,
+                # never text that breaks the advertised output schema.
+                tool_result = self._error_result(
+                    "OutputSerializationError",
+                    f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
+        tool_result.meta = meta
+        return tool_result
 
     def _success(self, result: ExecutionResult) -> ToolResult:
         output = pydantic_core.to_jsonable_python(result.final_output)
