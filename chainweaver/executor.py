@@ -182,9 +182,10 @@ class FlowExecutor:
     def _plan(self, flow: Flow) -> tuple[Plan, list[Problem]]:
         key = (flow.name, flow.version)
         cached = self._plans.get(key)
-        if cached is not None and cached[0].flow is flow and all(
-                (sub := self._subflow(name)) is not None and sub.version == version
-                for name, version in cached[0].subflow_versions):
+        if cached is not None and cached[0].flow is flow and (
+                not cached[0].subflow_versions or all(
+                    (sub := self._subflow(name)) is not None and sub.version == version
+                    for name, version in cached[0].subflow_versions)):
             return cached
         plan, problems = compile_plan(flow, self._resolver())
         self.plans_compiled += 1
@@ -240,6 +241,7 @@ class FlowExecutor:
             state = self._start(flow, input)
         except StepFailed as failure:
             return _failed(flow, failure.info, [], started)
+        state.schedule()
         # Set when this call is over: a worker thread running a chain of sync steps then
         # starts no further step.
         abandoned = threading.Event()
@@ -323,7 +325,11 @@ class FlowExecutor:
             reply = error = None
             try:
                 if request[0] is CALL:
-                    reply = _call_blocking(request[1], request[2], request[3])
+                    tool = request[1]
+                    if request[3] is None and not tool.is_async:
+                        reply = tool.fn(request[2])  # the common case, called directly
+                    else:
+                        reply = _call_blocking(tool, request[2], request[3])
                 elif request[0] is SLEEP:
                     time.sleep(request[1])
                 else:  # a sub-flow runs in this lane too
@@ -375,7 +381,7 @@ class FlowExecutor:
                 problem.kind, problem.message, step_index=index,
                 tool_name=step.name if step else None, field=problem.field,
                 step_id=problem.step_id))
-        model = self.input_model(flow)
+        model = plan.input_model
         assert model is not None  # a plan without fatal problems has its first step's model
         try:
             # Exact class only: a subclass instance would carry undeclared fields into
@@ -385,8 +391,8 @@ class FlowExecutor:
             elif isinstance(input, BaseModel):
                 validated = model.model_validate(input.model_dump())
             else:
-                validated = model.model_validate(input)
-            context = validated.model_dump()
+                validated = model.__pydantic_validator__.validate_python(input)
+            context = model.__pydantic_serializer__.to_python(validated)
         except ValidationError as error:
             raise StepFailed(ErrorInfo(
                 "InputValidationError",
@@ -400,7 +406,9 @@ class FlowExecutor:
     def _finish(self, state: RunState, started: float) -> ExecutionResult:
         plan = state.plan
         flow = plan.flow
-        records = [record for record in state.records if record is not None]
+        records = state.records
+        if None in records:
+            records = [record for record in records if record is not None]
         if state.failure is not None:
             return _failed(flow, state.failure, _settled(records, None), started)
         if flow.output_schema is not None:
@@ -450,7 +458,7 @@ def _settled(records: list[StepRecord], info: ErrorInfo | None) -> list[StepReco
     running is marked failed (timed out, or cancelled because another step failed)."""
     settled = []
     for record in records:
-        copy = replace(record, attempt_errors=list(record.attempt_errors))
+        copy = replace(record)
         if copy.status == "running":
             copy.status = "failed"
             copy.error = info or ErrorInfo(

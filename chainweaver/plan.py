@@ -77,6 +77,7 @@ class Plan:
     flow: Flow
     steps: tuple[PlannedStep, ...]
     sink: int | None  # plan position of the single sink, if any
+    input_model: type[BaseModel] | None
     subflow_versions: tuple[tuple[str, str], ...]  # for cache invalidation
 
 
@@ -172,7 +173,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     _check_output(flow, input_keys, writes, problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
-                tuple(versions))
+                input_model, tuple(versions))
     return plan, problems
 
 

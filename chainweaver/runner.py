@@ -60,7 +60,7 @@ class StepRecord:
     step_id: str = ""
     status: str = "running"
     attempts: int = 0
-    attempt_errors: list[ErrorInfo] = field(default_factory=list)
+    attempt_errors: tuple[ErrorInfo, ...] = ()
     fallback: str | None = None
 
 
@@ -108,8 +108,14 @@ class RunState:
         self.records: list[StepRecord | None] = [None] * count
         self.failure: ErrorInfo | None = None
         self.failed_at = count
-        self.waiting = [len(step.depends) for step in plan.steps]
-        self.ready = [step.position for step in plan.steps if not step.depends]
+        self.waiting: list[int] = []
+        self.ready: list[int] = []
+
+    def schedule(self) -> None:
+        """Prepare the bookkeeping the async lane starts ready steps by."""
+        self.waiting = [len(step.depends) for step in self.plan.steps]
+        self.ready = [step.position for step in reversed(self.plan.steps)
+                      if not step.depends]  # pop() takes the earliest in plan order
 
     def fail(self, position: int, info: ErrorInfo) -> None:
         # Several branches may fail in the async lane: the earliest in plan order wins,
@@ -169,7 +175,7 @@ def raised(what: str, error: BaseException, **where: Any) -> StepFailed:
 def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, None]:
     """Run one step of ``state``'s plan, yielding tool calls, sleeps and sub-flow runs."""
     step = planned.step
-    record = StepRecord(planned.index, step.name, step_id=planned.id)
+    record = StepRecord(planned.index, step.name, None, None, None, 0.0, planned.id)
     state.records[planned.position] = record
     started = time.perf_counter()
     try:
@@ -178,7 +184,18 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             return
         arguments = _gather(state, planned, planned.sources)
         record.inputs = arguments
-        outputs = yield from _attempts(planned, arguments, record)
+        if step.retry is None and planned.tool is not None:
+            # The common case, without a nested generator: one call of one tool.
+            tool = planned.tool
+            model = _validate_input(planned, tool, arguments)
+            record.attempts = 1
+            try:
+                raw = yield (CALL, tool, model, step.timeout)
+            except Exception as error:
+                raise _call_failed(planned, tool, error) from None
+            outputs = _output(planned, tool, raw)
+        else:
+            outputs = yield from _attempts(planned, arguments, record)
         _complete(state, planned, record, outputs)
     except StepFailed as failure:
         record.error = failure.info
@@ -188,10 +205,10 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
                 outputs = yield from _call_tool(planned, planned.fallback, record.inputs,
                                                 record)
             except StepFailed as second:
-                record.attempt_errors.append(failure.info)
+                record.attempt_errors += (failure.info,)
                 record.error = second.info
             else:
-                record.attempt_errors.append(failure.info)
+                record.attempt_errors += (failure.info,)
                 record.error = None
                 record.fallback = planned.fallback.name
                 _complete(state, planned, record, outputs)
@@ -235,22 +252,31 @@ def _lookup(state: RunState, source: FieldSource) -> tuple[bool, Any]:
 def _gather(state: RunState, planned: PlannedStep,
             sources: tuple[FieldSource, ...]) -> dict[str, Any]:
     arguments = {}
+    writes = state.writes
+    flow_input = state.flow_input
     for source in sources:
-        found, value = _lookup(state, source)
-        if found:
-            arguments[source.field] = value
-        elif source.mapped:
-            raise StepFailed(ErrorInfo(
-                "MissingContextKeyError",
-                f"{planned.label}: field {source.field!r} is mapped to context key "
-                f"{source.key!r}, which does not exist{_skipped(state, source)}",
-                **_where(planned, field=source.field)))
-        elif source.required and source.candidates:
-            # Only steps that were skipped (or failed and were skipped) could provide it.
-            raise StepFailed(ErrorInfo(
-                "MissingContextKeyError",
-                f"{planned.label}: required field {source.field!r} has no value"
-                f"{_skipped(state, source)}", **_where(planned, field=source.field)))
+        key = source.key
+        # _lookup, inlined: this loop is the executor's hottest path.
+        for position in source.candidates:
+            written = writes[position]
+            if written is not None and key in written:
+                arguments[source.field] = written[key]
+                break
+        else:
+            if key in flow_input:
+                arguments[source.field] = flow_input[key]
+            elif source.mapped:
+                raise StepFailed(ErrorInfo(
+                    "MissingContextKeyError",
+                    f"{planned.label}: field {source.field!r} is mapped to context key "
+                    f"{key!r}, which does not exist{_skipped(state, source)}",
+                    **_where(planned, field=source.field)))
+            elif source.required and source.candidates:
+                # Only steps that were skipped (or failed and were skipped) could provide it.
+                raise StepFailed(ErrorInfo(
+                    "MissingContextKeyError",
+                    f"{planned.label}: required field {source.field!r} has no value"
+                    f"{_skipped(state, source)}", **_where(planned, field=source.field)))
     return arguments
 
 
@@ -289,60 +315,75 @@ def _attempts(planned: PlannedStep, arguments: dict[str, Any],
             if retry is None or attempt >= retry.max_attempts or failure.cause is None \
                     or not retry.retries(failure.cause):
                 raise
-            record.attempt_errors.append(failure.info)
+            record.attempt_errors += (failure.info,)
             yield (SLEEP, retry.delay(attempt))
 
 
 def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any],
                record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     assert tool is not None  # plans with missing tools never run
-    what = planned.label if tool is planned.tool else \
-        f"{planned.label} fallback {tool.name!r}"
-    where = _where(planned, tool.name)
+    model = _validate_input(planned, tool, arguments)
+    record.attempts += 1
     try:
-        model = tool.input_schema.model_validate(arguments)
+        raw = yield (CALL, tool, model, planned.step.timeout)
+    except Exception as error:
+        raise _call_failed(planned, tool, error) from None
+    return _output(planned, tool, raw)
+
+
+def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any]) -> Any:
+    try:
+        # The validator itself: model_validate only wraps it.
+        return tool.input_schema.__pydantic_validator__.validate_python(arguments)
     except ValidationError as error:
         raise StepFailed(ErrorInfo(
-            "StepInputError", f"{what} input is invalid: {describe(error)}",
-            **where, field=first_error_field(error))) from None
+            "StepInputError", f"{_what(planned, tool)} input is invalid: {describe(error)}",
+            **_where(planned, tool.name), field=first_error_field(error))) from None
     except Exception as error:
-        raise raised(f"{what} input validation", error, **where) from None
-    record.attempts += 1
-    timeout = planned.step.timeout
-    try:
-        raw = yield (CALL, tool, model, timeout)
-    except StepTimeout as error:
-        logger.debug("%s timed out", what)
-        raise StepFailed(ErrorInfo("TimeoutError", f"{what} did not finish within "
-                                   f"{timeout} s", **where), error) from None
-    except Exception as error:  # a tool's failure is data, not a crash
-        raise raised(what, error, **where) from None
-    return _output(what, tool, raw, where)
+        raise raised(f"{_what(planned, tool)} input validation", error,
+                     **_where(planned, tool.name)) from None
 
 
-def _output(what: str, tool: Tool, raw: Any, where: dict) -> dict[str, Any]:
+def _call_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
+    """A tool call that raised (its failure is data, not a crash) or timed out."""
+    if isinstance(error, StepTimeout):
+        return StepFailed(ErrorInfo(
+            "TimeoutError", f"{_what(planned, tool)} did not finish within "
+            f"{planned.step.timeout} s", **_where(planned, tool.name)), error)
+    return raised(_what(planned, tool), error, **_where(planned, tool.name))
+
+
+def _what(planned: PlannedStep, tool: Tool) -> str:
+    if tool is planned.tool:
+        return planned.label
+    return f"{planned.label} fallback {tool.name!r}"
+
+
+def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
     schema = tool.output_schema
     try:
         if schema is not None:
             if type(raw) is schema:
-                return raw.model_dump()
+                return schema.__pydantic_serializer__.to_python(raw)
             if isinstance(raw, BaseModel):
                 # Another model (or a subclass with extra fields): validate its data.
                 raw = raw.model_dump()
-            return schema.model_validate(raw).model_dump()
+            return schema.__pydantic_serializer__.to_python(
+                schema.__pydantic_validator__.validate_python(raw))
         if isinstance(raw, BaseModel):
             return raw.model_dump()
     except ValidationError as error:
         raise StepFailed(ErrorInfo(
-            "StepOutputError", f"{what} output is invalid: {describe(error)}",
-            **where, field=first_error_field(error))) from None
+            "StepOutputError", f"{_what(planned, tool)} output is invalid: {describe(error)}",
+            **_where(planned, tool.name), field=first_error_field(error))) from None
     except Exception as error:  # e.g. a serializer that raises, an unconvertible value
-        raise raised(f"{what} output validation", error, **where) from None
+        raise raised(f"{_what(planned, tool)} output validation", error,
+                     **_where(planned, tool.name)) from None
     if isinstance(raw, Mapping):
         return dict(raw)
     raise StepFailed(ErrorInfo(
-        "StepOutputError", f"{what} returned {type(raw).__name__}; a tool must return a "
-        "dict or a pydantic model", **where))
+        "StepOutputError", f"{_what(planned, tool)} returned {type(raw).__name__}; a tool "
+        "must return a dict or a pydantic model", **_where(planned, tool.name)))
 
 
 def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
