@@ -407,7 +407,7 @@ class FlowExecutor:
         plan = state.plan
         flow = plan.flow
         records = state.records
-        if None in records:
+        if state.started != len(records):  # not every step started: keep those that did
             records = [record for record in records if record is not None]
         if state.failure is not None:
             return _failed(flow, state.failure, _settled(records, None), started)

@@ -11,9 +11,9 @@ live in one place and both lanes produce the same records.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -97,8 +97,8 @@ class SubFlowFailed(Exception):
 class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
-    __slots__ = ("plan", "flow_input", "writes", "records", "failure", "failed_at",
-                 "waiting", "ready")
+    __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
+                 "failed_at", "waiting", "ready")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -106,6 +106,7 @@ class RunState:
         count = len(plan.steps)
         self.writes: list[dict[str, Any] | None] = [None] * count
         self.records: list[StepRecord | None] = [None] * count
+        self.started = 0  # how many records there are
         self.failure: ErrorInfo | None = None
         self.failed_at = count
         self.waiting: list[int] = []
@@ -177,7 +178,8 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
     step = planned.step
     record = StepRecord(planned.index, step.name, None, None, None, 0.0, planned.id)
     state.records[planned.position] = record
-    started = time.perf_counter()
+    state.started += 1
+    started = perf_counter()
     try:
         if planned.condition is not None and not _condition_holds(state, planned):
             record.status = "skipped"
@@ -219,7 +221,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             record.status = "failed"
             state.fail(planned.position, record.error)
     finally:
-        record.duration_ms = (time.perf_counter() - started) * 1000
+        record.duration_ms = (perf_counter() - started) * 1000
 
 
 def _complete(state: RunState, planned: PlannedStep, record: StepRecord,
