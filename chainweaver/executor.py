@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine, Generator, Mapping
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -35,11 +35,13 @@ from .runner import (
     RunState,
     StepFailed,
     StepRecord,
-    StepTimeout,
+    call_blocking,
     describe,
     first_error_field,
     raised,
+    run_coroutine_blocking,
     run_step,
+    with_timeout,
 )
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
@@ -329,7 +331,7 @@ class FlowExecutor:
                     if request[3] is None and not tool.is_async:
                         reply = tool.fn(request[2])  # the common case, called directly
                     else:
-                        reply = _call_blocking(tool, request[2], request[3])
+                        reply = call_blocking(tool, request[2], request[3])
                 elif request[0] is SLEEP:
                     time.sleep(request[1])
                 else:  # a sub-flow runs in this lane too
@@ -351,10 +353,10 @@ class FlowExecutor:
                 if request[0] is CALL:
                     tool, model, timeout = request[1], request[2], request[3]
                     if tool.is_async:
-                        reply = await _with_timeout(tool.fn(model), timeout)
+                        reply = await with_timeout(tool.fn(model), timeout)
                     else:
                         reply = await asyncio.get_running_loop().run_in_executor(
-                            self._thread_pool(), _call_blocking, tool, model, timeout)
+                            self._thread_pool(), call_blocking, tool, model, timeout)
                 elif request[0] is SLEEP:
                     await asyncio.sleep(request[1])
                 else:
@@ -366,7 +368,7 @@ class FlowExecutor:
                           timeout: float | None) -> ExecutionResult:
         if timeout is None:
             return self._run_sync(flow, input)
-        return _run_coroutine_blocking(self._run_async(flow, input, timeout))
+        return run_coroutine_blocking(self._run_async(flow, input, timeout))
 
     # ----------------------------------------------------------- start, finish
 
@@ -472,49 +474,3 @@ def _failed(flow: Flow, info: ErrorInfo, records: list[StepRecord],
             started: float) -> ExecutionResult:
     return ExecutionResult(flow.name, flow.version, False, None, info, records,
                            (time.perf_counter() - started) * 1000)
-
-
-async def _with_timeout(coroutine: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
-    if timeout is None:
-        return await coroutine
-    try:
-        return await asyncio.wait_for(coroutine, timeout)
-    except asyncio.TimeoutError:
-        raise StepTimeout(timeout) from None
-
-
-def _call_blocking(tool: Tool, model: BaseModel, timeout: float | None) -> Any:
-    """Call a tool from sync code; with a timeout, in a helper thread left behind on expiry."""
-    if tool.is_async:
-        return _run_coroutine_blocking(_with_timeout(tool.fn(model), timeout))
-    if timeout is None:
-        return tool.fn(model)
-    outcome: list[Any] = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, tool.fn(model)))
-        except BaseException as error:  # handed to the waiting step below
-            outcome.append((False, error))
-
-    # A daemon thread, not the pool: an abandoned call must not hold a pool slot that
-    # other steps wait for, nor keep the interpreter alive at exit.
-    helper = threading.Thread(target=target, name=f"chainweaver-{tool.name}", daemon=True)
-    helper.start()
-    helper.join(timeout)
-    if not outcome:
-        raise StepTimeout(timeout)
-    ok, value = outcome[0]
-    if ok:
-        return value
-    raise value
-
-
-def _run_coroutine_blocking(coroutine: Any) -> Any:
-    """Run a coroutine from sync code, also when an event loop is already running here."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()

@@ -10,8 +10,11 @@ live in one place and both lanes produce the same records.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Generator, Mapping
+import threading
+from collections.abc import Coroutine, Generator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -398,3 +401,52 @@ def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
     raise StepFailed(ErrorInfo(
         inner.type, f"{planned.label}: sub-flow {planned.step.flow!r} failed: "
         f"{inner.message}", **_where(planned, field=inner.field)), SubFlowFailed(inner.type))
+
+
+# ------------------------------------------------------------------ calling from a lane
+
+
+async def with_timeout(coroutine: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
+    if timeout is None:
+        return await coroutine
+    try:
+        return await asyncio.wait_for(coroutine, timeout)
+    except asyncio.TimeoutError:
+        raise StepTimeout(timeout) from None
+
+
+def call_blocking(tool: Tool, model: BaseModel, timeout: float | None) -> Any:
+    """Call a tool from sync code; with a timeout, in a helper thread left behind on expiry."""
+    if tool.is_async:
+        return run_coroutine_blocking(with_timeout(tool.fn(model), timeout))
+    if timeout is None:
+        return tool.fn(model)
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, tool.fn(model)))
+        except BaseException as error:  # handed to the waiting step below
+            outcome.append((False, error))
+
+    # A daemon thread, not the pool: an abandoned call must not hold a pool slot that
+    # other steps wait for, nor keep the interpreter alive at exit.
+    helper = threading.Thread(target=target, name=f"chainweaver-{tool.name}", daemon=True)
+    helper.start()
+    helper.join(timeout)
+    if not outcome:
+        raise StepTimeout(timeout)
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+def run_coroutine_blocking(coroutine: Any) -> Any:
+    """Run a coroutine from sync code, also when an event loop is already running here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
