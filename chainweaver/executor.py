@@ -396,10 +396,10 @@ class FlowExecutor:
                 validated = model.__pydantic_validator__.validate_python(input)
             context = model.__pydantic_serializer__.to_python(validated)
         except ValidationError as error:
+            detail = describe(error)
             raise StepFailed(ErrorInfo(
-                "InputValidationError",
-                f"flow {flow.name!r} input is invalid: {describe(error)}",
-                field=first_error_field(error),
+                "InputValidationError", f"flow {flow.name!r} input is invalid: {detail}",
+                field=first_error_field(error), detail=detail,
             )) from None
         except Exception as error:  # a validator or serializer bug, not the caller's
             raise raised(f"flow {flow.name!r} input validation", error) from None

@@ -41,6 +41,7 @@ class ErrorInfo:
     tool_name: str | None = None
     field: str | None = None
     step_id: str | None = None
+    detail: str | None = None  # a validation error's description, without the "where"
 
 
 @dataclass(slots=True)

@@ -164,7 +164,7 @@ class FlowTool(FastMCPTool):
         assert error is not None
         if error.type == "InputValidationError":
             # The caller's own mistake: always say which field, whatever error_detail says.
-            text = f"Invalid arguments for {self.name!r}: {error.message.split(': ', 1)[-1]}"
+            text = f"Invalid arguments for {self.name!r}: {error.detail}"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return self._error_result(error.type, error.message)
 
