@@ -58,7 +58,7 @@ class FlowExecutor:
             raise ValueError("max_concurrent_steps must be at least 1")
         self.registry = registry
         self._tools: dict[str, Tool] = {}
-        # (name, version) -> (plan, fatal problems); compiled once per flow version.
+        # (name, version) -> (plan, problems); compiled once per flow version.
         self._plans: dict[tuple[str, str], tuple[Plan, list[Problem]]] = {}
         self._max_threads = max_threads
         self._max_concurrent = max_concurrent_steps
@@ -151,14 +151,14 @@ class FlowExecutor:
 
     def _resolver(self) -> Resolver:
         return Resolver(self._tools, self._subflow, self.input_model, self.output_model,
-                        self.effective_safety, self._problems)
+                        self.effective_safety, self._compile)
 
-    def _problems(self, flow: Flow, stack: tuple[str, ...] = ()) -> list[Problem]:
-        return compile_plan(flow, self._resolver(), stack)[1]
+    def _compile(self, flow: Flow, stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:
+        return compile_plan(flow, self._resolver(), stack)
 
     def flow_problems(self, flow: Flow) -> list[Problem]:
         """Every problem :meth:`check_flow` reports, as data (kind, message, step, field)."""
-        return self._problems(flow)
+        return list(self._plan(flow)[1])
 
     def check_flow(self, flow: Flow) -> list[str]:
         """Why ``flow`` cannot run, or cannot succeed for any input (empty: none found).
@@ -169,7 +169,7 @@ class FlowExecutor:
         output schema the context cannot fill. Undeclared tool outputs may provide
         anything.
         """
-        return [problem.message for problem in self._problems(flow)]
+        return [problem.message for problem in self._plan(flow)[1]]
 
     def validate_flow(self, flow: Flow) -> None:
         """Raise :class:`FlowValidationError` if :meth:`check_flow` finds problems."""
@@ -182,6 +182,8 @@ class FlowExecutor:
         return self._plan(flow)[0]
 
     def _plan(self, flow: Flow) -> tuple[Plan, list[Problem]]:
+        """(plan, every problem), compiled once per flow version: again only after a tool
+        is registered or a sub-flow (at any depth) gets a new latest version."""
         key = (flow.name, flow.version)
         cached = self._plans.get(key)
         if cached is not None and cached[0].flow is flow and (
@@ -189,9 +191,8 @@ class FlowExecutor:
                     (sub := self._subflow(name)) is not None and sub.version == version
                     for name, version in cached[0].subflow_versions)):
             return cached
-        plan, problems = compile_plan(flow, self._resolver())
+        cached = self._compile(flow)
         self.plans_compiled += 1
-        cached = (plan, [problem for problem in problems if problem.fatal])
         self._plans[key] = cached
         return cached
 
@@ -373,7 +374,8 @@ class FlowExecutor:
     # ----------------------------------------------------------- start, finish
 
     def _start(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> RunState:
-        plan, fatal = self._plan(flow)
+        plan, problems = self._plan(flow)
+        fatal = [problem for problem in problems if problem.fatal] if problems else None
         if fatal:
             problem = fatal[0]
             index = (flow.step_ids.index(problem.step_id)

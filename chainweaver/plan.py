@@ -39,7 +39,12 @@ class Problem:
     fatal: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+# The plan's parts are never changed after compile_plan builds them. They are not
+# frozen dataclasses only because those take four times as long to build, and every
+# exposure decision compiles every flow.
+
+
+@dataclass(slots=True)
 class FieldSource:
     """Where one input field (or condition name) of a step comes from at run time."""
 
@@ -50,7 +55,7 @@ class FieldSource:
     candidates: tuple[int, ...]  # plan positions that may write ``key``, latest first
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlannedStep:
     position: int
     index: int
@@ -72,13 +77,15 @@ class PlannedStep:
     runs_in_thread: bool  # a sync tool (the async lane runs it in a worker thread)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Plan:
     flow: Flow
     steps: tuple[PlannedStep, ...]
     sink: int | None  # plan position of the single sink, if any
     input_model: type[BaseModel] | None
-    subflow_versions: tuple[tuple[str, str], ...]  # for cache invalidation
+    # Every sub-flow (and theirs, transitively) as resolved: a new version of any of them
+    # makes the plan stale.
+    subflow_versions: tuple[tuple[str, str], ...]
 
 
 # How compile_plan looks things up (the executor passes its own).
@@ -87,7 +94,8 @@ class Resolver:
                  input_model: Callable[[Flow], type[BaseModel] | None],
                  output_model: Callable[[Flow], type[BaseModel] | None],
                  safety: Callable[[Flow], ToolSafetyContract | None],
-                 check: Callable[[Flow, tuple[str, ...]], list[Problem]]) -> None:
+                 check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]]
+                 ) -> None:
         self.tools = tools
         self.get_flow = get_flow
         self.input_model = input_model
@@ -110,7 +118,9 @@ def compile_plan(flow: Flow, resolver: Resolver,
     problems: list[Problem] = []
     position_of = {index: position for position, index in enumerate(flow.order)}
     ancestors = _ancestors(flow, position_of)
-    targets = [_resolve(flow, index, resolver, stack, problems) for index in flow.order]
+    versions: list[tuple[str, str]] = []
+    targets = [_resolve(flow, index, resolver, stack, problems, versions)
+               for index in flow.order]
     writes = [_writes(flow, index, tool, subflow, fallback, resolver, problems)
               for index, (tool, subflow, fallback) in zip(flow.order, targets, strict=True)]
     input_model = resolver.input_model(flow)
@@ -122,14 +132,12 @@ def compile_plan(flow: Flow, resolver: Resolver,
             dependents[position_of[dep]].append(position)
 
     planned = []
-    versions = []
     for position, index in enumerate(flow.order):
         step = flow.steps[index]
         tool, subflow, fallback = targets[position]
         label = step_label(flow, index)
         step_id = flow.step_ids[index]
         if subflow is not None:
-            versions.append((subflow.name, subflow.version))
             model = resolver.input_model(subflow)
             output_model = resolver.output_model(subflow)
         else:
@@ -173,7 +181,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     _check_output(flow, input_keys, writes, problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
-                input_model, tuple(versions))
+                input_model, tuple(dict.fromkeys(versions)))
     return plan, problems
 
 
@@ -190,7 +198,8 @@ def _ancestors(flow: Flow, position_of: dict[int, int]) -> list[int]:
 
 
 def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
-             problems: list[Problem]) -> tuple[Tool | None, Flow | None, Tool | None]:
+             problems: list[Problem], versions: list[tuple[str, str]],
+             ) -> tuple[Tool | None, Flow | None, Tool | None]:
     step = flow.steps[index]
     step_id = flow.step_ids[index]
     tool = subflow = fallback = None
@@ -206,7 +215,9 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
                 problems.append(Problem("FlowNotFoundError", f"{label} uses unregistered "
                                         f"flow {step.flow!r}", step_id, fatal=True))
             else:
-                inner = resolver.check(subflow, (*stack, flow.name))
+                inner_plan, inner = resolver.check(subflow, (*stack, flow.name))
+                versions.append((subflow.name, subflow.version))
+                versions.extend(inner_plan.subflow_versions)
                 if inner:
                     problems.append(Problem(
                         "InvalidSubFlowError", f"{label}: sub-flow {step.flow!r} is invalid: "

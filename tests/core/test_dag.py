@@ -526,3 +526,18 @@ def test_a_failing_branch_fails_the_run_in_both_lanes() -> None:
     for result in both_lanes(executor, "f", {"order_id": "A"}):
         assert (result.error.type, result.error.step_id) == ("RuntimeError", "broken")
         assert "offer" not in [r.step_id for r in result.steps]
+
+
+def test_a_new_sub_flow_version_at_any_depth_is_seen_by_its_parents() -> None:
+    registry, executor = build(flows=[
+        Flow("leaf", "", [FlowStep("load_order")]),
+        Flow("middle", "", [FlowStep(flow="leaf")]),
+        Flow("top", "", [FlowStep(flow="middle")]),
+    ])
+    assert executor.check_flow(registry.get_flow("top")) == []
+    assert executor.execute_flow("top", {"order_id": "A"}).success
+    registry.register_flow(Flow("leaf", "", [FlowStep("ghost_tool")], version="2.0.0"))
+    [problem] = executor.check_flow(registry.get_flow("top"))
+    assert "sub-flow 'middle' is invalid" in problem and "'ghost_tool'" in problem
+    result = executor.execute_flow("top", {"order_id": "A"})
+    assert result.error.type == "InvalidSubFlowError" and result.error.step_id == "middle"
