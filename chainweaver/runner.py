@@ -52,7 +52,8 @@ class StepRecord:
     with ``on_error="skip"``: then ``error`` says why) or ``"failed"``. ``attempts``
     counts tool calls (retries and a fallback included); ``attempt_errors`` holds the
     error of every failed attempt, in order; ``fallback`` names the fallback tool when
-    it produced the output.
+    it produced the output; ``steps`` holds a sub-flow's own step records (of its last
+    attempt).
     """
 
     index: int
@@ -66,6 +67,7 @@ class StepRecord:
     attempts: int = 0
     attempt_errors: tuple[ErrorInfo, ...] = ()
     fallback: str | None = None
+    steps: list[StepRecord] | None = None
 
 
 @dataclass(slots=True)
@@ -396,6 +398,7 @@ def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
                record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     record.attempts += 1
     result = yield (FLOW, planned.subflow, arguments, planned.step.timeout)
+    record.steps = result.steps
     if result.success:
         return dict(result.final_output or {})
     inner = result.error

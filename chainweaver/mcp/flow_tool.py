@@ -17,7 +17,7 @@ from fastmcp.utilities.json_schema import dereference_refs
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, PrivateAttr
 
-from ..executor import ExecutionResult, FlowExecutor
+from ..executor import ExecutionResult, FlowExecutor, StepRecord
 from ..safety import SideEffectLevel
 from ..schemas import model_json_schema
 from .exposure import ExposedFlow
@@ -81,10 +81,16 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
 
 def run_meta(result: ExecutionResult, error_detail: str = "full") -> dict[str, Any]:
     """The tool result's ``_meta``: which flow version ran and, per step, its id, status,
-    attempts and duration; the error type of a failed or skipped step too, never its
-    text, and not even the type when ``error_detail`` is ``"generic"``."""
+    attempts and duration (a sub-flow's steps nested under ``steps``); the error type of
+    a failed or skipped step too, never its text, and not even the type when
+    ``error_detail`` is ``"generic"``."""
+    return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
+                            "steps": _step_meta(result.steps, error_detail)}}
+
+
+def _step_meta(records: list[StepRecord], error_detail: str) -> list[dict[str, Any]]:
     steps = []
-    for record in result.steps:
+    for record in records:
         entry: dict[str, Any] = {"id": record.step_id, "status": record.status,
                                  "attempts": record.attempts,
                                  "duration_ms": round(record.duration_ms, 3)}
@@ -92,9 +98,10 @@ def run_meta(result: ExecutionResult, error_detail: str = "full") -> dict[str, A
             entry["error"] = record.error.type
         if record.fallback is not None:
             entry["fallback"] = record.fallback
+        if record.steps is not None:
+            entry["steps"] = _step_meta(record.steps, error_detail)
         steps.append(entry)
-    return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
-                            "steps": steps}}
+    return steps
 
 
 class FlowTool(FastMCPTool):

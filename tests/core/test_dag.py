@@ -105,9 +105,9 @@ def both_lanes(executor: FlowExecutor, name: str, data: dict):
 
 
 def shape(result) -> list[tuple]:
-    """Records without timings: what both lanes must agree on."""
-    return [(r.step_id, r.status, r.inputs, r.outputs, r.error, r.attempts, r.fallback)
-            for r in result.steps]
+    """Records without timings (a sub-flow's too): what both lanes must agree on."""
+    return [(r.step_id, r.status, r.inputs, r.outputs, r.error, r.attempts, r.fallback,
+             r.steps and shape(r)) for r in result.steps]
 
 
 # ------------------------------------------------------------------ graph definition
@@ -491,6 +491,9 @@ def test_a_sub_flow_runs_as_one_step() -> None:
     assert shape(sync) == shape(async_)
     assert sync.steps[0].step_id == "stock_and_shipping"
     assert sync.steps[0].outputs == {"total": 120, "in_stock": True, "days": 2}
+    assert [r.step_id for r in sync.steps[0].steps] == ["load_order", "check_stock",
+                                                        "quote_shipping"]
+    assert shape(async_.steps[0]) == shape(sync.steps[0])
 
 
 def test_missing_and_recursive_sub_flows_make_the_parent_invalid() -> None:

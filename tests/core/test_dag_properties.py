@@ -11,7 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, create_model
 
-from chainweaver import DefinitionError, Flow, FlowExecutor, FlowRegistry, FlowStep, tool
+from chainweaver import (
+    DefinitionError,
+    Flow,
+    FlowExecutor,
+    FlowRegistry,
+    FlowStep,
+    RetryPolicy,
+    ToolSafetyContract,
+    tool,
+)
 from chainweaver.conditions import Condition, ConditionError
 
 
@@ -19,7 +28,7 @@ class Value(BaseModel):
     value: int
 
 
-@tool
+@tool(safety=ToolSafetyContract("read"))
 def add(a: int = 0, b: int = 0) -> Value:
     """Sync: fails on multiples of 7 so that on_error paths are exercised."""
     if (a + b) % 7 == 6:
@@ -27,7 +36,7 @@ def add(a: int = 0, b: int = 0) -> Value:
     return Value(value=a * 2 + b + 1)
 
 
-@tool
+@tool(safety=ToolSafetyContract("read"))
 async def mix(a: int = 0, b: int = 0) -> Value:
     """Async, with a yield so that concurrent branches interleave."""
     await asyncio.sleep(0)
@@ -62,18 +71,21 @@ def dags(draw: st.DrawFn) -> list[FlowStep]:
         condition = draw(st.sampled_from(CONDITIONS))
         if condition is not None:
             condition = condition.format(k=draw(st.sampled_from(keys)))
+        on_error = draw(st.sampled_from(["skip", "skip", "fail", "fallback"]))
         steps.append(FlowStep(
             draw(st.sampled_from(["add", "mix"])), mapping, id=f"s{i}",
             after=None if after is None else [f"s{j}" for j in after],
-            when=condition, on_error=draw(st.sampled_from(["skip", "skip", "fail"])),
+            when=condition, on_error=on_error,
+            fallback=draw(st.sampled_from(["add", "mix"])) if on_error == "fallback" else None,
+            retry=draw(st.sampled_from([None, RetryPolicy(2, backoff_seconds=0)])),
             output_mapping={f"v{i}": "value"},
         ))
     return steps
 
 
 def shape(result) -> tuple:
-    records = [(r.step_id, r.status, r.inputs, r.outputs, r.error, r.attempts)
-               for r in result.steps]
+    records = [(r.step_id, r.status, r.inputs, r.outputs, r.error, r.attempts,
+                r.attempt_errors, r.fallback) for r in result.steps]
     error = (result.error.type, result.error.step_id) if result.error else None
     return result.success, result.final_output, error, records if result.success else None
 

@@ -201,7 +201,12 @@ async def test_a_sub_flow_runs_as_one_step_through_tools_call() -> None:
     server = FlowServer(build())
     result = await call(server, "wrapped", {"ticket_id": "P-1"})
     assert result.structured_content == {"reply": "cust-P-1/P-1/3/True"}
-    assert steps_meta(result) == [{"id": "triage", "status": "completed", "attempts": 1}]
+    [step] = steps_meta(result)
+    assert [(s["id"], s["status"]) for s in step.pop("steps")] == [
+        ("load_ticket", "completed"), ("load_customer", "completed"),
+        ("load_history", "completed"), ("escalate", "completed"),
+        ("draft_reply", "completed")]
+    assert step == {"id": "triage", "status": "completed", "attempts": 1}
 
 
 def test_flows_that_can_never_succeed_are_excluded_with_a_reason(
