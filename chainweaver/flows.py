@@ -321,6 +321,30 @@ def _set_graph(flow: Flow, steps: tuple[FlowStep, ...]) -> None:
     object.__setattr__(flow, "step_ids", tuple(ids))
     object.__setattr__(flow, "dependencies", tuple(dependencies))
     object.__setattr__(flow, "order", _topological_order(where, ids, dependencies))
+    _check_mapped_writes(where, flow)
+
+
+def _check_mapped_writes(where: str, flow: Flow) -> None:
+    """Steps with output mappings write known keys: two that may run at the same time
+    must not write the same one. (Other writes depend on the tools; the executor checks
+    them when it plans the flow.)"""
+    ancestors: dict[int, set[int]] = {}
+    for index in flow.order:
+        ancestors[index] = set()
+        for dep in flow.dependencies[index]:
+            ancestors[index] |= ancestors[dep] | {dep}
+    mapped = [i for i in flow.order if flow.steps[i].output_mapping]
+    for position, later in enumerate(mapped):
+        for earlier in mapped[:position]:
+            if earlier in ancestors[later]:
+                continue
+            shared = sorted(set(flow.steps[earlier].output_mapping)
+                            & set(flow.steps[later].output_mapping))
+            if shared:
+                raise DefinitionError(
+                    f"{where}: steps {flow.step_ids[earlier]!r} and {flow.step_ids[later]!r}"
+                    f" may run at the same time and both write context key {shared[0]!r}; "
+                    "make one run after the other or map to different keys")
 
 
 def _topological_order(where: str, ids: list[str],

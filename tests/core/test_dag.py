@@ -136,6 +136,9 @@ def test_order_is_topological_with_ties_by_declaration() -> None:
     ([FlowStep("a", after=["b"]), FlowStep("b")], "cycle"),
     ([FlowStep("a", after=["a"])], "after itself"),
     ([FlowStep("a"), FlowStep("b", after=())], "give the flow an output_schema"),
+    ([FlowStep("a", output_mapping={"k": "x"}), FlowStep("b", after=()),
+      FlowStep("c", after=(), output_mapping={"k": "y"}),
+      FlowStep("d", after=["a", "b", "c"])], "'a' and 'c' may run at the same time"),
 ])
 def test_graph_definition_errors(steps, message) -> None:
     with pytest.raises(DefinitionError, match=message):
