@@ -338,7 +338,12 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "schema":
         from .flow_format import flow_file_schema
 
-        print(json.dumps(flow_file_schema(), indent=2))
+        try:
+            print(json.dumps(flow_file_schema(), indent=2), flush=True)
+        except BrokenPipeError:
+            # `chainweaver schema | head`: the reader has all it wanted. Point stdout at
+            # devnull so that the flush at exit does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     try:
         # Tools modules may print while importing; stdout is only for MCP or the report.
