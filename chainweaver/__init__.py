@@ -22,7 +22,7 @@ from .errors import (
 )
 from .executor import ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
-from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep
+from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
 from .registry import FlowRegistry
 from .safety import SideEffectLevel, ToolSafetyContract, merge_safety_contracts
@@ -55,6 +55,7 @@ __all__ = [
     "PromptArgument",
     "PromptDefinitionError",
     "PromptMessage",
+    "RetryPolicy",
     "SideEffectLevel",
     "StepRecord",
     "Tool",

@@ -1,7 +1,8 @@
 """The ``chainweaver`` command: serve flow files over MCP, or inspect what would be served.
 
     chainweaver serve PATH... --tools MODULE [options]
-    chainweaver inspect PATH... --tools MODULE [options] [--json]
+    chainweaver inspect PATH... --tools MODULE [options] [--json | --graph FLOW]
+    chainweaver schema
 
 Everything (tools, flow files, policy, token and instructions files, the exposure
 decision) is loaded and checked before anything is served, so a bad file never starts a
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the exposure decision and exit. Takes every serve option "
                     "and checks it as serve does, but serves nothing.")
     inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
+    inspect.add_argument("--graph", metavar="FLOW",
+                         help="print FLOW's steps as a Mermaid flowchart instead")
+    commands.add_parser("schema", help="print the JSON Schema of flow files",
+                        description="Print the JSON Schema that flow files follow, for "
+                                    "editors and CI checks.")
     return parser
 
 
@@ -536,18 +542,51 @@ def _summary(built: Built, args: argparse.Namespace) -> str:
 # ------------------------------------------------------------------ main
 
 
+def graph(args: argparse.Namespace) -> str:
+    """The latest version of flow ``args.graph`` in the flow files, as Mermaid (no server
+    is built: only tools and flow files are loaded and checked)."""
+    from .plan import mermaid
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    executor = FlowExecutor(FlowRegistry())
+    register_tools(executor, args.tools)
+    flows = [f for f in load_flows(find_flow_files(args.paths), tools=executor.tools)
+             if f.name == args.graph]
+    if not flows:
+        raise CommandError(EXIT_INVALID, f"--graph: no flow named {args.graph!r} in the "
+                           "flow files")
+    return mermaid(max(flows, key=lambda flow: flow.version_key))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.command == "schema":
+        from .flow_format import flow_file_schema
+
+        try:
+            print(json.dumps(flow_file_schema(), indent=2), flush=True)
+        except BrokenPipeError:
+            # `chainweaver schema | head`: the reader has all it wanted. Point stdout at
+            # devnull so that the flush at exit does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     _http_defaults(args)
     try:
         # Tools modules may print while importing; stdout is only for MCP or the report.
         with redirect_stdout(sys.stderr):
-            built = build_server(args)
+            if args.command == "inspect" and args.graph:
+                text = graph(args)
+            else:
+                built = build_server(args)
     except CommandError:
         raise
     except (FileNotFoundError, ModuleNotFoundError) as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
     except ChainWeaverError as error:  # flow files, duplicate flows, server policy
         raise CommandError(EXIT_INVALID, str(error)) from None
+    if args.command == "inspect" and args.graph:
+        print(text)
+        return EXIT_OK
     if args.command == "inspect":
         print(format_json(built.server) if args.json else format_table(built.server))
         sys.stdout.flush()  # a closed pipe shows here, inside main's handler

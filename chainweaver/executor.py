@@ -1,109 +1,69 @@
-"""FlowExecutor: runs flows step by step, validating every input and output.
+"""FlowExecutor: compiles flows into plans and runs them, validating every step.
 
 A run never raises for bad data: invalid input, a tool that raises or returns the
 wrong shape, or a missing context key ends the run with ``success=False`` and an
 error naming the step, the tool and the field; the steps before it stay recorded.
 Only programming errors about *which* flow to run (unknown name or version) raise.
+
+Both lanes run the same step runner (:mod:`chainweaver.runner`): ``execute_flow`` runs
+the steps one at a time in plan order; ``execute_flow_async`` runs every ready step at
+once (up to ``max_concurrent_steps``), awaiting async tools and running sync tools in
+worker threads. Results never depend on timing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
+from .errors import DuplicateToolError, FlowNotFoundError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
+from .plan import Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
+from .runner import (
+    CALL,
+    SLEEP,
+    ErrorInfo,
+    ExecutionResult,
+    RunState,
+    StepFailed,
+    StepRecord,
+    call_blocking,
+    describe,
+    first_error_field,
+    raised,
+    run_coroutine_blocking,
+    run_step,
+    with_timeout,
+)
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
 
-logger = logging.getLogger("chainweaver.executor")
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorInfo:
-    """Why a run failed: an error type, a message, and where it happened."""
-
-    type: str
-    message: str
-    step_index: int | None = None
-    tool_name: str | None = None
-    field: str | None = None
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """What one step received, returned and how long it took."""
-
-    index: int
-    tool_name: str
-    inputs: dict[str, Any] | None = None
-    outputs: dict[str, Any] | None = None
-    error: ErrorInfo | None = None
-    duration_ms: float = 0.0
-
-
-@dataclass(slots=True)
-class ExecutionResult:
-    """The outcome of one flow run."""
-
-    flow_name: str
-    flow_version: str
-    success: bool
-    final_output: dict[str, Any] | None
-    error: ErrorInfo | None
-    steps: list[StepRecord] = field(default_factory=list)
-    duration_ms: float = 0.0
-
-
-class StepFailed(Exception):
-    """Internal: carries the ErrorInfo of a failed step out of the step loop."""
-
-    def __init__(self, info: ErrorInfo) -> None:
-        super().__init__(info.message)
-        self.info = info
-
-
-@dataclass(frozen=True, slots=True)
-class _PlannedStep:
-    index: int
-    tool: Tool
-    # (tool input field, context key, explicitly mapped?)
-    sources: tuple[tuple[str, str, bool], ...]
-
-
-def _first_error_field(error: ValidationError) -> str | None:
-    errors = error.errors()
-    if not errors or not errors[0].get("loc"):
-        return None
-    return ".".join(str(part) for part in errors[0]["loc"])
-
-
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(p) for p in item.get("loc", ())) or "(root)"
-        parts.append(f"{where}: {item.get('msg')}")
-    return "; ".join(parts)
+__all__ = ["ErrorInfo", "ExecutionResult", "FlowExecutor", "StepRecord"]
 
 
 class FlowExecutor:
     """Runs registered flows with the tools registered on it."""
 
-    def __init__(self, registry: FlowRegistry, *, max_threads: int = 32) -> None:
+    def __init__(self, registry: FlowRegistry, *, max_threads: int = 32,
+                 max_concurrent_steps: int = 16) -> None:
+        if max_concurrent_steps < 1:
+            raise ValueError("max_concurrent_steps must be at least 1")
         self.registry = registry
         self._tools: dict[str, Tool] = {}
-        self._plans: dict[tuple[str, str], list[_PlannedStep]] = {}
+        # (name, version) -> (plan, problems); compiled once per flow version.
+        self._plans: dict[tuple[str, str], tuple[Plan, list[Problem]]] = {}
         self._max_threads = max_threads
+        self._max_concurrent = max_concurrent_steps
         self._pool: ThreadPoolExecutor | None = None
+        self.plans_compiled = 0  # how many times a plan was compiled (benchmarks read it)
 
     # ------------------------------------------------------------------ tools
 
@@ -129,50 +89,87 @@ class FlowExecutor:
 
     # ---------------------------------------------------- schemas and safety
 
-    def input_model(self, flow: Flow) -> type[BaseModel] | None:
-        """The flow's input model: its own, else its first tool's (None if that tool is missing)."""
+    def _subflow(self, name: str) -> Flow | None:
+        try:
+            return self.registry.get_flow(name)
+        except FlowNotFoundError:
+            return None
+
+    def input_model(self, flow: Flow, _seen: tuple[str, ...] = ()) -> type[BaseModel] | None:
+        """The flow's input model: its own, else its first step's (None when unknown)."""
         if flow.input_schema is not None:
             return flow.input_schema
-        tool = self._tools.get(flow.steps[0].tool_name)
+        step = flow.steps[flow.order[0]]
+        if step.flow is not None:
+            sub = self._subflow(step.flow)
+            if sub is None or sub.name in _seen or sub.name == flow.name:
+                return None
+            return self.input_model(sub, (*_seen, flow.name))
+        tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
         return tool.input_schema if tool else None
 
-    def output_model(self, flow: Flow) -> type[BaseModel] | None:
-        """The flow's output model: its own, else its last tool's (None when unknown)."""
+    def output_model(self, flow: Flow, _seen: tuple[str, ...] = ()) -> type[BaseModel] | None:
+        """The flow's output model: its own, else its single last step's (None when unknown)."""
         if flow.output_schema is not None:
             return flow.output_schema
-        tool = self._tools.get(flow.steps[-1].tool_name)
+        step = flow.steps[flow.sink]  # type: ignore[index]  # a flow without output_schema has one
+        if step.flow is not None:
+            sub = self._subflow(step.flow)
+            if sub is None or sub.name in _seen or sub.name == flow.name:
+                return None
+            return self.output_model(sub, (*_seen, flow.name))
+        tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
         return tool.output_schema if tool else None
 
-    def effective_safety(self, flow: Flow) -> ToolSafetyContract | None:
-        """The flow's own contract, else the merge of its tools', else None (unknown).
+    def effective_safety(self, flow: Flow,
+                         _seen: tuple[str, ...] = ()) -> ToolSafetyContract | None:
+        """The flow's own contract, else the merge over every step, fallback and sub-flow.
 
-        Unknown means at least one step's tool is missing or declares no contract.
+        None (unknown) when any of them is missing, declares no contract, or recurses.
         """
         if flow.safety is not None:
             return flow.safety
         contracts = []
         for step in flow.steps:
-            tool = self._tools.get(step.tool_name)
-            if tool is None or tool.safety is None:
+            if step.flow is not None:
+                sub = self._subflow(step.flow)
+                if sub is None or sub.name in _seen or sub.name == flow.name:
+                    return None
+                contract = self.effective_safety(sub, (*_seen, flow.name))
+            else:
+                tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
+                contract = tool.safety if tool else None
+            if contract is None:
                 return None
-            contracts.append(tool.safety)
+            contracts.append(contract)
+            if step.fallback is not None:
+                fallback = self._tools.get(step.fallback)
+                if fallback is None or fallback.safety is None:
+                    return None
+                contracts.append(fallback.safety)
         return merge_safety_contracts(contracts)
 
+    def _resolver(self) -> Resolver:
+        return Resolver(self._tools, self._subflow, self.input_model, self.output_model,
+                        self.effective_safety, self._compile)
+
+    def _compile(self, flow: Flow, stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:
+        return compile_plan(flow, self._resolver(), stack)
+
+    def flow_problems(self, flow: Flow) -> list[Problem]:
+        """Every problem :meth:`check_flow` reports, as data (kind, message, step, field)."""
+        return list(self._plan(flow)[1])
+
     def check_flow(self, flow: Flow) -> list[str]:
-        """Problems that would make ``flow`` fail before it runs: missing tools, bad mappings."""
-        problems = []
-        for index, step in enumerate(flow.steps):
-            tool = self._tools.get(step.tool_name)
-            if tool is None:
-                problems.append(f"step {index} uses unregistered tool {step.tool_name!r}")
-                continue
-            for tool_field in step.input_mapping:
-                if tool_field not in tool.input_fields:
-                    problems.append(
-                        f"step {index} ({step.tool_name!r}) maps field {tool_field!r}, "
-                        f"which the tool's input does not have"
-                    )
-        return problems
+        """Why ``flow`` cannot run, or cannot succeed for any input (empty: none found).
+
+        Missing tools and sub-flows, bad mappings, retries on non-idempotent steps,
+        steps that may run at once writing the same key, and the data-flow check: a
+        required field nothing can provide, a mapping to a key that can never exist, an
+        output schema the context cannot fill. Undeclared tool outputs may provide
+        anything.
+        """
+        return [problem.message for problem in self._plan(flow)[1]]
 
     def validate_flow(self, flow: Flow) -> None:
         """Raise :class:`FlowValidationError` if :meth:`check_flow` finds problems."""
@@ -180,22 +177,48 @@ class FlowExecutor:
         if problems:
             raise FlowValidationError(flow.name, problems)
 
+    def plan(self, flow: Flow) -> Plan:
+        """The compiled plan of ``flow`` (cached per flow version)."""
+        return self._plan(flow)[0]
+
+    def _plan(self, flow: Flow) -> tuple[Plan, list[Problem]]:
+        """(plan, every problem), compiled once per flow version: again only after a tool
+        is registered or a sub-flow (at any depth) gets a new latest version."""
+        key = (flow.name, flow.version)
+        cached = self._plans.get(key)
+        if cached is not None and cached[0].flow is flow and (
+                not cached[0].subflow_versions or all(
+                    (sub := self._subflow(name)) is not None and sub.version == version
+                    for name, version in cached[0].subflow_versions)):
+            return cached
+        cached = self._compile(flow)
+        self.plans_compiled += 1
+        self._plans[key] = cached
+        return cached
+
     # ------------------------------------------------------------- execution
 
     def execute_flow(
         self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None
     ) -> ExecutionResult:
-        """Run a flow synchronously; async tools run on a private event loop."""
-        flow = self.registry.get_flow(name, version)
+        """Run a flow synchronously, one step at a time in plan order.
+
+        Async tools run on a private event loop; a step with a ``timeout`` runs its tool
+        in a helper thread that is abandoned (left to finish) when time runs out.
+        """
+        return self._run_sync(self.registry.get_flow(name, version), input)
+
+    def _run_sync(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> ExecutionResult:
         started = time.perf_counter()
-        records: list[StepRecord] = []
         try:
-            plan, context = self._start(flow, input)
-            for planned in plan:
-                context = self._run_step_sync(planned, context, records)
-            return self._finish(flow, context, records, started)
+            state = self._start(flow, input)
         except StepFailed as failure:
-            return self._failed(flow, failure.info, records, started)
+            return _failed(flow, failure.info, [], started)
+        for planned in state.plan.steps:
+            self._drive_sync(run_step(state, planned))
+            if state.failure is not None:
+                break
+        return self._finish(state, started)
 
     async def execute_flow_async(
         self,
@@ -205,115 +228,165 @@ class FlowExecutor:
         *,
         timeout: float | None = None,
     ) -> ExecutionResult:
-        """Run a flow without blocking the event loop.
+        """Run a flow without blocking the event loop, ready steps concurrently.
 
-        Async tools are awaited natively; each stretch of consecutive sync tools
-        runs in one worker-thread hop. ``timeout`` (seconds) bounds the whole run;
-        a run that exceeds it fails with ``TimeoutError`` and keeps its finished steps.
-        After a timeout or cancellation no further step starts; a sync tool already
-        running in a worker thread cannot be interrupted, so it finishes (holding its
-        pool slot) and its output is discarded.
+        ``timeout`` (seconds) bounds the whole run; a run that exceeds it fails with
+        ``TimeoutError`` and keeps its finished steps. After a timeout, a failure or a
+        cancellation no further step starts; a sync tool already running in a worker
+        thread cannot be interrupted, so it finishes and its output is discarded.
         """
-        flow = self.registry.get_flow(name, version)
+        return await self._run_async(self.registry.get_flow(name, version), input, timeout)
+
+    async def _run_async(self, flow: Flow, input: Mapping[str, Any] | BaseModel,
+                         timeout: float | None) -> ExecutionResult:
         started = time.perf_counter()
-        records: list[StepRecord] = []
-        # Set when this call is over (timed out, cancelled or done): a worker thread still
-        # inside a sync stretch then starts no further step.
+        try:
+            state = self._start(flow, input)
+        except StepFailed as failure:
+            return _failed(flow, failure.info, [], started)
+        state.schedule()
+        # Set when this call is over: a worker thread running a chain of sync steps then
+        # starts no further step.
         abandoned = threading.Event()
         try:
             if timeout is None:
-                context = await self._run_async(flow, input, records, abandoned)
+                await self._schedule(state, abandoned)
             else:
-                context = await asyncio.wait_for(
-                    self._run_async(flow, input, records, abandoned), timeout
-                )
-            return self._finish(flow, context, records, started)
-        except StepFailed as failure:
-            return self._failed(flow, failure.info, records, started)
+                await asyncio.wait_for(self._schedule(state, abandoned), timeout)
         except asyncio.TimeoutError:
             abandoned.set()
-            # Snapshots: a stuck worker thread may still write to the originals.
-            records = [replace(record) for record in records]
-            step = len(records) - 1 if records else None
-            info = ErrorInfo(
-                "TimeoutError",
-                f"flow {flow.name!r} did not finish within {timeout} s",
-                step_index=step,
-                tool_name=records[-1].tool_name if records else None,
-            )
-            return self._failed(flow, info, records, started)
+            return self._timed_out(state, timeout, started)
         finally:
             abandoned.set()
+        return self._finish(state, started)
 
-    async def _run_async(
-        self, flow: Flow, input: Mapping[str, Any] | BaseModel, records: list[StepRecord],
-        abandoned: threading.Event,
-    ) -> dict[str, Any]:
-        plan, context = self._start(flow, input)
-        position = 0
-        while position < len(plan):
-            planned = plan[position]
-            if planned.tool.is_async:
-                context = await self._run_step_async(planned, context, records)
-                position += 1
-                continue
-            end = position
-            while end < len(plan) and not plan[end].tool.is_async:
-                end += 1
-            stretch = plan[position:end]
-            loop = asyncio.get_running_loop()
-            context = await loop.run_in_executor(
-                self._thread_pool(), self._run_sync_stretch, stretch, context, records,
-                abandoned,
-            )
-            position = end
-        return context
+    async def _schedule(self, state: RunState, abandoned: threading.Event) -> None:
+        """Start every ready step (bounded) until none is left or one has failed."""
+        steps = state.plan.steps
+        running: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                while state.ready and state.failure is None \
+                        and len(running) < self._max_concurrent:
+                    position = state.ready.pop()
+                    if steps[position].runs_in_thread and not running and not state.ready:
+                        # Alone: one worker-thread hop runs it and the chain of sync steps
+                        # after it (nothing else runs, so the state is the thread's).
+                        await loop.run_in_executor(self._thread_pool(), self._run_chain,
+                                                   state, position, abandoned)
+                        continue
+                    running.add(asyncio.ensure_future(self._run_one(state, position)))
+                if not running:
+                    return
+                done, running = await asyncio.wait(running,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # the runner turns failures into data; this re-raises bugs
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
 
-    def _run_sync_stretch(
-        self, stretch: list[_PlannedStep], context: dict[str, Any], records: list[StepRecord],
-        abandoned: threading.Event,
-    ) -> dict[str, Any]:
-        for planned in stretch:
-            if abandoned.is_set():  # the caller has timed out or gone: do no more work
-                break
-            context = self._run_step_sync(planned, context, records)
-        return context
+    async def _run_one(self, state: RunState, position: int) -> None:
+        planned = state.plan.steps[position]
+        runner = run_step(state, planned)
+        if planned.runs_in_thread:
+            await asyncio.get_running_loop().run_in_executor(
+                self._thread_pool(), self._drive_sync, runner)
+        else:
+            await self._drive_async(runner)
+        state.finish(position)
+
+    def _run_chain(self, state: RunState, position: int, abandoned: threading.Event) -> None:
+        steps = state.plan.steps
+        while True:
+            self._drive_sync(run_step(state, steps[position]))
+            state.finish(position)
+            if state.failure is not None or abandoned.is_set() or len(state.ready) != 1 \
+                    or not steps[state.ready[0]].runs_in_thread:
+                return
+            position = state.ready.pop()
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._max_threads, thread_name_prefix="chainweaver")
         return self._pool
 
-    # -------------------------------------------------------- step machinery
+    # ------------------------------------------------------------------ lanes
 
-    def _plan(self, flow: Flow) -> list[_PlannedStep]:
-        key = (flow.name, flow.version)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        plan = []
-        for index, step in enumerate(flow.steps):
-            tool = self._tools.get(step.tool_name)
-            if tool is None:
-                raise StepFailed(ErrorInfo(
-                    "ToolNotFoundError",
-                    f"step {index}: tool {step.tool_name!r} is not registered",
-                    step_index=index, tool_name=step.tool_name,
-                ))
-            mapping = step.input_mapping
-            sources = tuple(
-                (name, mapping.get(name, name), name in mapping) for name in tool.input_fields
-            )
-            plan.append(_PlannedStep(index, tool, sources))
-        self._plans[key] = plan
-        return plan
+    def _drive_sync(self, runner: Generator[tuple, Any, None]) -> None:
+        """Answer a step's requests by calling directly (the sync lane, or a worker thread)."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                request = runner.send(reply) if error is None else runner.throw(error)
+            except StopIteration:
+                return
+            reply = error = None
+            try:
+                if request[0] is CALL:
+                    tool = request[1]
+                    if request[3] is None and not tool.is_async:
+                        reply = tool.fn(request[2])  # the common case, called directly
+                    else:
+                        reply = call_blocking(tool, request[2], request[3])
+                elif request[0] is SLEEP:
+                    time.sleep(request[1])
+                else:  # a sub-flow runs in this lane too
+                    reply = self._subflow_blocking(request[1], request[2], request[3])
+            except Exception as caught:
+                error = caught
 
-    def _start(
-        self, flow: Flow, input: Mapping[str, Any] | BaseModel
-    ) -> tuple[list[_PlannedStep], dict[str, Any]]:
-        plan = self._plan(flow)
-        model = self.input_model(flow)
-        assert model is not None  # _plan guarantees the first tool exists
+    async def _drive_async(self, runner: Generator[tuple, Any, None]) -> None:
+        """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                request = runner.send(reply) if error is None else runner.throw(error)
+            except StopIteration:
+                return
+            reply = error = None
+            try:
+                if request[0] is CALL:
+                    tool, model, timeout = request[1], request[2], request[3]
+                    if tool.is_async:
+                        reply = await with_timeout(tool.fn(model), timeout)
+                    else:
+                        reply = await asyncio.get_running_loop().run_in_executor(
+                            self._thread_pool(), call_blocking, tool, model, timeout)
+                elif request[0] is SLEEP:
+                    await asyncio.sleep(request[1])
+                else:
+                    reply = await self._run_async(request[1], request[2], request[3])
+            except Exception as caught:
+                error = caught
+
+    def _subflow_blocking(self, flow: Flow, input: dict[str, Any],
+                          timeout: float | None) -> ExecutionResult:
+        if timeout is None:
+            return self._run_sync(flow, input)
+        return run_coroutine_blocking(self._run_async(flow, input, timeout))
+
+    # ----------------------------------------------------------- start, finish
+
+    def _start(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> RunState:
+        plan, problems = self._plan(flow)
+        fatal = [problem for problem in problems if problem.fatal] if problems else None
+        if fatal:
+            problem = fatal[0]
+            index = (flow.step_ids.index(problem.step_id)
+                     if problem.step_id in flow.step_ids else None)
+            step = flow.steps[index] if index is not None else None
+            raise StepFailed(ErrorInfo(
+                problem.kind, problem.message, step_index=index,
+                tool_name=step.name if step else None, field=problem.field,
+                step_id=problem.step_id))
+        model = plan.input_model
+        assert model is not None  # a plan without fatal problems has its first step's model
         try:
             # Exact class only: a subclass instance would carry undeclared fields into
             # the context, so it is dumped and validated like any other model.
@@ -322,183 +395,84 @@ class FlowExecutor:
             elif isinstance(input, BaseModel):
                 validated = model.model_validate(input.model_dump())
             else:
-                validated = model.model_validate(input)
-            context = validated.model_dump()
+                validated = model.__pydantic_validator__.validate_python(input)
+            context = model.__pydantic_serializer__.to_python(validated)
         except ValidationError as error:
+            detail = describe(error)
             raise StepFailed(ErrorInfo(
-                "InputValidationError",
-                f"flow {flow.name!r} input is invalid: {_describe(error)}",
-                field=_first_error_field(error),
+                "InputValidationError", f"flow {flow.name!r} input is invalid: {detail}",
+                field=first_error_field(error), detail=detail,
             )) from None
         except Exception as error:  # a validator or serializer bug, not the caller's
-            raise _raised(f"flow {flow.name!r} input validation", error) from None
-        return plan, context
+            raise raised(f"flow {flow.name!r} input validation", error) from None
+        return RunState(plan, context)
 
-    def _step_input(
-        self, planned: _PlannedStep, context: dict[str, Any], record: StepRecord
-    ) -> BaseModel:
-        tool = planned.tool
-        arguments = {}
-        for tool_field, key, mapped in planned.sources:
-            if key in context:
-                arguments[tool_field] = context[key]
-            elif mapped:
-                raise StepFailed(ErrorInfo(
-                    "MissingContextKeyError",
-                    f"step {planned.index} ({tool.name!r}): field {tool_field!r} is mapped "
-                    f"to context key {key!r}, which does not exist",
-                    step_index=planned.index, tool_name=tool.name, field=tool_field,
-                ))
-        record.inputs = arguments
-        try:
-            return tool.input_schema.model_validate(arguments)
-        except ValidationError as error:
-            raise StepFailed(ErrorInfo(
-                "StepInputError",
-                f"step {planned.index} ({tool.name!r}) input is invalid: {_describe(error)}",
-                step_index=planned.index, tool_name=tool.name,
-                field=_first_error_field(error),
-            )) from None
-        except Exception as error:
-            raise _raised(f"step {planned.index} ({tool.name!r}) input validation", error,
-                          step_index=planned.index, tool_name=tool.name) from None
-
-    def _step_output(self, planned: _PlannedStep, raw: Any) -> dict[str, Any]:
-        tool = planned.tool
-        schema = tool.output_schema
-        try:
-            if schema is not None:
-                if type(raw) is schema:
-                    return raw.model_dump()
-                if isinstance(raw, BaseModel):
-                    # Another model (or a subclass with extra fields): validate its data.
-                    raw = raw.model_dump()
-                return schema.model_validate(raw).model_dump()
-            if isinstance(raw, BaseModel):
-                return raw.model_dump()
-        except ValidationError as error:
-            raise StepFailed(ErrorInfo(
-                "StepOutputError",
-                f"step {planned.index} ({tool.name!r}) output is invalid: {_describe(error)}",
-                step_index=planned.index, tool_name=tool.name,
-                field=_first_error_field(error),
-            )) from None
-        except Exception as error:  # e.g. a serializer that raises, an unconvertible value
-            raise _raised(f"step {planned.index} ({tool.name!r}) output validation", error,
-                          step_index=planned.index, tool_name=tool.name) from None
-        if isinstance(raw, Mapping):
-            return dict(raw)
-        raise StepFailed(ErrorInfo(
-            "StepOutputError",
-            f"step {planned.index} ({tool.name!r}) returned "
-            f"{type(raw).__name__}; a tool must return a dict or a pydantic model",
-            step_index=planned.index, tool_name=tool.name,
-        ))
-
-    def _tool_raised(self, planned: _PlannedStep, error: Exception) -> StepFailed:
-        return _raised(f"step {planned.index} ({planned.tool.name!r})", error,
-                       step_index=planned.index, tool_name=planned.tool.name)
-
-    def _run_step_sync(
-        self, planned: _PlannedStep, context: dict[str, Any], records: list[StepRecord]
-    ) -> dict[str, Any]:
-        record = StepRecord(planned.index, planned.tool.name)
-        records.append(record)
-        started = time.perf_counter()
-        try:
-            model = self._step_input(planned, context, record)
-            try:
-                if planned.tool.is_async:
-                    raw = _run_coroutine_blocking(planned.tool.fn(model))
-                else:
-                    raw = planned.tool.fn(model)
-            except Exception as error:  # a tool's failure is data, not a crash
-                raise self._tool_raised(planned, error) from None
-            record.outputs = self._step_output(planned, raw)
-        except StepFailed as failure:
-            record.error = failure.info
-            raise
-        finally:
-            record.duration_ms = (time.perf_counter() - started) * 1000
-        context.update(record.outputs)
-        return context
-
-    async def _run_step_async(
-        self, planned: _PlannedStep, context: dict[str, Any], records: list[StepRecord]
-    ) -> dict[str, Any]:
-        record = StepRecord(planned.index, planned.tool.name)
-        records.append(record)
-        started = time.perf_counter()
-        try:
-            model = self._step_input(planned, context, record)
-            try:
-                raw = await planned.tool.fn(model)
-            except Exception as error:
-                raise self._tool_raised(planned, error) from None
-            record.outputs = self._step_output(planned, raw)
-        except StepFailed as failure:
-            record.error = failure.info
-            raise
-        finally:
-            record.duration_ms = (time.perf_counter() - started) * 1000
-        context.update(record.outputs)
-        return context
-
-    def _finish(
-        self, flow: Flow, context: dict[str, Any], records: list[StepRecord], started: float
-    ) -> ExecutionResult:
+    def _finish(self, state: RunState, started: float) -> ExecutionResult:
+        plan = state.plan
+        flow = plan.flow
+        records = state.records
+        if state.started != len(records):  # not every step started: keep those that did
+            records = [record for record in records if record is not None]
+        if state.failure is not None:
+            return _failed(flow, state.failure, _settled(records, None), started)
         if flow.output_schema is not None:
             fields = flow.output_schema.model_fields
+            context = state.context()
             try:
                 final = flow.output_schema.model_validate(
                     {k: v for k, v in context.items() if k in fields}
                 ).model_dump()
             except ValidationError as error:
-                info = ErrorInfo(
-                    "OutputValidationError",
-                    f"flow {flow.name!r} output is invalid: {_describe(error)}",
-                    field=_first_error_field(error),
-                )
-                return self._failed(flow, info, records, started)
+                info = ErrorInfo("OutputValidationError",
+                                 f"flow {flow.name!r} output is invalid: {describe(error)}",
+                                 field=first_error_field(error))
+                return _failed(flow, info, records, started)
             except Exception as error:
-                info = _raised(f"flow {flow.name!r} output validation", error).info
-                return self._failed(flow, info, records, started)
+                info = raised(f"flow {flow.name!r} output validation", error).info
+                return _failed(flow, info, records, started)
         else:
-            final = (records[-1].outputs or {}) if records else {}
-        return ExecutionResult(
-            flow.name, flow.version, True, final, None, records,
-            (time.perf_counter() - started) * 1000,
-        )
+            sink = plan.steps[plan.sink]  # type: ignore[index]
+            record = state.records[sink.position]
+            if record is None or record.status != "completed":
+                info = ErrorInfo("OutputValidationError",
+                                 f"flow {flow.name!r} has no output: its last step "
+                                 f"{sink.id!r} was skipped", step_index=sink.index,
+                                 tool_name=sink.step.name, step_id=sink.id)
+                return _failed(flow, info, records, started)
+            final = record.outputs
+        return ExecutionResult(flow.name, flow.version, True, final, None, records,
+                               (time.perf_counter() - started) * 1000)
 
-    @staticmethod
-    def _failed(
-        flow: Flow, info: ErrorInfo, records: list[StepRecord], started: float
-    ) -> ExecutionResult:
-        return ExecutionResult(
-            flow.name, flow.version, False, None, info, records,
-            (time.perf_counter() - started) * 1000,
-        )
-
-
-def _raised(what: str, error: Exception, **where: Any) -> StepFailed:
-    """A failure raised by code the executor calls (a tool, a validator, a serializer).
-
-    The message may carry the exception's text; servers decide how much of it to show.
-    """
-    logger.debug("%s raised", what, exc_info=error)
-    try:
-        text = str(error)
-    except Exception:  # an exception whose __str__ itself fails
-        text = "(message unavailable)"
-    name = type(error).__name__
-    return StepFailed(ErrorInfo(name, f"{what} raised {name}: {text}", **where))
+    def _timed_out(self, state: RunState, timeout: float | None,
+                   started: float) -> ExecutionResult:
+        flow = state.plan.flow
+        records = [record for record in state.records if record is not None]
+        running = [record for record in records if record.status == "running"]
+        blamed = running[0] if running else (records[-1] if records else None)
+        info = ErrorInfo(
+            "TimeoutError", f"flow {flow.name!r} did not finish within {timeout} s",
+            step_index=blamed.index if blamed else None,
+            tool_name=blamed.tool_name if blamed else None,
+            step_id=blamed.step_id if blamed else None)
+        return _failed(flow, info, _settled(records, info), started)
 
 
-def _run_coroutine_blocking(coroutine: Any) -> Any:
-    """Run an async tool from sync code, also when an event loop is already running here."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
+def _settled(records: list[StepRecord], info: ErrorInfo | None) -> list[StepRecord]:
+    """Copies (a stuck worker thread may still write to the originals); a step still
+    running is marked failed (timed out, or cancelled because another step failed)."""
+    settled = []
+    for record in records:
+        copy = replace(record)
+        if copy.status == "running":
+            copy.status = "failed"
+            copy.error = info or ErrorInfo(
+                "CancelledError", "cancelled: another step failed",
+                step_index=record.index, tool_name=record.tool_name, step_id=record.step_id)
+        settled.append(copy)
+    return settled
+
+
+def _failed(flow: Flow, info: ErrorInfo, records: list[StepRecord],
+            started: float) -> ExecutionResult:
+    return ExecutionResult(flow.name, flow.version, False, None, info, records,
+                           (time.perf_counter() - started) * 1000)

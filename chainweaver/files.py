@@ -21,9 +21,20 @@ from typing import Any
 from pydantic import BaseModel
 
 from .errors import DefinitionError, FlowFileError
-from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep
+from .flow_format import (
+    FlowFileFormat,
+    GovernanceFormat,
+    PromptArgumentFormat,
+    PromptFormat,
+    PromptMessageFormat,
+    RetryFormat,
+    SafetyFormat,
+    StepFormat,
+    keys,
+)
+from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
 from .inline_schema import InlineSchemaError, model_from_json_schema
-from .prompts import FlowPrompt, PromptArgument, PromptMessage
+from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
 from .safety import SideEffectLevel, ToolSafetyContract
 from .tools import Tool, check_model, check_name
 from .versions import version_key
@@ -31,15 +42,15 @@ from .versions import version_key
 FLOW_SUFFIXES = (".flow.yaml", ".flow.yml", ".flow.json")
 YAML_INSTALL_HINT = "pip install 'chainweaver[yaml]'"
 
-FLOW_KEYS = ("name", "version", "title", "description", "governance", "safety",
-             "input_schema", "output_schema", "steps", "prompts")
-STEP_KEYS = ("tool", "input_mapping")
-GOVERNANCE_KEYS = ("lifecycle", "owner")
-SAFETY_KEYS = ("side_effects", "idempotent", "requires_approval", "approval_reason",
-               "open_world")
-PROMPT_KEYS = ("name", "title", "description", "arguments", "messages")
-ARGUMENT_KEYS = ("name", "description", "required")
-MESSAGE_KEYS = ("role", "text")
+# The keys of each part come from the format models (which also give the JSON Schema).
+FLOW_KEYS = keys(FlowFileFormat)
+STEP_KEYS = keys(StepFormat)
+RETRY_KEYS = keys(RetryFormat)
+GOVERNANCE_KEYS = keys(GovernanceFormat)
+SAFETY_KEYS = keys(SafetyFormat)
+PROMPT_KEYS = keys(PromptFormat)
+ARGUMENT_KEYS = keys(PromptArgumentFormat)
+MESSAGE_KEYS = keys(PromptMessageFormat)
 
 PathLike = str | os.PathLike
 
@@ -232,6 +243,64 @@ def _join(field: str | None, key: str) -> str:
 # ------------------------------------------------------------------ flow parts
 
 
+def _string_map(f: _Fields, value: Any, field: str, what: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise f.error(field, f"must be a mapping of {what}, got {_kind(value)}")
+    for key, item in value.items():
+        f.string(key, field)
+        f.string(item, f"{field}.{key}")
+    return value
+
+
+def _number(f: _Fields, value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise f.error(field, f"must be a number, got {_kind(value)}")
+    return value
+
+
+def _retry(f: _Fields, value: Any, field: str) -> RetryPolicy:
+    data = f.mapping(value, field, RETRY_KEYS)
+    options: dict[str, Any] = {}
+    for key in ("max_attempts", "backoff_seconds", "max_backoff_seconds", "jitter"):
+        if key in data:
+            options[key] = _number(f, data[key], f"{field}.{key}")
+    if "retry_on" in data:
+        options["retry_on"] = [f.string(item, f"{field}.retry_on")
+                               for item in f.items(data["retry_on"], f"{field}.retry_on")]
+    with f.core(field):
+        return RetryPolicy(**options)
+
+
+def _step(f: _Fields, item: Any, field: str) -> FlowStep:
+    data = f.mapping(item, field, STEP_KEYS)
+    if ("tool" in data) == ("flow" in data):
+        raise f.error(field, "needs exactly one of 'tool' (a tool name) or 'flow' (a "
+                      "registered flow run as one step)")
+    options: dict[str, Any] = {}
+    for key in ("id", "when", "on_error", "fallback", "flow"):
+        if key in data:
+            options[key] = f.string(data[key], f"{field}.{key}")
+    if "after" in data:
+        options["after"] = [f.string(step_id, f"{field}.after")
+                            for step_id in f.items(data["after"], f"{field}.after")]
+    if "timeout" in data:
+        options["timeout"] = _number(f, data["timeout"], f"{field}.timeout")
+    if "retry" in data:
+        options["retry"] = _retry(f, data["retry"], f"{field}.retry")
+    mapping = _string_map(f, data.get("input_mapping", {}), f"{field}.input_mapping",
+                          "tool input field to context key")
+    options["output_mapping"] = _string_map(f, data.get("output_mapping", {}),
+                                            f"{field}.output_mapping",
+                                            "context key to output field")
+    tool = f.string(data["tool"], f"{field}.tool") if "tool" in data else None
+    where = f"{field}.tool" if tool is not None else f"{field}.flow"
+    if "when" in data:
+        with f.core(f"{field}.when"):
+            FlowStep(tool, when=options["when"], flow=options.get("flow"))
+    with f.core(where if set(options) <= {"flow", "output_mapping"} else field):
+        return FlowStep(tool, mapping, **options)
+
+
 def _steps(f: _Fields, value: Any) -> list[FlowStep]:
     steps = []
     for index, item in enumerate(f.items(value, "steps", non_empty=True)):
@@ -240,17 +309,7 @@ def _steps(f: _Fields, value: Any) -> list[FlowStep]:
             with f.core(field):
                 steps.append(FlowStep(item))
             continue
-        data = f.mapping(item, field, STEP_KEYS, required=("tool",))
-        tool = f.string(data["tool"], f"{field}.tool")
-        mapping = data.get("input_mapping", {})
-        if not isinstance(mapping, dict):
-            raise f.error(f"{field}.input_mapping", "must be a mapping of tool input field "
-                          f"to context key, got {_kind(mapping)}")
-        for tool_field, context_key in mapping.items():
-            f.string(tool_field, f"{field}.input_mapping")
-            f.string(context_key, f"{field}.input_mapping.{tool_field}")
-        with f.core(f"{field}.tool"):
-            steps.append(FlowStep(tool, mapping))
+        steps.append(_step(f, item, field))
     return steps
 
 
@@ -390,7 +449,10 @@ def flow_from_data(data: Any, path: PathLike = "<data>") -> Flow:
                                  f"{base}Output"),
     }
     prompts = _prompts(f, top.get("prompts", []))
-    with f.core("prompts"):  # the only check Flow makes across parts: unique prompt names
+    duplicates = repeated_names(p.name for p in prompts)
+    if duplicates:
+        raise f.error("prompts", f"duplicate prompt name(s) {', '.join(duplicates)}")
+    with f.core("steps"):  # ids, after, cycles, several last steps: checked by Flow
         return Flow(name=name, version=version, prompts=prompts, **parts)
 
 
@@ -403,14 +465,20 @@ def load_flow_file(path: PathLike) -> Flow:
 
 
 def _check_tools(path: Path, flow: Flow, tools: Mapping[str, Tool]) -> None:
+    def missing(name: str, field: str) -> FlowFileError:
+        close = difflib.get_close_matches(name, list(tools), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return FlowFileError(path, field, f"no tool named {name!r} is registered ({hint}"
+                             f"registered: {', '.join(sorted(tools)) or 'none'})")
+
     for index, step in enumerate(flow.steps):
+        if step.fallback is not None and step.fallback not in tools:
+            raise missing(step.fallback, f"steps[{index}].fallback")
+        if step.tool_name is None:
+            continue  # a sub-flow: checked when the executor plans the flow
         tool = tools.get(step.tool_name)
         if tool is None:
-            close = difflib.get_close_matches(step.tool_name, list(tools), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise FlowFileError(path, f"steps[{index}].tool",
-                                f"no tool named {step.tool_name!r} is registered ({hint}"
-                                f"registered: {', '.join(sorted(tools)) or 'none'})")
+            raise missing(step.tool_name, f"steps[{index}].tool")
         for tool_field in step.input_mapping:
             if tool_field not in tool.input_fields:
                 raise FlowFileError(path, f"steps[{index}].input_mapping.{tool_field}",

@@ -1,14 +1,17 @@
-"""Flows: versioned, governed sequences of tool steps."""
+"""Flows: versioned, governed DAGs of tool steps (a list of steps is a linear flow)."""
 
 from __future__ import annotations
 
+import heapq
+import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
 
 from pydantic import BaseModel
 
+from .conditions import Condition
 from .errors import DefinitionError, LifecycleTransitionError, PromptDefinitionError
 from .prompts import FlowPrompt, repeated_names
 from .safety import ToolSafetyContract
@@ -61,31 +64,155 @@ class FlowGovernance:
         return replace(self, lifecycle=target)
 
 
-@dataclass(frozen=True)
-class FlowStep:
-    """One step: the tool to call and how its input fields map to context keys.
+ON_ERROR_CHOICES = ("fail", "skip", "fallback")
 
-    ``input_mapping`` maps a tool input field to the context key that feeds it;
-    fields not in the mapping receive the context key of the same name, if any.
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a failing step is tried again, and how long to wait in between.
+
+    Attempt ``n`` (from 1) that fails waits ``backoff_seconds * 2 ** (n - 1)`` seconds,
+    at most ``max_backoff_seconds``, each wait scaled by a random factor in
+    ``[1 - jitter, 1 + jitter]``. Only failures whose exception class (or a base class)
+    is named in ``retry_on`` are retried; per-attempt timeouts are ``TimeoutError``.
+    Retries only ever apply to steps whose tool is idempotent.
     """
 
-    tool_name: str
-    input_mapping: Mapping[str, str] = field(default_factory=dict)
+    max_attempts: int = 3
+    backoff_seconds: float = 0.1
+    max_backoff_seconds: float = 5.0
+    jitter: float = 0.0
+    retry_on: Sequence[str | type[BaseException]] = ("Exception",)
 
     def __post_init__(self) -> None:
-        check_name("tool", self.tool_name)
-        mapping = dict(self.input_mapping)
-        for source, target in mapping.items():
-            if not isinstance(source, str) or not isinstance(target, str):
-                raise DefinitionError(
-                    f"step {self.tool_name!r}: input_mapping keys and values must be strings"
-                )
-        object.__setattr__(self, "input_mapping", MappingProxyType(mapping))
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise DefinitionError("retry: max_attempts must be an integer >= 1")
+        for name in ("backoff_seconds", "max_backoff_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                    or value != value:
+                raise DefinitionError(f"retry: {name} must be a number >= 0")
+        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
+                or not 0 <= self.jitter <= 1:
+            raise DefinitionError("retry: jitter must be a number from 0 to 1")
+        names = []
+        for item in ([self.retry_on] if isinstance(self.retry_on, (str, type))
+                     else self.retry_on):
+            if isinstance(item, type) and issubclass(item, BaseException):
+                names.append(item.__name__)
+            elif isinstance(item, str) and item.isidentifier():
+                names.append(item)
+            else:
+                raise DefinitionError(f"retry: retry_on entries must be exception classes "
+                                      f"or class names, got {item!r}")
+        if not names:
+            raise DefinitionError("retry: retry_on must name at least one exception class")
+        object.__setattr__(self, "retry_on", tuple(names))
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether ``error`` is one this policy retries."""
+        return any(cls.__name__ in self.retry_on for cls in type(error).__mro__)
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based)."""
+        base = min(self.backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+        if self.jitter:
+            base *= random.uniform(1 - self.jitter, 1 + self.jitter)
+        return base
+
+
+@dataclass(frozen=True)
+class FlowStep:
+    """One step of a flow: a tool (or a registered sub-flow) and how it is wired.
+
+    ``input_mapping`` maps a tool input field to the context key that feeds it;
+    fields not in the mapping read the context key of the same name, if any.
+    ``after`` lists the ids this step waits for (``None``: the previous step in the
+    list; ``()``: none). ``when`` is a condition in the safe ``when`` language;
+    ``output_mapping`` maps context keys to output fields (only those are written).
+    """
+
+    tool_name: str | None = None
+    input_mapping: Mapping[str, str] = field(default_factory=dict)
+    _: KW_ONLY
+    id: str | None = None
+    after: Sequence[str] | None = None
+    when: str | None = None
+    retry: RetryPolicy | None = None
+    timeout: float | None = None
+    on_error: str = "fail"
+    fallback: str | None = None
+    output_mapping: Mapping[str, str] = field(default_factory=dict)
+    flow: str | None = None
+    condition: Condition | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.tool_name is None) == (self.flow is None):
+            raise DefinitionError("a step needs exactly one of a tool name or flow=")
+        if self.flow is not None:
+            check_name("flow", self.flow)
+        else:
+            check_name("tool", self.tool_name)
+        label = f"step {self.id or self.name!r}"
+        object.__setattr__(self, "input_mapping",
+                           _string_mapping(label, "input_mapping", self.input_mapping))
+        object.__setattr__(self, "output_mapping",
+                           _string_mapping(label, "output_mapping", self.output_mapping))
+        if self.id is not None and (not isinstance(self.id, str) or not self.id):
+            raise DefinitionError(f"{label}: id must be a non-empty string")
+        if self.after is not None:
+            if isinstance(self.after, str):
+                raise DefinitionError(f"{label}: after must be a list of step ids, "
+                                      f"not the string {self.after!r}")
+            after = tuple(self.after)
+            if not all(isinstance(item, str) for item in after):
+                raise DefinitionError(f"{label}: after must list step ids (strings)")
+            if len(set(after)) != len(after):
+                raise DefinitionError(f"{label}: after lists a step id twice")
+            object.__setattr__(self, "after", after)
+        if self.when is not None:
+            try:
+                object.__setattr__(self, "condition", Condition(self.when))
+            except DefinitionError as error:
+                raise DefinitionError(f"{label}: {error}") from None
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise DefinitionError(f"{label}: retry must be a RetryPolicy")
+        if self.timeout is not None and (
+                isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                or not self.timeout > 0 or self.timeout == float("inf")):
+            raise DefinitionError(f"{label}: timeout must be a positive number of seconds")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise DefinitionError(f"{label}: on_error must be one of "
+                                  f"{', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
+        if (self.on_error == "fallback") != (self.fallback is not None):
+            raise DefinitionError(f"{label}: on_error='fallback' and fallback= go together")
+        if self.fallback is not None:
+            check_name("tool", self.fallback)
+
+    @property
+    def name(self) -> str:
+        """The tool name, or the sub-flow name for a sub-flow step."""
+        return self.tool_name if self.tool_name is not None else self.flow  # type: ignore[return-value]
+
+
+def _string_mapping(label: str, what: str, value: Mapping[str, str]) -> Mapping[str, str]:
+    mapping = dict(value)
+    for source, target in mapping.items():
+        if not isinstance(source, str) or not isinstance(target, str):
+            raise DefinitionError(f"{label}: {what} keys and values must be strings")
+    return MappingProxyType(mapping)
 
 
 @dataclass(frozen=True)
 class Flow:
-    """A named, versioned sequence of tool steps with governance and safety metadata."""
+    """A named, versioned DAG of steps with governance and safety metadata.
+
+    Built flows know their graph: ``step_ids`` (declaration order), ``dependencies``
+    (per step, the declaration indices it runs after), ``order`` (a topological order,
+    ties broken by declaration) and ``sink`` (the one step nothing runs after, or
+    ``None`` when several do; then ``output_schema`` is required).
+    """
 
     name: str
     description: str
@@ -97,6 +224,10 @@ class Flow:
     governance: FlowGovernance = field(default_factory=FlowGovernance)
     safety: ToolSafetyContract | None = None
     prompts: Sequence[FlowPrompt] = ()
+    step_ids: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    dependencies: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False,
+                                                       compare=False)
+    order: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_name("flow", self.name)
@@ -107,6 +238,7 @@ class Flow:
         if not all(isinstance(step, FlowStep) for step in steps):
             raise DefinitionError(f"flow {self.name!r}: steps must be FlowStep values")
         object.__setattr__(self, "steps", steps)
+        _set_graph(self, steps)
         check_model(f"flow {self.name!r}", "input_schema", self.input_schema, optional=True)
         check_model(f"flow {self.name!r}", "output_schema", self.output_schema, optional=True)
         if not isinstance(self.governance, FlowGovernance):
@@ -122,6 +254,22 @@ class Flow:
                 f"flow {self.name!r}: duplicate prompt name(s) {', '.join(duplicates)}"
             )
         object.__setattr__(self, "prompts", prompts)
+        if self.sink is None and self.output_schema is None:
+            raise DefinitionError(
+                f"flow {self.name!r}: steps {', '.join(repr(self.step_ids[i]) for i in self.sinks)}"
+                " all end the flow (nothing runs after them); give the flow an output_schema"
+                " to say what it returns, or join them with a final step")
+
+    @property
+    def sinks(self) -> tuple[int, ...]:
+        """Declaration indices of the steps no other step runs after."""
+        used = {index for deps in self.dependencies for index in deps}
+        return tuple(i for i in range(len(self.steps)) if i not in used)
+
+    @property
+    def sink(self) -> int | None:
+        sinks = self.sinks
+        return sinks[0] if len(sinks) == 1 else None
 
     @property
     def version_key(self) -> tuple:
@@ -134,3 +282,91 @@ class Flow:
             return self.title
         return " ".join(w.capitalize() for w in self.name.replace("-", "_").replace(".", "_")
                         .split("_") if w)
+
+
+def _set_graph(flow: Flow, steps: tuple[FlowStep, ...]) -> None:
+    """Resolve step ids and ``after`` into the flow's graph; reject bad ids and cycles."""
+    where = f"flow {flow.name!r}"
+    names = [step.name for step in steps]
+    ids: list[str] = []
+    for index, step in enumerate(steps):
+        if step.id is not None:
+            ids.append(step.id)
+        elif names.count(step.name) == 1:
+            ids.append(step.name)
+        else:
+            raise DefinitionError(
+                f"{where}: {step.name!r} is used by several steps; give each an id "
+                f"(FlowStep({step.name!r}, id=...), step {index} has none)")
+    seen: dict[str, int] = {}
+    for index, step_id in enumerate(ids):
+        if step_id in seen:
+            raise DefinitionError(f"{where}: steps {seen[step_id]} and {index} have the same "
+                                  f"id {step_id!r}; ids must be unique")
+        seen[step_id] = index
+    dependencies = []
+    for index, step in enumerate(steps):
+        if step.after is None:
+            dependencies.append((index - 1,) if index else ())
+            continue
+        resolved = []
+        for target in step.after:
+            if target not in seen:
+                raise DefinitionError(f"{where}: step {ids[index]!r} runs after unknown step "
+                                      f"id {target!r} (ids: {', '.join(ids)})")
+            if target == ids[index]:
+                raise DefinitionError(f"{where}: step {target!r} cannot run after itself")
+            resolved.append(seen[target])
+        dependencies.append(tuple(resolved))
+    object.__setattr__(flow, "step_ids", tuple(ids))
+    object.__setattr__(flow, "dependencies", tuple(dependencies))
+    object.__setattr__(flow, "order", _topological_order(where, ids, dependencies))
+    _check_mapped_writes(where, flow)
+
+
+def _check_mapped_writes(where: str, flow: Flow) -> None:
+    """Steps with output mappings write known keys: two that may run at the same time
+    must not write the same one. (Other writes depend on the tools; the executor checks
+    them when it plans the flow.)"""
+    ancestors: dict[int, set[int]] = {}
+    for index in flow.order:
+        ancestors[index] = set()
+        for dep in flow.dependencies[index]:
+            ancestors[index] |= ancestors[dep] | {dep}
+    mapped = [i for i in flow.order if flow.steps[i].output_mapping]
+    for position, later in enumerate(mapped):
+        for earlier in mapped[:position]:
+            if earlier in ancestors[later]:
+                continue
+            shared = sorted(set(flow.steps[earlier].output_mapping)
+                            & set(flow.steps[later].output_mapping))
+            if shared:
+                raise DefinitionError(
+                    f"{where}: steps {flow.step_ids[earlier]!r} and {flow.step_ids[later]!r}"
+                    f" may run at the same time and both write context key {shared[0]!r}; "
+                    "make one run after the other or map to different keys")
+
+
+def _topological_order(where: str, ids: list[str],
+                       dependencies: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Kahn's algorithm; among ready steps the earliest declared goes first."""
+    waiting = [len(deps) for deps in dependencies]
+    dependents: list[list[int]] = [[] for _ in ids]
+    for index, deps in enumerate(dependencies):
+        for dep in deps:
+            dependents[dep].append(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for dependent in dependents[index]:
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                heapq.heappush(ready, dependent)
+    if len(order) != len(ids):
+        stuck = [ids[i] for i, count in enumerate(waiting) if count > 0]
+        raise DefinitionError(f"{where}: the steps {', '.join(map(repr, stuck))} wait for "
+                              "each other in a cycle (check their after= lists)")
+    return tuple(order)

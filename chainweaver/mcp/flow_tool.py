@@ -16,7 +16,7 @@ from fastmcp.tools.base import ToolResult
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
-from ..executor import ExecutionResult, FlowExecutor
+from ..executor import ExecutionResult, FlowExecutor, StepRecord
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
@@ -63,6 +63,31 @@ def _sendable(arguments: dict[str, Any]) -> bool:
     return True
 
 
+def run_meta(result: ExecutionResult, error_detail: str = "full") -> dict[str, Any]:
+    """The tool result's ``_meta``: which flow version ran and, per step, its id, status,
+    attempts and duration (a sub-flow's steps nested under ``steps``); the error type of
+    a failed or skipped step too, never its text, and not even the type when
+    ``error_detail`` is ``"generic"``."""
+    return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
+                            "steps": _step_meta(result.steps, error_detail)}}
+
+
+def _step_meta(records: list[StepRecord], error_detail: str) -> list[dict[str, Any]]:
+    steps = []
+    for record in records:
+        entry: dict[str, Any] = {"id": record.step_id, "status": record.status,
+                                 "attempts": record.attempts,
+                                 "duration_ms": round(record.duration_ms, 3)}
+        if record.error is not None and error_detail != "generic":
+            entry["error"] = record.error.type
+        if record.fallback is not None:
+            entry["fallback"] = record.fallback
+        if record.steps is not None:
+            entry["steps"] = _step_meta(record.steps, error_detail)
+        steps.append(entry)
+    return steps
+
+
 class FlowTool(FastMCPTool):
     """The MCP tool for one exposed flow."""
 
@@ -106,18 +131,22 @@ class FlowTool(FastMCPTool):
         result = await self._executor.execute_flow_async(
             flow.name, arguments, version=flow.version, timeout=self._timeout
         )
+        meta = run_meta(result, self._error_detail)
         if not result.success:
-            return self._failure(result)
-        try:
-            return self._success(result)
-        except (TypeError, ValueError, RecursionError,
-                pydantic_core.PydanticSerializationError) as error:
-            # NaN / Infinity, a lone surrogate, nesting too deep to encode, or an object
-            # JSON cannot carry: valid JSON or an error, never text that breaks the
-            # advertised output schema or the transport.
-            return self._error_result(
-                "OutputSerializationError",
-                f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
+            tool_result = self._failure(result)
+        else:
+            try:
+                tool_result = self._success(result)
+            except (TypeError, ValueError, RecursionError,
+                    pydantic_core.PydanticSerializationError) as error:
+                # NaN / Infinity, a lone surrogate, nesting too deep to encode, or an
+                # object JSON cannot carry: valid JSON or an error, never text that breaks
+                # the advertised output schema or the transport.
+                tool_result = self._error_result(
+                    "OutputSerializationError",
+                    f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
+        tool_result.meta = meta
+        return tool_result
 
     def _success(self, result: ExecutionResult) -> ToolResult:
         output = pydantic_core.to_jsonable_python(result.final_output)
@@ -133,7 +162,7 @@ class FlowTool(FastMCPTool):
         assert error is not None
         if error.type == "InputValidationError":
             # The caller's own mistake: always say which field, whatever error_detail says.
-            text = f"Invalid arguments for {self.name!r}: {error.message.split(': ', 1)[-1]}"
+            text = f"Invalid arguments for {self.name!r}: {error.detail}"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return self._error_result(error.type, error.message)
 

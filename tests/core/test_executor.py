@@ -142,8 +142,8 @@ def test_input_mapping_renames_context_keys() -> None:
 
     registry, executor = build(add)
     registry.register_flow(Flow("sum", "", [
-        FlowStep("add", {"b": "a"}),             # a + a
-        FlowStep("add", {"a": "total", "b": "total"}),
+        FlowStep("add", {"b": "a"}, id="double_a"),             # a + a
+        FlowStep("add", {"a": "total", "b": "total"}, id="double_total"),
     ]))
     result = executor.execute_flow("sum", {"a": 3, "b": 100})
     assert result.success, result.error
@@ -157,7 +157,7 @@ def test_later_outputs_overwrite_context_keys() -> None:
         return {"n": n + 1}
 
     registry, executor = build(inc)
-    registry.register_flow(Flow("inc3", "", [FlowStep("inc")] * 3))
+    registry.register_flow(Flow("inc3", "", [FlowStep("inc", id=f"inc{i}") for i in range(3)]))
     assert executor.execute_flow("inc3", {"n": 0}).final_output == {"n": 3}
 
 
@@ -260,7 +260,7 @@ def test_tool_that_raises_stops_the_run_and_keeps_earlier_steps() -> None:
     assert result.final_output is None
     assert result.error == ErrorInfo(
         "RuntimeError", "step 1 ('fetch_order') raised RuntimeError: database is down",
-        step_index=1, tool_name="fetch_order",
+        step_index=1, tool_name="fetch_order", step_id="fetch_order",
     )
     assert [s.tool_name for s in result.steps] == ["prepare", "fetch_order"]
     assert result.steps[0].outputs == {"order_id": "boom"} and result.steps[0].error is None
@@ -551,7 +551,8 @@ async def test_async_tool_failures() -> None:
     registry, executor = build(explode, wrong_shape, ok)
     registry.register_flow(Flow("a", "", [FlowStep("ok"), FlowStep("explode")]))
     registry.register_flow(Flow("b", "", [FlowStep("wrong_shape")]))
-    registry.register_flow(Flow("c", "", [FlowStep("ok"), FlowStep("ok", {"x": "y"})]))
+    registry.register_flow(Flow("c", "", [FlowStep("ok", id="first"),
+                                          FlowStep("ok", {"x": "y"}, id="second")]))
     a = await executor.execute_flow_async("a", {"x": 1})
     assert (a.error.type, a.error.step_index, a.error.tool_name) == ("ValueError", 1, "explode")
     assert len(a.steps) == 2 and a.steps[0].outputs == {"x": 1}
@@ -664,7 +665,7 @@ def test_sync_execution_of_async_tools() -> None:
         return {"x": 2 * x}
 
     registry, executor = build(double)
-    registry.register_flow(Flow("d", "", [FlowStep("double")] * 3))
+    registry.register_flow(Flow("d", "", [FlowStep("double", id=f"d{i}") for i in range(3)]))
     assert executor.execute_flow("d", {"x": 1}).final_output == {"x": 8}
 
 

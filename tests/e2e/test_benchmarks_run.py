@@ -43,6 +43,11 @@ EXECUTOR_LINES = [
     "ratio execute_flow / hand-written",
     "ratio execute_flow_async / hand-written",
     "of which an empty worker-thread hop costs",
+    "Fan-out: 4 async branches awaiting 100 ms each",
+    "ratio execute_flow_async / longest branch",
+    "100-step DAG, 2 repeats; microseconds per step (best)",
+    "plan compilations       1",
+    "ratio per step / hand-written",
 ]
 
 
@@ -75,8 +80,11 @@ def test_bench_server_quick_prints_every_section() -> None:
 
 
 def test_bench_executor_small_run_prints_every_line() -> None:
-    result = run_script("benchmarks/bench_executor.py", "--repeats", "2", "--number", "200")
+    # --no-upstream: the comparison with the reference package installs it from PyPI.
+    result = run_script("benchmarks/bench_executor.py", "--repeats", "2", "--number", "200",
+                        "--no-upstream")
     assert result.returncode == 0, result.stderr
     for expected in EXECUTOR_LINES:
         assert expected in result.stdout, (expected, result.stdout)
-    assert re.search(r"target <= 3x: (ok|OVER)", result.stdout), result.stdout
+    for target in ("1.5x", "2x"):
+        assert re.search(rf"target <= {re.escape(target)}: (ok|OVER)", result.stdout)

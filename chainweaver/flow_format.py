@@ -1,0 +1,130 @@
+"""The flow-file format as pydantic models: the keys :mod:`chainweaver.files` accepts, and
+the JSON Schema editors validate flow files with (``chainweaver schema`` prints it).
+
+:mod:`chainweaver.files` reads files with its own checks, so that every error names the
+file, the field and what is wrong in flow-author words; it takes the allowed keys of each
+part from these models, so the schema and the reader cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+SCHEMA_ID = "https://chainweaver.dev/schemas/flow-file.json"
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RetryFormat(_Part):
+    """How a failing step is retried (only steps whose tool is idempotent)."""
+
+    max_attempts: int = Field(3, ge=1, description="Attempts in all, the first included")
+    backoff_seconds: float = Field(0.1, ge=0, description="Wait after the first failure; "
+                                   "doubles after each further failure")
+    max_backoff_seconds: float = Field(5.0, ge=0, description="Longest wait")
+    jitter: float = Field(0.0, ge=0, le=1, description="Random spread of each wait, as a "
+                          "fraction")
+    retry_on: list[str] = Field(["Exception"], min_length=1, description="Exception class "
+                                "names to retry (base classes match subclasses)")
+
+
+class StepFormat(_Part):
+    """One step: a tool (``tool``) or a registered flow run as one step (``flow``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [{"required": ["tool"]}, {"required": ["flow"]}]})
+
+    tool: str | None = Field(None, pattern=NAME_PATTERN, description="The tool to call")
+    flow: str | None = Field(None, pattern=NAME_PATTERN,
+                             description="A registered flow to run as this step")
+    id: str | None = Field(None, min_length=1, description="Unique step id (default: the "
+                           "tool or flow name, when no other step uses it)")
+    after: list[str] | None = Field(None, description="Step ids this step waits for "
+                                    "(default: the previous step; [] starts at once)")
+    when: str | None = Field(None, description="Condition over context keys: names, "
+                             "literals, comparisons, in, is None, and, or, not")
+    input_mapping: dict[str, str] = Field({}, description="Tool input field -> context key")
+    output_mapping: dict[str, str] = Field({}, description="Context key -> output field "
+                                           "(only these keys are written)")
+    retry: RetryFormat | None = None
+    timeout: float | None = Field(None, gt=0, description="Seconds per attempt")
+    on_error: Literal["fail", "skip", "fallback"] = "fail"
+    fallback: str | None = Field(None, pattern=NAME_PATTERN, description="Tool to run on "
+                                 "the same input when the step fails (on_error: fallback)")
+
+    @model_validator(mode="after")
+    def _tool_or_flow(self) -> StepFormat:
+        if (self.tool is None) == (self.flow is None):
+            raise ValueError("a step needs exactly one of 'tool' or 'flow'")
+        return self
+
+
+class GovernanceFormat(_Part):
+    lifecycle: Literal["draft", "reviewed", "active", "archived"] = "active"
+    owner: str | None = None
+
+
+class SafetyFormat(_Part):
+    side_effects: Literal["none", "read", "write", "external", "destructive"]
+    idempotent: bool | None = None
+    requires_approval: bool = False
+    approval_reason: str | None = None
+    open_world: bool = False
+
+
+class PromptArgumentFormat(_Part):
+    name: str
+    description: str = ""
+    required: bool = False
+
+
+class PromptMessageFormat(_Part):
+    role: Literal["user", "assistant"]
+    text: str
+
+
+class PromptFormat(_Part):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    title: str | None = None
+    description: str = ""
+    arguments: list[PromptArgumentFormat] = []
+    messages: list[PromptMessageFormat] = Field(min_length=1)
+
+
+SchemaRef = str | dict[str, Any] | None
+
+
+class FlowFileFormat(_Part):
+    """One flow per file (``*.flow.yaml``, ``*.flow.yml`` or ``*.flow.json``)."""
+
+    model_config = ConfigDict(extra="forbid", title="ChainWeaver flow file")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    version: str = "1.0.0"
+    title: str | None = None
+    description: str
+    governance: GovernanceFormat | None = None
+    safety: SafetyFormat | None = None
+    input_schema: SchemaRef = Field(None, description="'package.module:Model' or an inline "
+                                    "JSON Schema object")
+    output_schema: SchemaRef = Field(None, description="'package.module:Model' or an inline "
+                                     "JSON Schema object")
+    steps: list[str | StepFormat] = Field(min_length=1, description="A tool name, or a step")
+    prompts: list[PromptFormat] = []
+
+
+def keys(model: type[BaseModel]) -> tuple[str, ...]:
+    """The keys a part of a flow file may have, in declaration order."""
+    return tuple(model.model_fields)
+
+
+def flow_file_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a flow file."""
+    schema = FlowFileFormat.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
+            **schema}

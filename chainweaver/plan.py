@@ -1,0 +1,367 @@
+"""Compiling a flow into an executable plan, and the static checks that come with it.
+
+A :class:`Plan` holds the flow's steps in topological order (ties by declaration) with
+everything a run needs resolved once: each step's tool (or sub-flow), the candidate
+sources of every input field and condition name (the ancestor steps that may write that
+context key, latest in plan order first; the flow input comes last), and which context
+keys each step writes. A step sees the flow input and the outputs of the steps it comes
+after (directly or not), merged in plan order, so what it reads never depends on timing.
+
+:func:`compile_plan` returns the plan and a list of :class:`Problem` values. *Fatal*
+problems (a missing tool or sub-flow, a recursive sub-flow, a retry on a non-idempotent
+step, two steps that may run at once writing the same key) make the flow unrunnable;
+the others are data-flow findings (a required field nothing can provide, a mapping to a
+key that can never exist, an output schema the context cannot fill): the flow can still
+run (and fail at run time), but an MCP server does not publish it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from .conditions import Condition
+from .flows import Flow, FlowStep
+from .safety import ToolSafetyContract
+from .tools import Tool
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a flow cannot run (``fatal``) or cannot succeed for some input."""
+
+    kind: str
+    message: str
+    step_id: str | None = None
+    field: str | None = None
+    fatal: bool = False
+
+
+# The plan's parts are never changed after compile_plan builds them. They are not
+# frozen dataclasses only because those take four times as long to build, and every
+# exposure decision compiles every flow.
+
+
+@dataclass(slots=True)
+class FieldSource:
+    """Where one input field (or condition name) of a step comes from at run time."""
+
+    field: str
+    key: str
+    mapped: bool
+    required: bool
+    candidates: tuple[int, ...]  # plan positions that may write ``key``, latest first
+
+
+@dataclass(slots=True)
+class PlannedStep:
+    position: int
+    index: int
+    id: str
+    label: str  # "step 1 ('fetch_order')", used in every message about the step
+    step: FlowStep
+    tool: Tool | None
+    subflow: Flow | None
+    input_model: type[BaseModel] | None
+    output_model: type[BaseModel] | None
+    fallback: Tool | None
+    sources: tuple[FieldSource, ...]
+    condition: Condition | None
+    condition_sources: tuple[FieldSource, ...]
+    depends: tuple[int, ...]
+    dependents: tuple[int, ...]
+    writes: frozenset[str] | None  # None: unknown (an undeclared output)
+    output_mapping: tuple[tuple[str, str], ...]
+    runs_in_thread: bool  # a sync tool (the async lane runs it in a worker thread)
+
+
+@dataclass(slots=True)
+class Plan:
+    flow: Flow
+    steps: tuple[PlannedStep, ...]
+    sink: int | None  # plan position of the single sink, if any
+    input_model: type[BaseModel] | None
+    # Every sub-flow (and theirs, transitively) as resolved: a new version of any of them
+    # makes the plan stale.
+    subflow_versions: tuple[tuple[str, str], ...]
+
+
+# How compile_plan looks things up (the executor passes its own).
+class Resolver:
+    def __init__(self, tools: Mapping[str, Tool], get_flow: Callable[[str], Flow | None],
+                 input_model: Callable[[Flow], type[BaseModel] | None],
+                 output_model: Callable[[Flow], type[BaseModel] | None],
+                 safety: Callable[[Flow], ToolSafetyContract | None],
+                 check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]]
+                 ) -> None:
+        self.tools = tools
+        self.get_flow = get_flow
+        self.input_model = input_model
+        self.output_model = output_model
+        self.safety = safety
+        self.check = check
+
+
+def step_label(flow: Flow, index: int) -> str:
+    step = flow.steps[index]
+    step_id = flow.step_ids[index]
+    if step_id == step.name:
+        return f"step {index} ({step_id!r})"
+    return f"step {index} ({step_id!r}, {'flow' if step.flow else 'tool'} {step.name!r})"
+
+
+def compile_plan(flow: Flow, resolver: Resolver,
+                 stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:
+    """The plan of ``flow`` and every problem found; ``stack`` holds enclosing flows."""
+    problems: list[Problem] = []
+    position_of = {index: position for position, index in enumerate(flow.order)}
+    ancestors = _ancestors(flow, position_of)
+    versions: list[tuple[str, str]] = []
+    targets = [_resolve(flow, index, resolver, stack, problems, versions)
+               for index in flow.order]
+    writes = [_writes(flow, index, tool, subflow, fallback, resolver, problems)
+              for index, (tool, subflow, fallback) in zip(flow.order, targets, strict=True)]
+    input_model = resolver.input_model(flow)
+    input_keys = None if input_model is None else set(input_model.model_fields)
+
+    dependents: list[list[int]] = [[] for _ in flow.order]
+    for position, index in enumerate(flow.order):
+        for dep in flow.dependencies[index]:
+            dependents[position_of[dep]].append(position)
+
+    planned = []
+    for position, index in enumerate(flow.order):
+        step = flow.steps[index]
+        tool, subflow, fallback = targets[position]
+        label = step_label(flow, index)
+        step_id = flow.step_ids[index]
+        if subflow is not None:
+            model = resolver.input_model(subflow)
+            output_model = resolver.output_model(subflow)
+        else:
+            model = tool.input_schema if tool else None
+            output_model = tool.output_schema if tool else None
+        lineage = [p for p in range(position - 1, -1, -1) if ancestors[position] >> p & 1]
+
+        def candidates(key: str, lineage: list[int] = lineage) -> tuple[int, ...]:
+            return tuple(p for p in lineage if writes[p] is None or key in writes[p])
+
+        sources = []
+        if model is not None:
+            mapping = step.input_mapping
+            for name, info in model.model_fields.items():
+                key = mapping.get(name, name)
+                sources.append(FieldSource(name, key, name in mapping, info.is_required(),
+                                           candidates(key)))
+            for name in mapping:
+                if name not in model.model_fields:
+                    problems.append(Problem(
+                        "UnknownFieldError",
+                        f"{label} maps field {name!r}, which the "
+                        f"{'flow' if subflow else 'tool'}'s input does not have",
+                        step_id, name))
+        condition_sources = ()
+        if step.condition is not None:
+            condition_sources = tuple(FieldSource(name, name, False, False, candidates(name))
+                                      for name in step.condition.names)
+        _check_sources(label, step_id, sources, input_keys, problems)
+        _check_retry(label, step_id, step, tool, subflow, resolver, problems)
+        planned.append(PlannedStep(
+            position, index, step_id, label, step, tool, subflow, model, output_model,
+            fallback, tuple(sources), step.condition, condition_sources,
+            tuple(position_of[d] for d in flow.dependencies[index]),
+            tuple(dependents[position]), writes[position],
+            tuple(step.output_mapping.items()),
+            tool is not None and not tool.is_async,
+        ))
+
+    _check_conflicts(planned, ancestors, problems)
+    _check_output(flow, input_keys, writes, problems)
+    sink = flow.sink
+    plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
+                input_model, tuple(dict.fromkeys(versions)))
+    return plan, problems
+
+
+def _ancestors(flow: Flow, position_of: dict[int, int]) -> list[int]:
+    """Per plan position, a bit set of the plan positions it (transitively) runs after."""
+    result = [0] * len(flow.order)
+    for position, index in enumerate(flow.order):
+        bits = 0
+        for dep in flow.dependencies[index]:
+            dep_position = position_of[dep]
+            bits |= result[dep_position] | (1 << dep_position)
+        result[position] = bits
+    return result
+
+
+def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
+             problems: list[Problem], versions: list[tuple[str, str]],
+             ) -> tuple[Tool | None, Flow | None, Tool | None]:
+    step = flow.steps[index]
+    step_id = flow.step_ids[index]
+    tool = subflow = fallback = None
+    if step.flow is not None:
+        label = step_label(flow, index)
+        if step.flow in stack or step.flow == flow.name:
+            chain = " -> ".join((*stack, flow.name, step.flow))
+            problems.append(Problem("RecursiveFlowError", f"{label} runs flow {step.flow!r} "
+                                    f"recursively ({chain})", step_id, fatal=True))
+        else:
+            subflow = resolver.get_flow(step.flow)
+            if subflow is None:
+                problems.append(Problem("FlowNotFoundError", f"{label} uses unregistered "
+                                        f"flow {step.flow!r}", step_id, fatal=True))
+            else:
+                inner_plan, inner = resolver.check(subflow, (*stack, flow.name))
+                versions.append((subflow.name, subflow.version))
+                versions.extend(inner_plan.subflow_versions)
+                if inner:
+                    problems.append(Problem(
+                        "InvalidSubFlowError", f"{label}: sub-flow {step.flow!r} is invalid: "
+                        + "; ".join(p.message for p in inner), step_id, fatal=True))
+                    subflow = None
+    else:
+        tool = resolver.tools.get(step.tool_name)  # type: ignore[arg-type]
+        if tool is None:
+            problems.append(Problem("ToolNotFoundError", f"step {index} uses unregistered "
+                                    f"tool {step.tool_name!r}", step_id, fatal=True))
+    if step.fallback is not None:
+        fallback = resolver.tools.get(step.fallback)
+        if fallback is None:
+            problems.append(Problem("ToolNotFoundError", f"{step_label(flow, index)} falls "
+                                    f"back to unregistered tool {step.fallback!r}", step_id,
+                                    fatal=True))
+    return tool, subflow, fallback
+
+
+def _model_keys(model: type[BaseModel] | None) -> frozenset[str] | None:
+    return None if model is None else frozenset(model.model_fields)
+
+
+def _writes(flow: Flow, index: int, tool: Tool | None, subflow: Flow | None,
+            fallback: Tool | None, resolver: Resolver,
+            problems: list[Problem]) -> frozenset[str] | None:
+    """The context keys a step writes (None: unknown)."""
+    step = flow.steps[index]
+    if subflow is not None:
+        produced = _model_keys(resolver.output_model(subflow))
+    elif tool is not None:
+        produced = _model_keys(tool.output_schema)
+    else:
+        produced = frozenset()  # unrunnable; reported already
+    if fallback is not None and produced is not None:
+        extra = _model_keys(fallback.output_schema)
+        produced = None if extra is None else produced | extra
+    if not step.output_mapping:
+        return produced
+    if produced is not None:
+        for key, output_field in step.output_mapping.items():
+            if output_field not in produced:
+                problems.append(Problem(
+                    "UnknownFieldError", f"{step_label(flow, index)} maps output field "
+                    f"{output_field!r} (to context key {key!r}), which its output does not "
+                    "have", flow.step_ids[index], output_field))
+    return frozenset(step.output_mapping)
+
+
+def _check_sources(label: str, step_id: str, sources: list[FieldSource],
+                   input_keys: set[str] | None, problems: list[Problem]) -> None:
+    if input_keys is None:
+        return  # the flow input is unknown (its first tool is missing): reported already
+    for source in sources:
+        if source.candidates or source.key in input_keys:
+            continue
+        if source.mapped:
+            problems.append(Problem(
+                "MissingContextKeyError", f"{label} maps field {source.field!r} to context "
+                f"key {source.key!r}, which neither the flow input nor an earlier step "
+                "provides", step_id, source.field))
+        elif source.required:
+            problems.append(Problem(
+                "MissingContextKeyError", f"{label} needs input field {source.field!r}, "
+                "which neither the flow input, an earlier step, a mapping nor a default "
+                "provides", step_id, source.field))
+
+
+def _check_retry(label: str, step_id: str, step: FlowStep, tool: Tool | None,
+                 subflow: Flow | None, resolver: Resolver, problems: list[Problem]) -> None:
+    if step.retry is None or (tool is None and subflow is None):
+        return
+    safety = tool.safety if tool is not None else resolver.safety(subflow)  # type: ignore[arg-type]
+    if safety is None or not safety.idempotent:
+        what = "unknown" if safety is None else "not idempotent"
+        problems.append(Problem(
+            "RetryNotAllowedError", f"{label} has a retry policy, but its "
+            f"{'tool' if tool else 'flow'} is {what} by its safety contract (a retried "
+            "side effect could happen twice)", step_id, fatal=True))
+
+
+def _check_conflicts(planned: list[PlannedStep], ancestors: list[int],
+                     problems: list[Problem]) -> None:
+    """Two steps that may run at the same time must not write the same context key."""
+    for later in planned:
+        if later.writes is None:
+            continue
+        for earlier in planned[:later.position]:
+            if earlier.writes is None or ancestors[later.position] >> earlier.position & 1:
+                continue
+            shared = sorted(earlier.writes & later.writes)
+            if shared:
+                problems.append(Problem(
+                    "ConflictingWritesError",
+                    f"steps {earlier.id!r} and {later.id!r} may run at the same time and "
+                    f"both write context key {shared[0]!r}; make one run after the other "
+                    "or rename with output_mapping", later.id, shared[0], fatal=True))
+
+
+def _check_output(flow: Flow, input_keys: set[str] | None,
+                  writes: list[frozenset[str] | None], problems: list[Problem]) -> None:
+    if flow.output_schema is None or input_keys is None or any(w is None for w in writes):
+        return
+    available = set(input_keys).union(*writes)
+    for name, info in flow.output_schema.model_fields.items():
+        if info.is_required() and name not in available:
+            problems.append(Problem(
+                "OutputValidationError", f"output_schema field {name!r} can be filled by "
+                "neither the flow input nor any step's output", None, name))
+
+
+def _mermaid_text(text: str) -> str:
+    # Mermaid entity codes: labels may hold conditions with quotes and comparisons.
+    return (text.replace("&", "#amp;").replace('"', "#quot;").replace("<", "#lt;")
+            .replace(">", "#gt;"))
+
+
+def mermaid(flow: Flow) -> str:
+    """The flow's DAG as a Mermaid flowchart (conditional steps are hexagons, sub-flows
+    subroutines; retries, timeouts, on_error and fallbacks are noted in the label)."""
+    lines = ["flowchart TD"]
+    for index, step in enumerate(flow.steps):
+        step_id = flow.step_ids[index]
+        parts = [step_id]
+        if step_id != step.name:
+            parts.append(f"{'flow' if step.flow else 'tool'}: {step.name}")
+        if step.when is not None:
+            parts.append(f"when: {step.when}")
+        if step.retry is not None:
+            parts.append(f"retry: {step.retry.max_attempts} attempts")
+        if step.timeout is not None:
+            parts.append(f"timeout: {step.timeout} s")
+        if step.on_error != "fail":
+            parts.append(f"on_error: {step.on_error}"
+                         + (f" ({step.fallback})" if step.fallback else ""))
+        label = "<br/>".join(_mermaid_text(part) for part in parts)
+        if step.flow is not None:
+            shape = f'[["{label}"]]'
+        elif step.when is not None:
+            shape = f'{{{{"{label}"}}}}'
+        else:
+            shape = f'["{label}"]'
+        lines.append(f"    n{index}{shape}")
+    for index, deps in enumerate(flow.dependencies):
+        for dep in deps:
+            lines.append(f"    n{dep} --> n{index}")
+    return "\n".join(lines)

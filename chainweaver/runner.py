@@ -1,0 +1,456 @@
+"""One step runner for both lanes, the run state it works on, and the run's records.
+
+:func:`run_step` is a generator: it does everything a step needs (condition, inputs,
+validation, retries, fallback, records, writing its outputs) and *yields* the few
+things that differ between the lanes as requests: call a tool, sleep before a retry,
+run a sub-flow. The sync lane answers them by calling directly; the async lane by
+awaiting (async tools, sub-flows) or in a worker thread (sync tools). So the rules
+live in one place and both lanes produce the same records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine, Generator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .conditions import ConditionError
+from .plan import FieldSource, Plan, PlannedStep
+from .tools import Tool
+
+logger = logging.getLogger("chainweaver.executor")
+
+# Request kinds a step yields to its lane.
+CALL, SLEEP, FLOW = "call", "sleep", "flow"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Why a run (or a step) failed: an error type, a message, and where it happened."""
+
+    type: str
+    message: str
+    step_index: int | None = None
+    tool_name: str | None = None
+    field: str | None = None
+    step_id: str | None = None
+    detail: str | None = None  # a validation error's description, without the "where"
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one step received and returned, how it ended and how long it took.
+
+    ``status`` is ``"completed"``, ``"skipped"`` (its condition was false, or it failed
+    with ``on_error="skip"``: then ``error`` says why) or ``"failed"``. ``attempts``
+    counts tool calls (retries and a fallback included); ``attempt_errors`` holds the
+    error of every failed attempt, in order; ``fallback`` names the fallback tool when
+    it produced the output; ``steps`` holds a sub-flow's own step records (of its last
+    attempt).
+    """
+
+    index: int
+    tool_name: str
+    inputs: dict[str, Any] | None = None
+    outputs: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    duration_ms: float = 0.0
+    step_id: str = ""
+    status: str = "running"
+    attempts: int = 0
+    attempt_errors: tuple[ErrorInfo, ...] = ()
+    fallback: str | None = None
+    steps: list[StepRecord] | None = None
+
+
+@dataclass(slots=True)
+class ExecutionResult:
+    """The outcome of one flow run."""
+
+    flow_name: str
+    flow_version: str
+    success: bool
+    final_output: dict[str, Any] | None
+    error: ErrorInfo | None
+    steps: list[StepRecord] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+
+class StepFailed(Exception):
+    """Internal: carries the ErrorInfo of a failure (and the exception behind it)."""
+
+    def __init__(self, info: ErrorInfo, cause: BaseException | None = None) -> None:
+        super().__init__(info.message)
+        self.info = info
+        self.cause = cause
+
+
+class StepTimeout(TimeoutError):
+    """Raised into a step by its lane when one attempt ran out of time."""
+
+
+class SubFlowFailed(Exception):
+    """The cause of a failed sub-flow attempt (so ``retry_on`` can name it)."""
+
+
+class RunState:
+    """One run of a plan: the flow input, each step's context writes, records, failure."""
+
+    __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
+                 "failed_at", "waiting", "ready")
+
+    def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
+        self.plan = plan
+        self.flow_input = flow_input
+        count = len(plan.steps)
+        self.writes: list[dict[str, Any] | None] = [None] * count
+        self.records: list[StepRecord | None] = [None] * count
+        self.started = 0  # how many records there are
+        self.failure: ErrorInfo | None = None
+        self.failed_at = count
+        self.waiting: list[int] = []
+        self.ready: list[int] = []
+
+    def schedule(self) -> None:
+        """Prepare the bookkeeping the async lane starts ready steps by."""
+        self.waiting = [len(step.depends) for step in self.plan.steps]
+        self.ready = [step.position for step in reversed(self.plan.steps)
+                      if not step.depends]  # pop() takes the earliest in plan order
+
+    def fail(self, position: int, info: ErrorInfo) -> None:
+        # Several branches may fail in the async lane: the earliest in plan order wins,
+        # which is the failure the sync lane reports.
+        if position < self.failed_at:
+            self.failure, self.failed_at = info, position
+
+    def finish(self, position: int) -> None:
+        """Mark a step done; its dependents whose steps are all done become ready."""
+        for dependent in self.plan.steps[position].dependents:
+            self.waiting[dependent] -= 1
+            if self.waiting[dependent] == 0:
+                self.ready.append(dependent)
+        self.ready.sort(reverse=True)  # pop() takes the earliest in plan order
+
+    def context(self) -> dict[str, Any]:
+        """The final context: the flow input and every step's writes, in plan order."""
+        context = dict(self.flow_input)
+        for written in self.writes:
+            if written:
+                context.update(written)
+        return context
+
+
+def first_error_field(error: ValidationError) -> str | None:
+    errors = error.errors()
+    if not errors or not errors[0].get("loc"):
+        return None
+    return ".".join(str(part) for part in errors[0]["loc"])
+
+
+def describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        where = ".".join(str(p) for p in item.get("loc", ())) or "(root)"
+        parts.append(f"{where}: {item.get('msg')}")
+    return "; ".join(parts)
+
+
+def raised(what: str, error: BaseException, **where: Any) -> StepFailed:
+    """A failure raised by code the executor calls (a tool, a validator, a serializer).
+
+    The message may carry the exception's text; servers decide how much of it to show.
+    """
+    logger.debug("%s raised", what, exc_info=error)
+    try:
+        text = str(error)
+    except Exception:  # an exception whose __str__ itself fails
+        text = "(message unavailable)"
+    name = type(error).__name__
+    return StepFailed(ErrorInfo(name, f"{what} raised {name}: {text}", **where), error)
+
+
+# ------------------------------------------------------------------ the step runner
+
+
+def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, None]:
+    """Run one step of ``state``'s plan, yielding tool calls, sleeps and sub-flow runs."""
+    step = planned.step
+    record = StepRecord(planned.index, step.name, None, None, None, 0.0, planned.id)
+    state.records[planned.position] = record
+    state.started += 1
+    started = perf_counter()
+    try:
+        if planned.condition is not None and not _condition_holds(state, planned):
+            record.status = "skipped"
+            return
+        arguments = _gather(state, planned, planned.sources)
+        record.inputs = arguments
+        if step.retry is None and planned.tool is not None:
+            # The common case, without a nested generator: one call of one tool.
+            tool = planned.tool
+            model = _validate_input(planned, tool, arguments)
+            record.attempts = 1
+            try:
+                raw = yield (CALL, tool, model, step.timeout)
+            except Exception as error:
+                raise _call_failed(planned, tool, error) from None
+            outputs = _output(planned, tool, raw)
+        else:
+            outputs = yield from _attempts(planned, arguments, record)
+        _complete(state, planned, record, outputs)
+    except StepFailed as failure:
+        record.error = failure.info
+        if step.on_error == "fallback" and planned.fallback is not None \
+                and record.inputs is not None:
+            try:
+                outputs = yield from _call_tool(planned, planned.fallback, record.inputs,
+                                                record)
+            except StepFailed as second:
+                record.attempt_errors += (failure.info,)
+                record.error = second.info
+            else:
+                record.attempt_errors += (failure.info,)
+                record.error = None
+                record.fallback = planned.fallback.name
+                _complete(state, planned, record, outputs)
+                return
+        if step.on_error == "skip":
+            record.status = "skipped"
+        else:
+            record.status = "failed"
+            state.fail(planned.position, record.error)
+    finally:
+        record.duration_ms = (perf_counter() - started) * 1000
+
+
+def _complete(state: RunState, planned: PlannedStep, record: StepRecord,
+              outputs: dict[str, Any]) -> None:
+    record.outputs = outputs
+    record.status = "completed"
+    if planned.output_mapping:
+        # Only the mapped keys reach the context; a field the output lacks is left out.
+        outputs = {key: outputs[name] for key, name in planned.output_mapping
+                   if name in outputs}
+    state.writes[planned.position] = outputs
+
+
+def _where(planned: PlannedStep, tool_name: str | None = None, **extra: Any) -> dict:
+    return {"step_index": planned.index, "tool_name": tool_name or planned.step.name,
+            "step_id": planned.id, **extra}
+
+
+def _lookup(state: RunState, source: FieldSource) -> tuple[bool, Any]:
+    writes = state.writes
+    for position in source.candidates:
+        written = writes[position]
+        if written is not None and source.key in written:
+            return True, written[source.key]
+    if source.key in state.flow_input:
+        return True, state.flow_input[source.key]
+    return False, None
+
+
+def _gather(state: RunState, planned: PlannedStep,
+            sources: tuple[FieldSource, ...]) -> dict[str, Any]:
+    arguments = {}
+    writes = state.writes
+    flow_input = state.flow_input
+    for source in sources:
+        key = source.key
+        # _lookup, inlined: this loop is the executor's hottest path.
+        for position in source.candidates:
+            written = writes[position]
+            if written is not None and key in written:
+                arguments[source.field] = written[key]
+                break
+        else:
+            if key in flow_input:
+                arguments[source.field] = flow_input[key]
+            elif source.mapped:
+                raise StepFailed(ErrorInfo(
+                    "MissingContextKeyError",
+                    f"{planned.label}: field {source.field!r} is mapped to context key "
+                    f"{key!r}, which does not exist{_skipped(state, source)}",
+                    **_where(planned, field=source.field)))
+            elif source.required and source.candidates:
+                # Only steps that were skipped (or failed and were skipped) could provide it.
+                raise StepFailed(ErrorInfo(
+                    "MissingContextKeyError",
+                    f"{planned.label}: required field {source.field!r} has no value"
+                    f"{_skipped(state, source)}", **_where(planned, field=source.field)))
+    return arguments
+
+
+def _skipped(state: RunState, source: FieldSource) -> str:
+    skipped = [state.plan.steps[p].id for p in source.candidates
+               if state.records[p] is not None and state.records[p].status == "skipped"]
+    if not skipped:
+        return ""
+    return f" (only step(s) {', '.join(map(repr, skipped))} could provide it, and were skipped)"
+
+
+def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
+    values = {}
+    for source in planned.condition_sources:
+        found, value = _lookup(state, source)
+        if found:
+            values[source.key] = value
+    try:
+        return planned.condition.evaluate(values)  # type: ignore[union-attr]
+    except ConditionError as error:
+        raise StepFailed(ErrorInfo("ConditionError", f"{planned.label}: {error}",
+                                   **_where(planned))) from None
+
+
+def _attempts(planned: PlannedStep, arguments: dict[str, Any],
+              record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+    retry = planned.step.retry
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            if planned.subflow is not None:
+                return (yield from _call_flow(planned, arguments, record))
+            return (yield from _call_tool(planned, planned.tool, arguments, record))
+        except StepFailed as failure:
+            if retry is None or attempt >= retry.max_attempts or failure.cause is None \
+                    or not retry.retries(failure.cause):
+                raise
+            record.attempt_errors += (failure.info,)
+            yield (SLEEP, retry.delay(attempt))
+
+
+def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any],
+               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+    assert tool is not None  # plans with missing tools never run
+    model = _validate_input(planned, tool, arguments)
+    record.attempts += 1
+    try:
+        raw = yield (CALL, tool, model, planned.step.timeout)
+    except Exception as error:
+        raise _call_failed(planned, tool, error) from None
+    return _output(planned, tool, raw)
+
+
+def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any]) -> Any:
+    try:
+        # The validator itself: model_validate only wraps it.
+        return tool.input_schema.__pydantic_validator__.validate_python(arguments)
+    except ValidationError as error:
+        raise StepFailed(ErrorInfo(
+            "StepInputError", f"{_what(planned, tool)} input is invalid: {describe(error)}",
+            **_where(planned, tool.name), field=first_error_field(error))) from None
+    except Exception as error:
+        raise raised(f"{_what(planned, tool)} input validation", error,
+                     **_where(planned, tool.name)) from None
+
+
+def _call_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
+    """A tool call that raised (its failure is data, not a crash) or timed out."""
+    if isinstance(error, StepTimeout):
+        return StepFailed(ErrorInfo(
+            "TimeoutError", f"{_what(planned, tool)} did not finish within "
+            f"{planned.step.timeout} s", **_where(planned, tool.name)), error)
+    return raised(_what(planned, tool), error, **_where(planned, tool.name))
+
+
+def _what(planned: PlannedStep, tool: Tool) -> str:
+    if tool is planned.tool:
+        return planned.label
+    return f"{planned.label} fallback {tool.name!r}"
+
+
+def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
+    schema = tool.output_schema
+    try:
+        if schema is not None:
+            if type(raw) is schema:
+                return schema.__pydantic_serializer__.to_python(raw)
+            if isinstance(raw, BaseModel):
+                # Another model (or a subclass with extra fields): validate its data.
+                raw = raw.model_dump()
+            return schema.__pydantic_serializer__.to_python(
+                schema.__pydantic_validator__.validate_python(raw))
+        if isinstance(raw, BaseModel):
+            return raw.model_dump()
+    except ValidationError as error:
+        raise StepFailed(ErrorInfo(
+            "StepOutputError", f"{_what(planned, tool)} output is invalid: {describe(error)}",
+            **_where(planned, tool.name), field=first_error_field(error))) from None
+    except Exception as error:  # e.g. a serializer that raises, an unconvertible value
+        raise raised(f"{_what(planned, tool)} output validation", error,
+                     **_where(planned, tool.name)) from None
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise StepFailed(ErrorInfo(
+        "StepOutputError", f"{_what(planned, tool)} returned {type(raw).__name__}; a tool "
+        "must return a dict or a pydantic model", **_where(planned, tool.name)))
+
+
+def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
+               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+    record.attempts += 1
+    result = yield (FLOW, planned.subflow, arguments, planned.step.timeout)
+    record.steps = result.steps
+    if result.success:
+        return dict(result.final_output or {})
+    inner = result.error
+    raise StepFailed(ErrorInfo(
+        inner.type, f"{planned.label}: sub-flow {planned.step.flow!r} failed: "
+        f"{inner.message}", **_where(planned, field=inner.field)), SubFlowFailed(inner.type))
+
+
+# ------------------------------------------------------------------ calling from a lane
+
+
+async def with_timeout(coroutine: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
+    if timeout is None:
+        return await coroutine
+    try:
+        return await asyncio.wait_for(coroutine, timeout)
+    except asyncio.TimeoutError:
+        raise StepTimeout(timeout) from None
+
+
+def call_blocking(tool: Tool, model: BaseModel, timeout: float | None) -> Any:
+    """Call a tool from sync code; with a timeout, in a helper thread left behind on expiry."""
+    if tool.is_async:
+        return run_coroutine_blocking(with_timeout(tool.fn(model), timeout))
+    if timeout is None:
+        return tool.fn(model)
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, tool.fn(model)))
+        except BaseException as error:  # handed to the waiting step below
+            outcome.append((False, error))
+
+    # A daemon thread, not the pool: an abandoned call must not hold a pool slot that
+    # other steps wait for, nor keep the interpreter alive at exit.
+    helper = threading.Thread(target=target, name=f"chainweaver-{tool.name}", daemon=True)
+    helper.start()
+    helper.join(timeout)
+    if not outcome:
+        raise StepTimeout(timeout)
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+def run_coroutine_blocking(coroutine: Any) -> Any:
+    """Run a coroutine from sync code, also when an event loop is already running here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
