@@ -103,7 +103,9 @@ def _literal(node: ast.expr, text: str) -> Any:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
             and isinstance(node.operand, ast.Constant) \
             and type(node.operand.value) in (int, float):
-        return -node.operand.value
+        number = node.operand.value
+        assert isinstance(number, (int, float))
+        return -number
     if isinstance(node, (ast.List, ast.Tuple)):
         return tuple(_literal(item, text) for item in node.elts)
     raise _reject(text, node, f"{type(node).__name__.lower()} literal")

@@ -410,9 +410,8 @@ class FlowExecutor:
     def _finish(self, state: RunState, started: float) -> ExecutionResult:
         plan = state.plan
         flow = plan.flow
-        records = state.records
-        if state.started != len(records):  # not every step started: keep those that did
-            records = [record for record in records if record is not None]
+        # Steps that never started have no record.
+        records = [record for record in state.records if record is not None]
         if state.failure is not None:
             return _failed(flow, state.failure, _settled(records, None), started)
         if flow.output_schema is not None:
@@ -439,7 +438,7 @@ class FlowExecutor:
                                  f"{sink.id!r} was skipped", step_index=sink.index,
                                  tool_name=sink.step.name, step_id=sink.id)
                 return _failed(flow, info, records, started)
-            final = record.outputs
+            final = record.outputs or {}
         return ExecutionResult(flow.name, flow.version, True, final, None, records,
                                (time.perf_counter() - started) * 1000)
 

@@ -304,7 +304,7 @@ def _set_graph(flow: Flow, steps: tuple[FlowStep, ...]) -> None:
             raise DefinitionError(f"{where}: steps {seen[step_id]} and {index} have the same "
                                   f"id {step_id!r}; ids must be unique")
         seen[step_id] = index
-    dependencies = []
+    dependencies: list[tuple[int, ...]] = []
     for index, step in enumerate(steps):
         if step.after is None:
             dependencies.append((index - 1,) if index else ())

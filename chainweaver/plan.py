@@ -146,7 +146,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
         lineage = [p for p in range(position - 1, -1, -1) if ancestors[position] >> p & 1]
 
         def candidates(key: str, lineage: list[int] = lineage) -> tuple[int, ...]:
-            return tuple(p for p in lineage if writes[p] is None or key in writes[p])
+            return tuple(p for p in lineage if _may_write(writes[p], key))
 
         sources = []
         if model is not None:
@@ -162,7 +162,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
                         f"{label} maps field {name!r}, which the "
                         f"{'flow' if subflow else 'tool'}'s input does not have",
                         step_id, name))
-        condition_sources = ()
+        condition_sources: tuple[FieldSource, ...] = ()
         if step.condition is not None:
             condition_sources = tuple(FieldSource(name, name, False, False, candidates(name))
                                       for name in step.condition.names)
@@ -317,11 +317,16 @@ def _check_conflicts(planned: list[PlannedStep], ancestors: list[int],
                     "or rename with output_mapping", later.id, shared[0], fatal=True))
 
 
+def _may_write(keys: frozenset[str] | None, key: str) -> bool:
+    """Whether a step writing ``keys`` (None: undeclared, anything) may write ``key``."""
+    return keys is None or key in keys
+
+
 def _check_output(flow: Flow, input_keys: set[str] | None,
                   writes: list[frozenset[str] | None], problems: list[Problem]) -> None:
     if flow.output_schema is None or input_keys is None or any(w is None for w in writes):
         return
-    available = set(input_keys).union(*writes)
+    available = set(input_keys).union(*(w for w in writes if w is not None))
     for name, info in flow.output_schema.model_fields.items():
         if info.is_required() and name not in available:
             problems.append(Problem(

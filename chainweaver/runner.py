@@ -290,7 +290,7 @@ def _gather(state: RunState, planned: PlannedStep,
 
 def _skipped(state: RunState, source: FieldSource) -> str:
     skipped = [state.plan.steps[p].id for p in source.candidates
-               if state.records[p] is not None and state.records[p].status == "skipped"]
+               if (record := state.records[p]) is not None and record.status == "skipped"]
     if not skipped:
         return ""
     return f" (only step(s) {', '.join(map(repr, skipped))} could provide it, and were skipped)"

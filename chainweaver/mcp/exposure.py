@@ -124,11 +124,8 @@ def _exclusion_reason(
         allowed = ", ".join(sorted(owners)) or "none"
         return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
     if safety is None:
-        tools = executor.tools
-        missing = [s.tool_name for s in flow.steps
-                   if s.tool_name not in tools or tools[s.tool_name].safety is None]
-        return ("effective safety is unknown: no safety contract on the flow or on tool(s) "
-                + ", ".join(repr(n) for n in dict.fromkeys(missing)))
+        return ("effective safety is unknown: no safety contract on the flow or on "
+                + ", ".join(_unknown_safety(flow, executor)))
     if safety.side_effects not in side_effects:
         allowed = ", ".join(x.value for x in sorted(side_effects))
         return (f"side effects {safety.side_effects.value!r} are not allowed "
@@ -137,6 +134,27 @@ def _exclusion_reason(
         why = f" ({safety.approval_reason})" if safety.approval_reason else ""
         return f"requires approval{why} and allow_requires_approval is false"
     return None
+
+
+def _unknown_safety(flow: Flow, executor: FlowExecutor) -> list[str]:
+    """The tools (steps and fallbacks) and sub-flows whose safety is not known."""
+    tools = executor.tools
+    unknown_tools: list[str] = []
+    unknown_flows: list[str] = []
+    for step in flow.steps:
+        if step.flow is not None:
+            if step.flow not in executor.registry or executor.effective_safety(
+                    executor.registry.get_flow(step.flow)) is None:
+                unknown_flows.append(step.flow)
+        for name in (step.tool_name, step.fallback):
+            if name is not None and (name not in tools or tools[name].safety is None):
+                unknown_tools.append(name)
+    parts = []
+    if unknown_tools:
+        parts.append("tool(s) " + ", ".join(repr(n) for n in dict.fromkeys(unknown_tools)))
+    if unknown_flows:
+        parts.append("sub-flow(s) " + ", ".join(repr(n) for n in dict.fromkeys(unknown_flows)))
+    return parts or [f"sub-flow(s) of {flow.name!r} (recursive)"]
 
 
 def decide_exposure(

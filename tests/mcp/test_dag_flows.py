@@ -230,3 +230,28 @@ async def test_excluded_flows_are_not_callable() -> None:
     async with Client(server.fastmcp) as client:
         names = {t.name for t in await client.list_tools()}
     assert "unsatisfiable" not in names and "triage" in names
+
+
+def test_unknown_safety_names_the_sub_flow_and_fallback_behind_it() -> None:
+    @tool(safety=ToolSafetyContract("read"))
+    def known(text: str) -> dict:
+        """Known."""
+        return {"text": text}
+
+    @tool
+    def unknown(text: str) -> dict:
+        """No contract."""
+        return {"text": text}
+
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(known)
+    executor.register_tool(unknown)
+    executor.registry.register_flow(Flow("child", "Child.", [FlowStep("unknown")]))
+    executor.registry.register_flow(Flow("parent", "Parent.", [FlowStep(flow="child")]))
+    executor.registry.register_flow(Flow("guarded", "Guarded.", [
+        FlowStep("known", on_error="fallback", fallback="unknown")]))
+    report = {e.flow_name: e.reason for e in FlowServer(executor).exposure_report()}
+    assert report["parent"] == ("effective safety is unknown: no safety contract on the "
+                                "flow or on sub-flow(s) 'child'")
+    assert report["guarded"] == ("effective safety is unknown: no safety contract on the "
+                                 "flow or on tool(s) 'unknown'")
