@@ -169,12 +169,19 @@ class SecurityConfig:
 
 @dataclass(frozen=True)
 class ServingConfig:
-    """How the server runs requests: the per-call flow timeout and list page size."""
+    """How the server runs requests: the per-call flow timeout and list page size.
+
+    ``freeze_gc=True`` calls ``gc.freeze()`` once the server is built, so the
+    garbage collector stops re-scanning the catalogue on every list (see
+    ``docs/mcp-server.md``, "Start-up cost"). Objects alive then are never collected.
+    """
 
     flow_timeout: float | None = None
     page_size: int | None = None
+    freeze_gc: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)
+        check_bool("freeze_gc", self.freeze_gc)

@@ -9,12 +9,14 @@ components FlowProvider has built (``components_built``), never timings.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import pytest
 from fastmcp import Client
 from pydantic import BaseModel
 
 from chainweaver import (
+    ExposureConfigError,
     Flow,
     FlowExecutor,
     FlowRegistry,
@@ -23,7 +25,7 @@ from chainweaver import (
     Tool,
     ToolSafetyContract,
 )
-from chainweaver.mcp import ExposurePolicy, FlowServer
+from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
 from chainweaver.mcp.contract import build_contract
 from chainweaver.mcp.exposure import decide_exposure
 from chainweaver.mcp.provider import FlowProvider
@@ -103,3 +105,30 @@ def test_the_exposure_decision_restores_the_collector_state(enabled: bool) -> No
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """Give back what a test froze: the freeze is process-wide."""
+    yield
+    gc.unfreeze()
+
+
+def test_freeze_gc_is_off_by_default(unfrozen: None) -> None:
+    assert ServingConfig().freeze_gc is False
+    gc.unfreeze()
+    FlowServer(catalogue(10))
+    assert gc.get_freeze_count() == 0
+
+
+def test_freeze_gc_freezes_the_heap_once_the_server_is_built(unfrozen: None) -> None:
+    gc.unfreeze()
+    server = FlowServer(catalogue(10), serving=ServingConfig(freeze_gc=True))
+    assert gc.get_freeze_count() > 0
+    # Frozen objects sit outside the collector's generations.
+    assert all(obj is not server.executor for obj in gc.get_objects())
+
+
+def test_freeze_gc_must_be_a_bool() -> None:
+    with pytest.raises(ExposureConfigError, match="freeze_gc must be True or False"):
+        ServingConfig(freeze_gc=1)  # type: ignore[arg-type]
