@@ -24,6 +24,7 @@ from chainweaver import (
     SideEffectLevel,
     Tool,
     ToolSafetyContract,
+    merge_safety_contracts,
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
 from chainweaver.mcp.contract import build_contract
@@ -132,3 +133,17 @@ def test_freeze_gc_freezes_the_heap_once_the_server_is_built(unfrozen: None) -> 
 def test_freeze_gc_must_be_a_bool() -> None:
     with pytest.raises(ExposureConfigError, match="freeze_gc must be True or False"):
         ServingConfig(freeze_gc=1)  # type: ignore[arg-type]
+
+
+def test_flows_with_the_same_tools_share_one_merged_safety_contract() -> None:
+    executor = catalogue(3)
+    flows = [executor.registry.get_flow(name) for name in executor.registry.flow_names()]
+    merged = {id(executor.effective_safety(flow)) for flow in flows}
+    assert len(merged) == 1
+    assert executor.effective_safety(flows[0]) == ToolSafetyContract(SideEffectLevel.NONE)
+
+
+def test_a_contract_that_cannot_be_hashed_still_merges() -> None:
+    odd = ToolSafetyContract(SideEffectLevel.READ, idempotent=[True])  # type: ignore[arg-type]
+    merged = merge_safety_contracts([odd, ToolSafetyContract(SideEffectLevel.NONE)])
+    assert merged == ToolSafetyContract(SideEffectLevel.READ, idempotent=True)
