@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 
 @total_ordering
@@ -79,9 +79,23 @@ def merge_safety_contracts(
     Highest side effect, idempotent only if all are, approval if any requires it,
     open world if any is. Approval reasons are kept, de-duplicated, in order.
     """
-    contracts = list(contracts)
+    contracts = tuple(contracts)
     if not contracts:
         return None
+    try:
+        return _merge_cached(contracts)
+    except TypeError:  # a field that cannot be hashed (e.g. a list as the reason)
+        return _merge(contracts)
+
+
+# Contracts are immutable values and a catalogue combines a few tools into many flows,
+# so a server deciding on 20,000 flows merges the same few tuples over and over.
+@lru_cache(maxsize=1024)
+def _merge_cached(contracts: tuple[ToolSafetyContract, ...]) -> ToolSafetyContract:
+    return _merge(contracts)
+
+
+def _merge(contracts: tuple[ToolSafetyContract, ...]) -> ToolSafetyContract:
     reasons: list[str] = []
     for contract in contracts:
         if contract.approval_reason and contract.approval_reason not in reasons:

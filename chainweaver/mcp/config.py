@@ -187,17 +187,23 @@ class ServingConfig:
     ``Origin`` is refused unless ``allowed_origins`` lists it. Hosts are ``name``,
     ``name:port`` or ``name:*`` (any port); origins are ``scheme://name[:port]`` or
     ``scheme://name:*``; ``"*"`` switches that check off. See ``docs/security.md``.
+
+    ``freeze_gc=True`` calls ``gc.freeze()`` once the server is built, so the garbage
+    collector stops re-scanning the catalogue on every list (see ``docs/mcp-server.md``,
+    "Start-up cost"). Objects alive then are never collected.
     """
 
     flow_timeout: float | None = None
     page_size: int | None = None
     allowed_hosts: Iterable[str] | None = None
     allowed_origins: Iterable[str] | None = None
+    freeze_gc: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)
+        check_bool("freeze_gc", self.freeze_gc)
         object.__setattr__(self, "allowed_hosts",
                            _header_values("allowed_hosts", self.allowed_hosts, _HOST))
         object.__setattr__(self, "allowed_origins",

@@ -83,12 +83,30 @@ def published_schema(model: type[BaseModel], mode: SchemaMode = "validation"
     return result
 
 
+# (input model, output model) -> the contract they publish. A contract depends on
+# nothing else, and catalogues combine a few tools into many flows, so sharing it
+# keeps the exposure decision over 20,000 flows from deriving 20,000 argument lists.
+_CONTRACTS: dict[tuple[type[BaseModel], type[BaseModel] | None], PublishedContract] = {}
+
+
 def build_contract(executor: FlowExecutor, flow: Flow) -> PublishedContract:
-    """The flow's contract; :class:`ContractError` when a schema cannot be published."""
+    """The flow's contract; :class:`ContractError` when a schema cannot be published.
+
+    Flows with the same input and output models share one (immutable) contract.
+    """
     input_model = executor.input_model(flow)
     output_model = executor.output_model(flow)
     if input_model is None:
         raise ContractError("its input model is unknown")
+    key = (input_model, output_model)
+    contract = _CONTRACTS.get(key)
+    if contract is None:
+        contract = _CONTRACTS[key] = _contract(input_model, output_model)
+    return contract
+
+
+def _contract(input_model: type[BaseModel], output_model: type[BaseModel] | None
+              ) -> PublishedContract:
     input_schema = published_schema(input_model)
     if isinstance(input_schema, str):
         raise ContractError(f"its input JSON Schema {input_schema}")

@@ -9,10 +9,12 @@ Tools, resources, templates, prompts, completions, the index, the guide and
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
@@ -157,6 +159,31 @@ def _unknown_safety(flow: Flow, executor: FlowExecutor) -> list[str]:
     return parts or [f"sub-flow(s) of {flow.name!r} (recursive)"]
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _cyclic_gc_paused(build: Callable[P, R]) -> Callable[P, R]:
+    """Run ``build`` with the cyclic garbage collector paused (restored afterwards).
+
+    The decision allocates a few objects per flow and they all survive (they are the
+    snapshot), so the collector's passes over the growing heap can free nothing: at
+    20,000 flows they were a third of the decision's time. Reference counting still
+    frees everything else at once.
+    """
+    @functools.wraps(build)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not gc.isenabled():
+            return build(*args, **kwargs)
+        gc.disable()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
+
+
+@_cyclic_gc_paused
 def decide_exposure(
     executor: FlowExecutor,
     policy: ExposurePolicy,

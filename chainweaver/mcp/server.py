@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -109,6 +110,8 @@ class FlowServer:
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
+        if serving.freeze_gc:
+            _freeze_gc()
 
     @property
     def fastmcp(self) -> FastMCP:
@@ -212,6 +215,21 @@ def _config(setting: str, value: C | None, kind: type[C]) -> C:
         raise ExposureConfigError(
             f"{setting} must be a {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def _freeze_gc() -> None:
+    """Move every object alive now out of the cyclic garbage collector's reach.
+
+    Done here, at the end of construction, because this is the one point every way
+    of running the server passes (``serve``, ``serve_async``, an in-memory client,
+    mounting). What is alive is mostly long-lived: the catalogue, the exposure
+    snapshot, the executor. A large list creates enough objects to trigger full
+    collections, and each one walked all of that again: frozen, it is skipped.
+    The cost: cyclic garbage among frozen objects is never freed. Collect first, so
+    no garbage is frozen; components built later (on first use) are not frozen.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _flush_stray_stdout() -> None:

@@ -35,6 +35,20 @@ SERVER_TARGETS = [
     "prompts/list",
     "prompts/get",
 ]
+FIGURE = r"\d+\.\d+ (ms|us)"
+STARTUP_SERVERS = ["bare FastMCP, 1 tool", "FlowServer, 10 flows", "FlowServer, 400 flows"]
+STARTUP_PARTS = [
+    "walk the registry (names, get_flow)",
+    "executor.check_flow",
+    "executor.effective_safety",
+    "policy filters (_exclusion_reason)",
+    "build_contract (shared per model pair)",
+    "snapshot entries (_publish) and the rest",
+    "decide_exposure, total",
+    "FlowServer(...), total",
+]
+GC_VARIANTS = ["no freeze", "freeze_gc=True", "freeze after first lists"]
+LIST_KINDS = ["tools/list", "prompts/list", "resources/list"]
 EXECUTOR_LINES = [
     "3-step flow, 2 repeats; microseconds per call (best / median)",
     "hand-written pydantic",
@@ -88,3 +102,40 @@ def test_bench_executor_small_run_prints_every_line() -> None:
         assert expected in result.stdout, (expected, result.stdout)
     for target in ("1.5x", "2x"):
         assert re.search(rf"target <= {re.escape(target)}: (ok|OVER)", result.stdout)
+
+
+def test_bench_startup_quick_prints_every_figure() -> None:
+    result = run_script("benchmarks/bench_startup.py", "--quick")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    lines = out.splitlines()
+
+    def line_with(*parts: str) -> str:
+        found = [line for line in lines if all(part in line for part in parts)]
+        assert found, (parts, out)
+        return found[0]
+
+    assert "== 1. Start = construct + in-memory client connected" in out, out
+    for server in STARTUP_SERVERS:
+        assert re.search(FIGURE, line_with("first start in process", server)), out
+        row = line_with(f"  {server}", "start ", "construct", "connect")
+        assert len(re.findall(FIGURE, row)) == 6, row  # best / median of each
+    for label, target in [("large vs small", "3x"), ("large vs bare", "10x")]:
+        verdict = line_with(f"start, {label}")
+        assert re.match(rf"\s+(PASS|FAIL)  start, {label}\s+\d+\.\dx \(median "
+                        rf"\d+\.\dx\)  target <= {target}$", verdict), verdict
+
+    assert "== 2. Construction over 400 flows by part" in out, out
+    for part in STARTUP_PARTS:
+        assert re.search(FIGURE + r"\s+-?\d+\.\d+ us/flow", line_with(part)), out
+
+    for size in ("100", "400"):
+        block = out.split(f"== 3. Lists at {size} flows", 1)[1].split("\n==", 1)[0]
+        for variant in GC_VARIANTS:
+            assert f"  {variant} (" in block, (variant, block)
+        rows = [line for line in block.splitlines()
+                if line.strip().split(" ", 1)[0] in LIST_KINDS]
+        assert len(rows) == len(GC_VARIANTS) * len(LIST_KINDS), block
+        for row in rows:
+            assert len(re.findall(FIGURE, row)) >= 4, row  # best, median, in gc, first
+        assert sum("no freeze / this:" in row for row in rows) == 6, block
