@@ -425,7 +425,8 @@ async def test_serve_async_publishes_schemas_over_streamable_http() -> None:
 
 async def snapshot(client: Client) -> dict[str, Any]:
     """Everything a client can learn from resources and prompts, as plain data."""
-    resources = [r.model_dump() for r in await client.list_resources()]
+    # The owner mark in _meta is a random id per server process: compared apart.
+    resources = [r.model_dump(exclude={"meta"}) for r in await client.list_resources()]
     prompts = await client.list_prompts()
     rendered = {}
     for prompt in prompts:
@@ -439,7 +440,9 @@ async def snapshot(client: Client) -> dict[str, Any]:
         "texts": {r["uri"]: await read_text(client, str(r["uri"])) for r in resources},
         "templates": [t.model_dump() for t in await client.list_resource_templates()],
         "template_completion": await complete_template(client, "p"),
-        "prompts": [p.model_dump() for p in prompts],
+        "prompts": [p.model_dump(exclude={"meta"}) for p in prompts],
+        "meta": [published_meta(c) for c in [*await client.list_resources(), *prompts]
+                 if c.meta and "chainweaver" in c.meta],
         "rendered": rendered,
         "completion": (await client.complete(search, {"name": "sort", "value": ""})).values,
         "excluded": [(await read_error(client, schema_uri(n))).model_dump()
