@@ -420,6 +420,9 @@ def build_server(args: argparse.Namespace) -> Built:
                                   allowed_origins=args.allowed_origin),
             instructions=instructions,
         )
+        # Judge every flow now: the command prints its own report of them, so the
+        # library's per-flow log lines would only repeat it.
+        server.exposure_report()
     return Built(server, len(files), len(executor.tools))
 
 

@@ -97,7 +97,8 @@ def owned_meta(component: Any, owner: str) -> Mapping[str, Any] | None:
 
 def flow_of(exposure: Exposure, meta: Mapping[str, Any]) -> ExposedFlow | None:
     """The exposed flow a component's metadata names (None: the index, the guide...)."""
-    exposed = exposure.flows.get(meta.get("flow"))  # type: ignore[arg-type]
+    flow_name = meta.get("flow")
+    exposed = exposure.flow(flow_name) if isinstance(flow_name, str) else None
     if exposed is None or exposed.flow.version != meta.get("version"):
         return None
     return exposed

@@ -1,162 +1,52 @@
-"""The governance filter: ONE decision per registered flow, read by every primitive.
+"""The governance filter's result: what a server publishes, read by every primitive.
 
-``decide_exposure`` turns the registry, the executor and the server's policy into an
-:class:`Exposure`: for each flow name either the exposed version with all its
-published names (tool, schema resource, prompts), or the reason it is excluded.
-Tools, resources, templates, prompts, completions, the index, the guide and
-``exposure_report()`` all look names up here and nowhere else.
+An :class:`Exposure` answers "is this published, and as what?" for a tool name, a
+resource URI, a prompt name or a flow name by judging just the flow concerned
+(:func:`~.decision.decide_flow`, memoised), so a server starts and looks names up
+without visiting the catalogue. Lists, ``exposure_report()``, the index and the guide
+read the :class:`Catalogue`: every flow decided, once, on first need. Both views come
+from the same memoised decisions, so they always agree.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import logging
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import ParamSpec, TypeVar
 
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
-from ..flows import Flow, FlowLifecycle
 from ..prompts import FlowPrompt
-from ..safety import SideEffectLevel, ToolSafetyContract
-from ..tools import NAME_PATTERN
 from .config import ExposurePolicy
-from .contract import ContractError, PublishedContract, build_contract
+from .decision import (
+    GUIDE_PROMPT_NAME,
+    INDEX_URI,
+    ExposedFlow,
+    FlowDecision,
+    FlowExposure,
+    PromptEntry,
+    decide_flow,
+    schema_uri,
+)
 
-logger = logging.getLogger("chainweaver.mcp")
+__all__ = ["GUIDE_PROMPT_NAME", "INDEX_URI", "Catalogue", "ExposedFlow", "Exposure",
+           "FlowExposure", "PromptEntry", "schema_uri"]
 
-GUIDE_PROMPT_NAME = "chainweaver_guide"
-INDEX_URI = "chainweaver://flows"
-
-
-def schema_uri(tool_name: str) -> str:
-    """Address of a flow's schema resource."""
-    return f"chainweaver://flows/{tool_name}/schema"
-
-
-@dataclass(frozen=True)
-class ExposedFlow:
-    """A flow that is published, with everything the primitives need to serve it."""
-
-    flow: Flow
-    tool_name: str
-    safety: ToolSafetyContract | None
-    forced: bool
-    contract: PublishedContract
-    schema_uri: str | None
-    # published prompt name -> the flow's authored prompt (server overrides removed)
-    authored_prompts: Mapping[str, FlowPrompt]
-    invocation_prompt: str | None
-
-    @property
-    def prompt_names(self) -> list[str]:
-        names = [self.invocation_prompt] if self.invocation_prompt else []
-        return names + list(self.authored_prompts)
-
-
-@dataclass(frozen=True)
-class FlowExposure:
-    """One line of ``exposure_report()``: a registered flow name and its fate."""
-
-    flow_name: str
-    version: str
-    exposed: bool
-    reason: str | None = None
-    forced: bool = False
-    tool_name: str | None = None
-    resource_uris: tuple[str, ...] = ()
-    prompt_names: tuple[str, ...] = ()
-    overridden_prompts: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "flow_name": self.flow_name,
-            "version": self.version,
-            "exposed": self.exposed,
-            "reason": self.reason,
-            "forced": self.forced,
-            "tool_name": self.tool_name,
-            "resource_uris": list(self.resource_uris),
-            "prompt_names": list(self.prompt_names),
-            "overridden_prompts": list(self.overridden_prompts),
-        }
-
-
-@dataclass(frozen=True)
-class PromptEntry:
-    """A published prompt: schema-derived (``prompt`` None), authored, or server-level."""
-
-    name: str
-    exposed_flow: ExposedFlow | None
-    prompt: FlowPrompt | None
+_SCHEMA_PREFIX, _SCHEMA_SUFFIX = schema_uri("\0").split("\0")
 
 
 @dataclass
-class Exposure:
-    """The single result every primitive reads."""
+class Catalogue:
+    """Every flow decided: what lists, the report, the index and the guide read."""
 
-    policy: ExposurePolicy
-    expose_schemas: bool = False
-    expose_prompts: bool = False
     report: list[FlowExposure] = field(default_factory=list)
     tools: dict[str, ExposedFlow] = field(default_factory=dict)
     flows: dict[str, ExposedFlow] = field(default_factory=dict)  # by flow name
     resources: dict[str, ExposedFlow] = field(default_factory=dict)
     prompts: dict[str, PromptEntry] = field(default_factory=dict)
-
-    @property
-    def exposed_flows(self) -> list[ExposedFlow]:
-        return list(self.tools.values())
-
-
-def _exclusion_reason(
-    flow: Flow, executor: FlowExecutor, policy: ExposurePolicy, safety: ToolSafetyContract | None
-) -> str | None:
-    governance = flow.governance
-    # ExposurePolicy normalised these to frozensets when it was built.
-    lifecycles = cast("frozenset[FlowLifecycle]", policy.allowed_lifecycles)
-    side_effects = cast("frozenset[SideEffectLevel]", policy.allowed_side_effects)
-    owners = cast("frozenset[str] | None", policy.owners)
-    if governance.lifecycle not in lifecycles:
-        allowed = ", ".join(sorted(x.value for x in lifecycles))
-        return f"lifecycle {governance.lifecycle.value!r} is not allowed (allowed: {allowed})"
-    if owners is not None and governance.owner not in owners:
-        allowed = ", ".join(sorted(owners)) or "none"
-        return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
-    if safety is None:
-        return ("effective safety is unknown: no safety contract on the flow or on "
-                + ", ".join(_unknown_safety(flow, executor)))
-    if safety.side_effects not in side_effects:
-        allowed = ", ".join(x.value for x in sorted(side_effects))
-        return (f"side effects {safety.side_effects.value!r} are not allowed "
-                f"(allowed: {allowed})")
-    if safety.requires_approval and not policy.allow_requires_approval:
-        why = f" ({safety.approval_reason})" if safety.approval_reason else ""
-        return f"requires approval{why} and allow_requires_approval is false"
-    return None
-
-
-def _unknown_safety(flow: Flow, executor: FlowExecutor) -> list[str]:
-    """The tools (steps and fallbacks) and sub-flows whose safety is not known."""
-    tools = executor.tools
-    unknown_tools: list[str] = []
-    unknown_flows: list[str] = []
-    for step in flow.steps:
-        if step.flow is not None:
-            if step.flow not in executor.registry or executor.effective_safety(
-                    executor.registry.get_flow(step.flow)) is None:
-                unknown_flows.append(step.flow)
-        for name in (step.tool_name, step.fallback):
-            if name is not None and (name not in tools or tools[name].safety is None):
-                unknown_tools.append(name)
-    parts = []
-    if unknown_tools:
-        parts.append("tool(s) " + ", ".join(repr(n) for n in dict.fromkeys(unknown_tools)))
-    if unknown_flows:
-        parts.append("sub-flow(s) " + ", ".join(repr(n) for n in dict.fromkeys(unknown_flows)))
-    return parts or [f"sub-flow(s) of {flow.name!r} (recursive)"]
 
 
 P = ParamSpec("P")
@@ -183,122 +73,179 @@ def _cyclic_gc_paused(build: Callable[P, R]) -> Callable[P, R]:
     return paused
 
 
-@_cyclic_gc_paused
-def decide_exposure(
-    executor: FlowExecutor,
-    policy: ExposurePolicy,
-    *,
-    expose_schemas: bool = False,
-    expose_prompts: bool = False,
-    server_prompts: Sequence[FlowPrompt] = (),
-) -> Exposure:
-    """Decide, once, what the server publishes. Raises ExposureConfigError on bad config."""
-    registry = executor.registry
-    if policy.flow_names is not None:
-        unknown = sorted(n for n in policy.flow_names if n not in registry)
-        if unknown:
-            raise ExposureConfigError(
-                f"flow_names names unregistered flow(s): {', '.join(unknown)}"
-            )
+class Exposure:
+    """What a server publishes under one policy, decided per flow when first needed.
 
-    exposure = Exposure(policy, expose_schemas, expose_prompts)
-    server_prompt_names = {p.name for p in server_prompts}
-    if len(server_prompt_names) != len(server_prompts):
-        raise ExposureConfigError("server-level prompts must have unique names")
+    Construction checks what can be checked without judging every flow, and judges
+    every flow at once only when names could collide (a flow name holding ``__``, a
+    tool name too long, the guide's name): then a collision raises
+    :class:`ExposureConfigError` here, never on a request.
+    """
 
-    for name in registry.flow_names():
-        flow = registry.get_flow(name)
-        if policy.flow_names is not None and name not in policy.flow_names:
-            exposure.report.append(FlowExposure(name, flow.version, False,
-                                                "not listed in flow_names"))
-            continue
-        problems = executor.check_flow(flow)
-        if problems:
-            # A flow that cannot run is never published, forced or not.
-            exposure.report.append(FlowExposure(name, flow.version, False,
-                                                "flow is invalid: " + "; ".join(problems)))
-            continue
-        safety = executor.effective_safety(flow)
-        reason = _exclusion_reason(flow, executor, policy, safety)
-        forced = reason is not None and policy.force_expose
-        if reason is not None and not forced:
-            exposure.report.append(FlowExposure(name, flow.version, False, reason))
-            continue
-        try:
-            contract = build_contract(executor, flow)
-        except ContractError as unpublishable:
-            # Publishing it would break tools/list for every flow, so never, forced or not.
-            exposure.report.append(FlowExposure(name, flow.version, False,
-                                                str(unpublishable)))
-            continue
-        if forced:
-            logger.warning("force_expose publishes flow %r despite: %s", name, reason)
-        _publish(exposure, flow, safety, forced, contract, server_prompt_names)
-
-    if expose_prompts:
-        for prompt in server_prompts:
-            exposure.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
-        if GUIDE_PROMPT_NAME not in exposure.prompts:
-            exposure.prompts[GUIDE_PROMPT_NAME] = PromptEntry(GUIDE_PROMPT_NAME, None, None)
-    for entry in exposure.report:
-        if not entry.exposed:
-            logger.warning("flow %r v%s is not exposed: %s", entry.flow_name, entry.version,
-                           entry.reason)
-    return exposure
-
-
-def _publish(
-    exposure: Exposure,
-    flow: Flow,
-    safety: ToolSafetyContract | None,
-    forced: bool,
-    contract: PublishedContract,
-    server_prompt_names: set[str],
-) -> None:
-    policy = exposure.policy
-    tool_name = policy.tool_name(flow.name)
-    if not NAME_PATTERN.fullmatch(tool_name):
-        raise ExposureConfigError(
-            f"published tool name {tool_name!r} for flow {flow.name!r} is not a valid MCP tool "
-            "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
-        )
-    if tool_name in exposure.tools:
-        raise ExposureConfigError(f"two flows publish the tool name {tool_name!r}")
-
-    uri = schema_uri(tool_name) if exposure.expose_schemas else None
-    invocation = None
-    authored: dict[str, FlowPrompt] = {}
-    overridden: list[str] = []
-    if exposure.expose_prompts:
-        published = {tool_name: None} | {f"{tool_name}__{p.name}": p for p in flow.prompts}
-        for prompt_name, prompt in published.items():
-            if prompt_name == GUIDE_PROMPT_NAME and prompt_name not in server_prompt_names:
+    def __init__(
+        self,
+        executor: FlowExecutor,
+        policy: ExposurePolicy,
+        *,
+        expose_schemas: bool = False,
+        expose_prompts: bool = False,
+        server_prompts: Sequence[FlowPrompt] = (),
+    ) -> None:
+        self.policy = policy
+        self.expose_schemas = expose_schemas
+        self.expose_prompts = expose_prompts
+        self._executor = executor
+        self._server_prompts = {p.name: p for p in server_prompts}
+        if len(self._server_prompts) != len(server_prompts):
+            raise ExposureConfigError("server-level prompts must have unique names")
+        registry = executor.registry
+        if policy.flow_names is not None:
+            unknown = sorted(n for n in policy.flow_names if n not in registry)
+            if unknown:
                 raise ExposureConfigError(
-                    f"prompt name {prompt_name!r} of flow {flow.name!r} is reserved for the "
-                    "guide prompt; rename the flow or set server_prefix"
-                )
-            if prompt_name in exposure.prompts:
-                raise ExposureConfigError(
-                    f"prompt name {prompt_name!r} of flow {flow.name!r} collides with "
-                    f"another flow's prompt"
-                )
-            if prompt_name in server_prompt_names:
-                overridden.append(prompt_name)  # the operator's prompt takes this name
-            elif prompt is None:
-                invocation = prompt_name
-            else:
-                authored[prompt_name] = prompt
-    exposed = ExposedFlow(flow, tool_name, safety, forced, contract, uri, authored, invocation)
+                    f"flow_names names unregistered flow(s): {', '.join(unknown)}")
+        self._decisions: dict[str, FlowDecision | None] = {}
+        self._catalogue: Catalogue | None = None
+        self._lock = threading.Lock()
+        if self._names_may_collide():
+            self.catalogue  # noqa: B018 - judge every flow now, so a collision fails here
 
-    exposure.tools[tool_name] = exposed
-    exposure.flows[flow.name] = exposed
-    if uri is not None:
-        exposure.resources[uri] = exposed
+    def _names_may_collide(self) -> bool:
+        # Published names are tool_name, tool_name + "__" + prompt, the guide's and the
+        # operator's prompts': they can only clash through a flow name holding "__", a
+        # tool name too long to publish, or a flow published as the guide.
+        prefix = self.policy.server_prefix
+        longest = 64 - (len(prefix) + 2 if prefix else 0)
+        if not prefix and GUIDE_PROMPT_NAME in self._executor.registry:
+            return True
+        return any("__" in name or len(name) > longest
+                   for name in self._executor.registry.names())
+
+    # ------------------------------------------------------------- one flow
+
+    def decision(self, flow_name: str) -> FlowDecision | None:
+        """The memoised decision for a registered flow name (None: not registered)."""
+        if flow_name in self._decisions:
+            return self._decisions[flow_name]
+        registry = self._executor.registry
+        decided = None
+        if flow_name in registry:
+            decided = decide_flow(self._executor, self.policy, registry.get_flow(flow_name),
+                                  expose_schemas=self.expose_schemas,
+                                  expose_prompts=self.expose_prompts,
+                                  server_prompt_names=frozenset(self._server_prompts))
+        return self._decisions.setdefault(flow_name, decided)
+
+    def flow(self, flow_name: str) -> ExposedFlow | None:
+        """The exposed flow published for a flow name, or None."""
+        decided = self.decision(flow_name)
+        return decided.exposed if decided else None
+
+    def tool(self, name: str) -> ExposedFlow | None:
+        """The exposed flow behind a published tool name, or None."""
+        prefix = self.policy.server_prefix
+        if prefix:
+            if not name.startswith(f"{prefix}__"):
+                return None
+            flow_name = name[len(prefix) + 2:]
+        else:
+            flow_name = name
+        exposed = self.flow(flow_name)
+        return exposed if exposed is not None and exposed.tool_name == name else None
+
+    def resource(self, uri: str) -> ExposedFlow | None:
+        """The exposed flow behind a schema resource URI, or None (the index too)."""
+        if not self.expose_schemas or not (uri.startswith(_SCHEMA_PREFIX)
+                                           and uri.endswith(_SCHEMA_SUFFIX)):
+            return None
+        exposed = self.tool(uri[len(_SCHEMA_PREFIX):len(uri) - len(_SCHEMA_SUFFIX)])
+        return exposed if exposed is not None and exposed.schema_uri == uri else None
+
+    def prompt(self, name: str) -> PromptEntry | None:
+        """The published prompt of that name: server-level, the guide, or a flow's."""
+        if not self.expose_prompts:
+            return None
+        if name in self._server_prompts:
+            return PromptEntry(name, None, self._server_prompts[name])
+        if name == GUIDE_PROMPT_NAME:
+            return PromptEntry(name, None, None)
+        exposed = self.tool(name)
+        if exposed is not None and exposed.invocation_prompt == name:
+            return PromptEntry(name, exposed, None)
+        # An authored prompt is "<tool name>__<prompt>"; tool names may hold "__" too.
+        start = name.find("__")
+        while start != -1:
+            exposed = self.tool(name[:start])
+            if exposed is not None and name in exposed.authored_prompts:
+                return PromptEntry(name, exposed, exposed.authored_prompts[name])
+            start = name.find("__", start + 1)
+        return None
+
+    # ---------------------------------------------------------- every flow
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """Every registered flow decided (once), for lists, the report and the guide."""
+        if self._catalogue is None:
+            with self._lock:
+                if self._catalogue is None:
+                    self._catalogue = self._decide_all()
+        return self._catalogue
+
+    @_cyclic_gc_paused
+    def _decide_all(self) -> Catalogue:
+        catalogue = Catalogue()
+        for name in self._executor.registry.flow_names():
+            decided = self.decision(name)
+            assert decided is not None
+            catalogue.report.append(decided.report)
+            if decided.exposed is not None:
+                _add(catalogue, decided.exposed)
+        if self.expose_prompts:
+            for prompt in self._server_prompts.values():
+                catalogue.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
+            catalogue.prompts.setdefault(GUIDE_PROMPT_NAME,
+                                         PromptEntry(GUIDE_PROMPT_NAME, None, None))
+        return catalogue
+
+    @property
+    def report(self) -> list[FlowExposure]:
+        return self.catalogue.report
+
+    @property
+    def tools(self) -> dict[str, ExposedFlow]:
+        return self.catalogue.tools
+
+    @property
+    def flows(self) -> dict[str, ExposedFlow]:
+        return self.catalogue.flows
+
+    @property
+    def resources(self) -> dict[str, ExposedFlow]:
+        return self.catalogue.resources
+
+    @property
+    def prompts(self) -> dict[str, PromptEntry]:
+        return self.catalogue.prompts
+
+    @property
+    def exposed_flows(self) -> list[ExposedFlow]:
+        return list(self.catalogue.tools.values())
+
+
+def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
+    """Add an exposed flow's names to the catalogue; two flows may not share a name."""
+    if exposed.tool_name in catalogue.tools:
+        raise ExposureConfigError(f"two flows publish the tool name {exposed.tool_name!r}")
     for prompt_name in exposed.prompt_names:
-        exposure.prompts[prompt_name] = PromptEntry(
-            prompt_name, exposed, authored.get(prompt_name)
-        )
-    exposure.report.append(FlowExposure(
-        flow.name, flow.version, True, None, forced, tool_name,
-        (uri,) if uri else (), tuple(exposed.prompt_names), tuple(overridden),
-    ))
+        if prompt_name in catalogue.prompts:
+            raise ExposureConfigError(
+                f"prompt name {prompt_name!r} of flow {exposed.flow.name!r} collides with "
+                "another flow's prompt")
+    catalogue.tools[exposed.tool_name] = exposed
+    catalogue.flows[exposed.flow.name] = exposed
+    if exposed.schema_uri is not None:
+        catalogue.resources[exposed.schema_uri] = exposed
+    for prompt_name in exposed.prompt_names:
+        catalogue.prompts[prompt_name] = PromptEntry(
+            prompt_name, exposed, exposed.authored_prompts.get(prompt_name))

@@ -81,7 +81,7 @@ class FlowProvider(Provider):
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
 
     def __repr__(self) -> str:
-        return f"FlowProvider(tools={len(self.exposure.tools)})"
+        return f"FlowProvider(prefix={self.exposure.policy.server_prefix!r})"
 
     @property
     def components_built(self) -> int:
@@ -103,7 +103,7 @@ class FlowProvider(Provider):
     # ------------------------------------------------------------------ tools
 
     def tool(self, name: str) -> FlowTool | None:
-        exposed = self.exposure.tools.get(name)
+        exposed = self.exposure.tool(name)
         if exposed is None:
             return None
         return self._cached("tool", name, lambda: FlowTool.build(
@@ -113,7 +113,7 @@ class FlowProvider(Provider):
         return [tool for name in self.exposure.tools if (tool := self.tool(name)) is not None]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return _versioned(self.tool(name), version, self.exposure.tools.get(name))
+        return _versioned(self.tool(name), version, self.exposure.tool(name))
 
     # -------------------------------------------------------------- resources
 
@@ -122,7 +122,7 @@ class FlowProvider(Provider):
             return None
         if uri == INDEX_URI:
             return self._cached("resource", uri, lambda: index_resource(self.exposure))
-        exposed = self.exposure.resources.get(uri)
+        exposed = self.exposure.resource(uri)
         if exposed is None:
             return None
         return self._cached("resource", uri, lambda: schema_resource(exposed))
@@ -136,7 +136,7 @@ class FlowProvider(Provider):
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
-        return _versioned(self.resource(uri), version, self.exposure.resources.get(uri))
+        return _versioned(self.resource(uri), version, self.exposure.resource(uri))
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
         return [self._template] if self._template is not None else []
@@ -151,7 +151,7 @@ class FlowProvider(Provider):
     # ---------------------------------------------------------------- prompts
 
     def prompt(self, name: str) -> Prompt | None:
-        entry = self.exposure.prompts.get(name)
+        entry = self.exposure.prompt(name)
         if entry is None:
             return None
 
@@ -169,7 +169,7 @@ class FlowProvider(Provider):
                 if (prompt := self.prompt(name)) is not None]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
-        entry = self.exposure.prompts.get(name)
+        entry = self.exposure.prompt(name)
         return _versioned(self.prompt(name), version, entry.exposed_flow if entry else None)
 
     # ------------------------------------------------------------------ tasks
@@ -213,7 +213,7 @@ class FlowProvider(Provider):
                 return []
             names = [exposed.tool_name for exposed in self.exposure.resources.values()]
         else:
-            entry = self.exposure.prompts.get(ref.name)
+            entry = self.exposure.prompt(ref.name)
             if entry is None:
                 return []
             if entry.prompt is not None:

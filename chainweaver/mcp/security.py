@@ -105,10 +105,10 @@ class SecurityGate(Middleware):
         exactly like a name that never existed, to hooks as to clients.
         """
         if kind == "tool":
-            return self.exposure.tools.get(name)
+            return self.exposure.tool(name)
         if kind == "resource":
-            return self.exposure.resources.get(name)
-        entry = self.exposure.prompts.get(name)
+            return self.exposure.resource(name)
+        entry = self.exposure.prompt(name)
         return entry.exposed_flow if entry else None
 
     async def target_in(self, server: FastMCP | None, kind: RequestKind, name: str

@@ -26,7 +26,7 @@ from .config import (
     check_bool,
     check_text,
 )
-from .exposure import INDEX_URI, Exposure, FlowExposure, decide_exposure
+from .exposure import INDEX_URI, Exposure, FlowExposure
 from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .security import SecurityGate
@@ -82,9 +82,8 @@ class FlowServer:
         self.policy = policy
         self.security = security
         self.serving = serving
-        self._exposure: Exposure = decide_exposure(
-            executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
-            server_prompts=prompts)
+        self._exposure = Exposure(executor, policy, expose_schemas=expose_schemas,
+                                  expose_prompts=expose_prompts, server_prompts=prompts)
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
         self._provider = FlowProvider(self._exposure, executor,
@@ -111,6 +110,9 @@ class FlowServer:
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
         if serving.freeze_gc:
+            # Decide every flow first, so the snapshot is among what is frozen: the
+            # operator traded a slower start for lists that skip it.
+            self._exposure.catalogue  # noqa: B018
             _freeze_gc()
 
     @property

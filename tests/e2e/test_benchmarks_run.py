@@ -43,8 +43,8 @@ STARTUP_PARTS = [
     "executor.effective_safety",
     "policy filters (_exclusion_reason)",
     "build_contract (shared per model pair)",
-    "snapshot entries (_publish) and the rest",
-    "decide_exposure, total",
+    "snapshot entries and the rest",
+    "every flow decided (catalogue), total",
     "FlowServer(...), total",
 ]
 GC_VARIANTS = ["no freeze", "freeze_gc=True", "freeze after first lists"]

@@ -143,11 +143,13 @@ def test_reasons_are_specific_and_human_readable() -> None:
     assert "allow_requires_approval" in by_name["needs_approval"].reason
 
 
-def test_each_excluded_flow_is_logged_once_at_warning_during_construction(
+def test_each_excluded_flow_is_logged_once_at_warning_when_first_decided(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="chainweaver.mcp"):
-        FlowServer(build_catalogue())
+        server = FlowServer(build_catalogue())
+        server.exposure_report()  # the whole catalogue is decided here (or on a list)
+        server.exposure_report()
     warnings = [r.getMessage() for r in caplog.records
                 if r.levelno == logging.WARNING and r.name == "chainweaver.mcp"]
     for name in EXCLUDED_NAMES:
@@ -162,12 +164,29 @@ async def test_exclusions_are_not_logged_again_when_clients_list_or_call(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     server = FlowServer(build_catalogue())
+    server.exposure_report()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="chainweaver.mcp"):
         async with Client(server.fastmcp) as client:
             await client.list_tools()
             await client.call_tool("write_flow", {"query": "x"}, raise_on_error=False)
     assert not [r for r in caplog.records if "not exposed" in r.getMessage()]
+
+
+@pytest.mark.anyio
+async def test_construction_decides_no_flow_and_a_lookup_decides_only_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="chainweaver.mcp"):
+        server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True)
+        assert not caplog.records  # nothing judged yet: start does not visit the catalogue
+        async with Client(server.fastmcp) as client:
+            await client.read_resource("chainweaver://flows/order_status/schema")
+            called = await client.session.call_tool("write_flow", {"query": "x"})
+    assert called.is_error
+    decided = [r.getMessage() for r in caplog.records]
+    assert decided == ["flow 'write_flow' v1.0.0 is not exposed: side effects 'write' are "
+                       "not allowed (allowed: none, read)"]
 
 
 # ----------------------------------------------------------------- policy knobs
@@ -496,3 +515,24 @@ async def test_flow_whose_schema_is_not_valid_json_is_excluded() -> None:
                              "Out of range float values are not JSON compliant")
     async with Client(server.fastmcp) as client:
         assert sorted(t.name for t in await client.list_tools()) == sorted(EXPOSED)
+
+
+@pytest.mark.parametrize("prefix", ["", "shop", "a__b"])
+def test_lookups_judge_one_flow_and_agree_with_the_whole_catalogue(prefix: str) -> None:
+    from chainweaver.mcp.exposure import Exposure
+
+    def fresh() -> Exposure:
+        return Exposure(build_catalogue(), ExposurePolicy(server_prefix=prefix),
+                        expose_schemas=True, expose_prompts=True)
+
+    whole = fresh().catalogue
+    names = [*whole.tools, *whole.prompts, *whole.resources]
+    for flow in EXCLUDED_NAMES:  # the names an excluded flow would have been given
+        tool = f"{prefix}__{flow}" if prefix else flow
+        names += [tool, f"chainweaver://flows/{tool}/schema", f"{tool}__brief", f"{tool}__x"]
+    names += ["", "__", "shop__", "chainweaver://flows//schema", "never", "never__brief"]
+    for name in names:
+        lookup = fresh()  # nothing decided yet: each answer judges only what it needs
+        assert lookup.tool(name) == whole.tools.get(name), name
+        assert lookup.resource(name) == whole.resources.get(name), name
+        assert lookup.prompt(name) == whole.prompts.get(name), name

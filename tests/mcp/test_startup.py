@@ -28,7 +28,7 @@ from chainweaver import (
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
 from chainweaver.mcp.contract import build_contract
-from chainweaver.mcp.exposure import decide_exposure
+from chainweaver.mcp.exposure import Exposure
 from chainweaver.mcp.provider import FlowProvider
 
 FLOWS = 300
@@ -102,7 +102,7 @@ def test_the_exposure_decision_restores_the_collector_state(enabled: bool) -> No
     was = gc.isenabled()
     try:
         gc.enable() if enabled else gc.disable()
-        decide_exposure(catalogue(3), ExposurePolicy())
+        Exposure(catalogue(3), ExposurePolicy()).catalogue  # noqa: B018 - decide every flow
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()

@@ -1,0 +1,236 @@
+"""The governance rule for ONE flow: published (with its names and contract) or not, and why.
+
+``decide_flow`` is the only place that judges a flow; :class:`~.exposure.Exposure`
+applies it to each flow name when that flow is first needed, and memoises it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..errors import ExposureConfigError
+from ..executor import FlowExecutor
+from ..flows import Flow, FlowLifecycle
+from ..prompts import FlowPrompt
+from ..safety import SideEffectLevel, ToolSafetyContract
+from ..tools import NAME_PATTERN
+from .config import ExposurePolicy
+from .contract import ContractError, PublishedContract, build_contract
+
+logger = logging.getLogger("chainweaver.mcp")
+
+GUIDE_PROMPT_NAME = "chainweaver_guide"
+INDEX_URI = "chainweaver://flows"
+
+
+def schema_uri(tool_name: str) -> str:
+    """Address of a flow's schema resource."""
+    return f"chainweaver://flows/{tool_name}/schema"
+
+
+@dataclass(frozen=True)
+class ExposedFlow:
+    """A flow that is published, with everything the primitives need to serve it."""
+
+    flow: Flow
+    tool_name: str
+    safety: ToolSafetyContract | None
+    forced: bool
+    contract: PublishedContract
+    schema_uri: str | None
+    # published prompt name -> the flow's authored prompt (server overrides removed)
+    authored_prompts: Mapping[str, FlowPrompt]
+    invocation_prompt: str | None
+
+    @property
+    def prompt_names(self) -> list[str]:
+        names = [self.invocation_prompt] if self.invocation_prompt else []
+        return names + list(self.authored_prompts)
+
+
+@dataclass(frozen=True)
+class FlowExposure:
+    """One line of ``exposure_report()``: a registered flow name and its fate."""
+
+    flow_name: str
+    version: str
+    exposed: bool
+    reason: str | None = None
+    forced: bool = False
+    tool_name: str | None = None
+    resource_uris: tuple[str, ...] = ()
+    prompt_names: tuple[str, ...] = ()
+    overridden_prompts: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flow_name": self.flow_name,
+            "version": self.version,
+            "exposed": self.exposed,
+            "reason": self.reason,
+            "forced": self.forced,
+            "tool_name": self.tool_name,
+            "resource_uris": list(self.resource_uris),
+            "prompt_names": list(self.prompt_names),
+            "overridden_prompts": list(self.overridden_prompts),
+        }
+
+
+@dataclass(frozen=True)
+class PromptEntry:
+    """A published prompt: schema-derived (``prompt`` None), authored, or server-level."""
+
+    name: str
+    exposed_flow: ExposedFlow | None
+    prompt: FlowPrompt | None
+
+
+@dataclass(frozen=True)
+class FlowDecision:
+    """The decision for one registered flow name: its report line, and what it publishes."""
+
+    report: FlowExposure
+    exposed: ExposedFlow | None
+
+
+def _exclusion_reason(
+    flow: Flow, executor: FlowExecutor, policy: ExposurePolicy, safety: ToolSafetyContract | None
+) -> str | None:
+    governance = flow.governance
+    # ExposurePolicy normalised these to frozensets when it was built.
+    lifecycles = cast("frozenset[FlowLifecycle]", policy.allowed_lifecycles)
+    side_effects = cast("frozenset[SideEffectLevel]", policy.allowed_side_effects)
+    owners = cast("frozenset[str] | None", policy.owners)
+    if governance.lifecycle not in lifecycles:
+        allowed = ", ".join(sorted(x.value for x in lifecycles))
+        return f"lifecycle {governance.lifecycle.value!r} is not allowed (allowed: {allowed})"
+    if owners is not None and governance.owner not in owners:
+        allowed = ", ".join(sorted(owners)) or "none"
+        return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
+    if safety is None:
+        return ("effective safety is unknown: no safety contract on the flow or on "
+                + ", ".join(_unknown_safety(flow, executor)))
+    if safety.side_effects not in side_effects:
+        allowed = ", ".join(x.value for x in sorted(side_effects))
+        return (f"side effects {safety.side_effects.value!r} are not allowed "
+                f"(allowed: {allowed})")
+    if safety.requires_approval and not policy.allow_requires_approval:
+        why = f" ({safety.approval_reason})" if safety.approval_reason else ""
+        return f"requires approval{why} and allow_requires_approval is false"
+    return None
+
+
+def _unknown_safety(flow: Flow, executor: FlowExecutor) -> list[str]:
+    """The tools (steps and fallbacks) and sub-flows whose safety is not known."""
+    tools = executor.tools
+    unknown_tools: list[str] = []
+    unknown_flows: list[str] = []
+    for step in flow.steps:
+        if step.flow is not None:
+            if step.flow not in executor.registry or executor.effective_safety(
+                    executor.registry.get_flow(step.flow)) is None:
+                unknown_flows.append(step.flow)
+        for name in (step.tool_name, step.fallback):
+            if name is not None and (name not in tools or tools[name].safety is None):
+                unknown_tools.append(name)
+    parts = []
+    if unknown_tools:
+        parts.append("tool(s) " + ", ".join(repr(n) for n in dict.fromkeys(unknown_tools)))
+    if unknown_flows:
+        parts.append("sub-flow(s) " + ", ".join(repr(n) for n in dict.fromkeys(unknown_flows)))
+    return parts or [f"sub-flow(s) of {flow.name!r} (recursive)"]
+
+
+def decide_flow(
+    executor: FlowExecutor,
+    policy: ExposurePolicy,
+    flow: Flow,
+    *,
+    expose_schemas: bool,
+    expose_prompts: bool,
+    server_prompt_names: frozenset[str],
+) -> FlowDecision:
+    """Judge one flow (the latest registered version of its name).
+
+    Raises :class:`ExposureConfigError` for a flow that would be published under a name
+    that is not a valid tool name, or under the reserved guide prompt name.
+    """
+    name = flow.name
+    if policy.flow_names is not None and name not in policy.flow_names:
+        return _excluded(flow, "not listed in flow_names")
+    problems = executor.check_flow(flow)
+    if problems:
+        # A flow that cannot run is never published, forced or not.
+        return _excluded(flow, "flow is invalid: " + "; ".join(problems))
+    safety = executor.effective_safety(flow)
+    reason = _exclusion_reason(flow, executor, policy, safety)
+    forced = reason is not None and policy.force_expose
+    if reason is not None and not forced:
+        return _excluded(flow, reason)
+    try:
+        contract = build_contract(executor, flow)
+    except ContractError as unpublishable:
+        # Publishing it would break tools/list for every flow, so never, forced or not.
+        return _excluded(flow, str(unpublishable))
+    if forced:
+        logger.warning("force_expose publishes flow %r despite: %s", name, reason)
+    exposed = _exposed_flow(policy, flow, safety, forced, contract, expose_schemas,
+                            expose_prompts, server_prompt_names)
+    overridden = tuple(n for n in _published_prompt_names(exposed.tool_name, flow,
+                                                            expose_prompts)
+                       if n in server_prompt_names)
+    report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
+                          (exposed.schema_uri,) if exposed.schema_uri else (),
+                          tuple(exposed.prompt_names), overridden)
+    return FlowDecision(report, exposed)
+
+
+def _excluded(flow: Flow, reason: str) -> FlowDecision:
+    logger.warning("flow %r v%s is not exposed: %s", flow.name, flow.version, reason)
+    return FlowDecision(FlowExposure(flow.name, flow.version, False, reason), None)
+
+
+def _published_prompt_names(tool_name: str, flow: Flow, expose_prompts: bool) -> list[str]:
+    if not expose_prompts:
+        return []
+    return [tool_name, *(f"{tool_name}__{p.name}" for p in flow.prompts)]
+
+
+def _exposed_flow(
+    policy: ExposurePolicy,
+    flow: Flow,
+    safety: ToolSafetyContract | None,
+    forced: bool,
+    contract: PublishedContract,
+    expose_schemas: bool,
+    expose_prompts: bool,
+    server_prompt_names: frozenset[str],
+) -> ExposedFlow:
+    tool_name = policy.tool_name(flow.name)
+    if not NAME_PATTERN.fullmatch(tool_name):
+        raise ExposureConfigError(
+            f"published tool name {tool_name!r} for flow {flow.name!r} is not a valid MCP tool "
+            "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
+        )
+    invocation = None
+    authored: dict[str, FlowPrompt] = {}
+    if expose_prompts:
+        by_name: dict[str, FlowPrompt | None] = {tool_name: None}
+        by_name.update({f"{tool_name}__{p.name}": p for p in flow.prompts})
+        for prompt_name, prompt in by_name.items():
+            if prompt_name == GUIDE_PROMPT_NAME and prompt_name not in server_prompt_names:
+                raise ExposureConfigError(
+                    f"prompt name {prompt_name!r} of flow {flow.name!r} is reserved for the "
+                    "guide prompt; rename the flow or set server_prefix"
+                )
+            if prompt_name in server_prompt_names:
+                continue  # the operator's prompt takes this name
+            if prompt is None:
+                invocation = prompt_name
+            else:
+                authored[prompt_name] = prompt
+    uri = schema_uri(tool_name) if expose_schemas else None
+    return ExposedFlow(flow, tool_name, safety, forced, contract, uri, authored, invocation)
