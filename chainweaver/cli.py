@@ -16,45 +16,33 @@ stdout carries nothing but MCP.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
-import logging
 import math
 import os
-import re
 import sys
-import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, redirect_stdout
-from enum import Enum
-from pathlib import Path
-from types import ModuleType
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from contextlib import redirect_stdout
+from typing import Any
 
 from . import __version__
-from .errors import ChainWeaverError, DuplicateToolError
+from .cli_build import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INVALID,
+    EXIT_MISSING,
+    EXIT_OK,
+    EXIT_SERVE_FAILED,
+    EXIT_USAGE,
+    Built,
+    CommandError,
+    build_server,
+    register_tools,
+)
+from .errors import ChainWeaverError
 from .executor import FlowExecutor
 from .files import find_flow_files, load_flows
-from .flows import FlowLifecycle
 from .registry import FlowRegistry
-from .safety import SideEffectLevel
-from .tools import Tool
 
 PROG = "chainweaver"
-EXIT_OK, EXIT_INVALID, EXIT_MISSING, EXIT_SERVE_FAILED = 0, 1, 2, 3
-EXIT_USAGE = 2  # argparse's code for a command line that does not make sense
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: how a shell reports a reader that went away
-
-
-class CommandError(Exception):
-    """A problem to report as one line on stderr, with the exit code it deserves."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 # ------------------------------------------------------------------ arguments
 
 
@@ -218,268 +206,6 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
     return port
 
-
-def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) -> list[str] | None:
-    """Repeated and comma-separated flag values; checked against ``enum`` when given."""
-    if raw is None:
-        return None
-    values = [part.strip() for item in raw for part in item.split(",") if part.strip()]
-    if not values:
-        raise CommandError(EXIT_INVALID, f"{flag} needs at least one value")
-    if enum is not None:
-        choices = [member.value for member in enum]
-        for value in values:
-            if value not in choices:
-                raise CommandError(EXIT_INVALID, f"{flag}: {value!r} is not one of "
-                                   f"{', '.join(choices)}")
-    return values
-
-
-# ------------------------------------------------------------------ tools modules
-
-
-def _import_tools_module(spec: str) -> ModuleType:
-    """Import ``spec``: a path to a .py file, or a dotted module name."""
-    if spec.endswith(".py") or "/" in spec or os.sep in spec:
-        return _import_file(Path(spec), spec)
-    try:
-        return importlib.import_module(spec)
-    except ModuleNotFoundError as error:
-        if error.name and (spec == error.name or spec.startswith(f"{error.name}.")):
-            raise CommandError(EXIT_MISSING, f"--tools {spec}: no module named "
-                               f"{error.name!r}") from None
-        raise _import_failed(spec, error, _module_file(spec)) from None
-    except (Exception, SystemExit) as error:  # the module's own code failed
-        raise _import_failed(spec, error, _module_file(spec)) from None
-
-
-def _module_file(spec: str) -> str | None:
-    """Where a dotted module lives, found without running it again."""
-    try:
-        found = importlib.util.find_spec(spec)
-    except (ImportError, ValueError):
-        return None
-    return found.origin if found is not None else None
-
-
-def _import_failed(spec: str, error: BaseException, module_file: str | None = None
-                   ) -> CommandError:
-    """One line naming where the import failed: the line of the tools module that was
-    running, and the place the exception came from when that is elsewhere."""
-    where = _failure_location(error, module_file)
-    message = str(error.msg) if isinstance(error, SyntaxError) else str(error)
-    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    return CommandError(EXIT_MISSING, f"--tools {spec}: importing it failed"
-                        f"{f' at {where}' if where else ''}: {text}")
-
-
-def _failure_location(error: BaseException, module_file: str | None) -> str:
-    """``file:line`` of the failure, for a person to open in an editor."""
-    frames = [(frame.f_code.co_filename, line) for frame, line in
-              traceback.walk_tb(error.__traceback__)]
-    if isinstance(error, SyntaxError) and error.filename:
-        frames.append((error.filename, error.lineno or 0))  # the file that did not parse
-    frames = [(name, line) for name, line in frames if not _is_import_machinery(name)]
-    if not frames:
-        return ""
-    origin = frames[-1]
-    here = next((f for f in reversed(frames) if module_file and _same_file(f[0], module_file)),
-                None)
-    if here is None or here == origin:
-        return f"{_shown(origin[0])}:{origin[1]}"
-    return f"{_shown(here[0])}:{here[1]} (raised at {_shown(origin[0])}:{origin[1]})"
-
-
-def _shown(filename: str) -> str:
-    """A path relative to the current directory when it is inside it, as typed."""
-    try:
-        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
-    except (OSError, ValueError):
-        return filename
-
-
-def _is_import_machinery(filename: str) -> bool:
-    return filename.startswith("<frozen ") or filename == __file__
-
-
-def _same_file(first: str, second: str) -> bool:
-    try:
-        return Path(first).resolve() == Path(second).resolve()
-    except OSError:
-        return first == second
-
-
-def _import_file(path: Path, spec: str) -> ModuleType:
-    """Import a file as the module named after it, with its directory on sys.path so it
-    can import its neighbours and flow files can reference its models."""
-    if not path.is_file():
-        raise CommandError(EXIT_MISSING, f"--tools {spec}: no such file")
-    name = path.stem
-    loaded = sys.modules.get(name)
-    if loaded is not None:
-        loaded_file = getattr(loaded, "__file__", None)
-        if loaded_file and Path(loaded_file).resolve() == path.resolve():
-            return loaded
-        raise CommandError(EXIT_MISSING, f"--tools {spec}: a different module named "
-                           f"{name!r} is already imported; rename the file")
-    directory = str(path.resolve().parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise CommandError(EXIT_MISSING, f"--tools {spec}: cannot be imported as a module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # pydantic resolves postponed annotations through it
-    try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as error:  # SystemExit too: sys.exit() while importing
-        del sys.modules[name]
-        raise _import_failed(spec, error, str(path)) from None
-    return module
-
-
-def register_tools(executor: FlowExecutor, specs: Sequence[str]) -> None:
-    """Register every public module-level Tool of each module."""
-    owners: dict[str, str] = {}
-    for spec in specs:
-        module = _import_tools_module(spec)
-        found = [v for k, v in vars(module).items()
-                 if isinstance(v, Tool) and not k.startswith("_")]
-        if not found:
-            raise CommandError(EXIT_MISSING, f"--tools {spec}: the module defines no "
-                               "chainweaver Tool objects")
-        for found_tool in found:
-            if executor.tools.get(found_tool.name) is found_tool:
-                continue  # the same object, re-exported by another module
-            try:
-                executor.register_tool(found_tool)
-            except DuplicateToolError:
-                raise CommandError(EXIT_INVALID, f"--tools {spec}: a different tool named "
-                                   f"{found_tool.name!r} already came from "
-                                   f"{owners[found_tool.name]}") from None
-            owners[found_tool.name] = spec
-
-
-# ------------------------------------------------------------------ building
-
-
-@contextmanager
-def _quiet_exposure_log() -> Iterator[None]:
-    """The CLI reports exclusions itself; the server's per-flow warnings would repeat them."""
-    logger = logging.getLogger("chainweaver.mcp")
-    previous = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
-
-
-class Built(NamedTuple):
-    server: Any  # a chainweaver.mcp.FlowServer (imported lazily: it needs the mcp extra)
-    files: int
-    tools: int
-
-
-def build_server(args: argparse.Namespace) -> Built:
-    """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
-    try:
-        from .mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
-    except ImportError as error:
-        raise CommandError(EXIT_MISSING, str(error)) from None
-    instructions = _instructions(args)
-    auth = load_token_file(args.auth_token_file) if args.auth_token_file else None
-    lifecycles = _values(args.lifecycle, "--lifecycle", FlowLifecycle)
-    side_effects = _values(args.side_effects, "--side-effects", SideEffectLevel)
-    owners = _values(args.owner, "--owner")
-    if os.getcwd() not in sys.path:  # like `python -m`: modules next to you import
-        sys.path.insert(0, os.getcwd())
-
-    registry = FlowRegistry()
-    executor = FlowExecutor(registry)
-    register_tools(executor, args.tools)
-    files = find_flow_files(args.paths)
-    for flow in load_flows(files, tools=executor.tools):
-        registry.register_flow(flow)
-    with _quiet_exposure_log():
-        server = FlowServer(
-            executor,
-            name=args.name,
-            expose_schemas=args.expose_schemas,
-            expose_prompts=args.expose_prompts,
-            policy=ExposurePolicy(
-                server_prefix=args.prefix,
-                allowed_lifecycles=lifecycles,
-                allowed_side_effects=side_effects,
-                owners=owners,
-                allow_requires_approval=args.allow_requires_approval,
-            ),
-            security=SecurityConfig(auth=auth, **_given(error_detail=args.error_detail)),
-            serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
-                                  allowed_hosts=args.allowed_host,
-                                  allowed_origins=args.allowed_origin),
-            instructions=instructions,
-        )
-        # Judge every flow now: the command prints its own report of them, so the
-        # library's per-flow log lines would only repeat it.
-        server.exposure_report()
-    return Built(server, len(files), len(executor.tools))
-
-
-def _given(**settings: Any) -> dict[str, Any]:
-    """The settings whose flag was given; the others keep the library's default."""
-    return {name: value for name, value in settings.items() if value is not None}
-
-
-def _instructions(args: argparse.Namespace) -> str | None:
-    if args.instructions_file is None:
-        return args.instructions
-    if args.instructions is not None:
-        raise CommandError(EXIT_USAGE, "--instructions and --instructions-file cannot be "
-                           "used together")
-    text = _read_text(args.instructions_file, "--instructions-file").strip()
-    if not text:
-        raise CommandError(EXIT_INVALID, f"--instructions-file {args.instructions_file}: "
-                           "the file is empty")
-    return text
-
-
-def _read_text(path: str, flag: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CommandError(EXIT_MISSING, f"{flag} {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise CommandError(EXIT_MISSING, f"{flag} {path}: cannot be read: {reason}") from None
-
-
-# RFC 6750's token68 alphabet: what may follow "Bearer " in an Authorization header.
-BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
-
-
-def load_token_file(path: str) -> Any:
-    """A FastMCP ``StaticTokenVerifier`` accepting the tokens listed in ``path``.
-
-    One token per line; blank lines and lines starting with ``#`` are skipped. The
-    caller of line N is ``token-N`` (the line, never the token, identifies it in logs).
-    """
-    from fastmcp.server.auth import StaticTokenVerifier
-
-    tokens: dict[str, dict[str, Any]] = {}
-    for number, line in enumerate(_read_text(path, "--auth-token-file").splitlines(), 1):
-        token = line.strip()
-        if not token or token.startswith("#"):
-            continue
-        if not BEARER_TOKEN.fullmatch(token):
-            raise CommandError(EXIT_INVALID, f"--auth-token-file {path}, line {number}: not "
-                               "a bearer token (letters, digits and -._~+/ then any '=', "
-                               "no spaces)")
-        tokens.setdefault(token, {"client_id": f"token-{number}", "scopes": []})
-    if not tokens:
-        raise CommandError(EXIT_INVALID, f"--auth-token-file {path}: the file lists no "
-                           "tokens")
-    return StaticTokenVerifier(tokens=tokens)
 
 
 # ------------------------------------------------------------------ output
