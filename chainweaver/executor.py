@@ -8,7 +8,7 @@ Only programming errors about *which* flow to run (unknown name or version) rais
 Both lanes run the same step runner (:mod:`chainweaver.runner`): ``execute_flow`` runs
 the steps one at a time in plan order; ``execute_flow_async`` runs every ready step at
 once (up to ``max_concurrent_steps``), awaiting async tools and running sync tools in
-worker threads. Results never depend on timing.
+worker threads. Results (failures included) never depend on timing.
 """
 
 from __future__ import annotations
@@ -231,9 +231,11 @@ class FlowExecutor:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
         ``timeout`` (seconds) bounds the whole run; a run that exceeds it fails with
-        ``TimeoutError`` and keeps its finished steps. After a timeout, a failure or a
-        cancellation no further step starts; a sync tool already running in a worker
-        thread cannot be interrupted, so it finishes and its output is discarded.
+        ``TimeoutError`` and keeps its finished steps. A failed run has the error and the
+        records :meth:`execute_flow` gives (steps after the first failure in plan order
+        neither start nor appear). After a timeout or a cancellation no further step
+        starts; a sync tool already running in a worker thread cannot be interrupted, so
+        it finishes and its output is discarded.
         """
         return await self._run_async(self.registry.get_flow(name, version), input, timeout)
 
@@ -261,28 +263,39 @@ class FlowExecutor:
         return self._finish(state, started)
 
     async def _schedule(self, state: RunState, abandoned: threading.Event) -> None:
-        """Start every ready step (bounded) until none is left or one has failed."""
+        """Start every ready step (bounded) until none is left that the sync lane would run.
+
+        After a failure, steps earlier in plan order than the first failure still start
+        (the sync lane runs them); steps after it do not start, and those already running
+        are cancelled and left out of the records, so both lanes give the same result.
+        """
         steps = state.plan.steps
-        running: set[asyncio.Task] = set()
+        running: dict[asyncio.Future, int] = {}
         loop = asyncio.get_running_loop()
         try:
             while True:
-                while state.ready and state.failure is None \
-                        and len(running) < self._max_concurrent:
+                while state.ready and len(running) < self._max_concurrent:
                     position = state.ready.pop()
+                    if position > state.failed_at:
+                        state.ready.clear()  # pop() takes the earliest: all are later
+                        break
                     if steps[position].runs_in_thread and not running and not state.ready:
                         # Alone: one worker-thread hop runs it and the chain of sync steps
                         # after it (nothing else runs, so the state is the thread's).
                         await loop.run_in_executor(self._thread_pool(), self._run_chain,
                                                    state, position, abandoned)
                         continue
-                    running.add(asyncio.ensure_future(self._run_one(state, position)))
+                    running[asyncio.ensure_future(self._run_one(state, position))] = position
                 if not running:
                     return
-                done, running = await asyncio.wait(running,
-                                                   return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
+                    del running[task]
                     task.result()  # the runner turns failures into data; this re-raises bugs
+                for task, position in list(running.items()):
+                    if position > state.failed_at:  # its record is dropped: stop it
+                        task.cancel()
+                        del running[task]
         finally:
             for task in running:
                 task.cancel()
@@ -304,8 +317,9 @@ class FlowExecutor:
         while True:
             self._drive_sync(run_step(state, steps[position]))
             state.finish(position)
-            if state.failure is not None or abandoned.is_set() or len(state.ready) != 1 \
-                    or not steps[state.ready[0]].runs_in_thread:
+            if abandoned.is_set() or len(state.ready) != 1 \
+                    or not steps[state.ready[0]].runs_in_thread \
+                    or state.ready[0] > state.failed_at:
                 return
             position = state.ready.pop()
 
@@ -410,10 +424,14 @@ class FlowExecutor:
     def _finish(self, state: RunState, started: float) -> ExecutionResult:
         plan = state.plan
         flow = plan.flow
+        if state.failure is not None:
+            # What the sync lane records: the steps up to the first failure in plan order
+            # (the async lane may have started later ones; they are left out).
+            records = [record for record in state.records[:state.failed_at + 1]
+                       if record is not None]
+            return _failed(flow, state.failure, [replace(r) for r in records], started)
         # Steps that never started have no record.
         records = [record for record in state.records if record is not None]
-        if state.failure is not None:
-            return _failed(flow, state.failure, _settled(records, None), started)
         if flow.output_schema is not None:
             fields = flow.output_schema.model_fields
             context = state.context()
@@ -456,17 +474,15 @@ class FlowExecutor:
         return _failed(flow, info, _settled(records, info), started)
 
 
-def _settled(records: list[StepRecord], info: ErrorInfo | None) -> list[StepRecord]:
+def _settled(records: list[StepRecord], info: ErrorInfo) -> list[StepRecord]:
     """Copies (a stuck worker thread may still write to the originals); a step still
-    running is marked failed (timed out, or cancelled because another step failed)."""
+    running when the run timed out is marked failed with the run's error."""
     settled = []
     for record in records:
         copy = replace(record)
         if copy.status == "running":
             copy.status = "failed"
-            copy.error = info or ErrorInfo(
-                "CancelledError", "cancelled: another step failed",
-                step_index=record.index, tool_name=record.tool_name, step_id=record.step_id)
+            copy.error = info
         settled.append(copy)
     return settled
 

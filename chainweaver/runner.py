@@ -104,7 +104,7 @@ class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
-                 "failed_at", "waiting", "ready")
+                 "failed_at", "waiting", "ready", "_lock")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -117,6 +117,8 @@ class RunState:
         self.failed_at = count
         self.waiting: list[int] = []
         self.ready: list[int] = []
+        # Steps of the async lane fail in worker threads and on the loop at once.
+        self._lock = threading.Lock()
 
     def schedule(self) -> None:
         """Prepare the bookkeeping the async lane starts ready steps by."""
@@ -127,8 +129,9 @@ class RunState:
     def fail(self, position: int, info: ErrorInfo) -> None:
         # Several branches may fail in the async lane: the earliest in plan order wins,
         # which is the failure the sync lane reports.
-        if position < self.failed_at:
-            self.failure, self.failed_at = info, position
+        with self._lock:
+            if position < self.failed_at:
+                self.failure, self.failed_at = info, position
 
     def finish(self, position: int) -> None:
         """Mark a step done; its dependents whose steps are all done become ready."""

@@ -87,7 +87,7 @@ def shape(result) -> tuple:
     records = [(r.step_id, r.status, r.inputs, r.outputs, r.error, r.attempts,
                 r.attempt_errors, r.fallback) for r in result.steps]
     error = (result.error.type, result.error.step_id) if result.error else None
-    return result.success, result.final_output, error, records if result.success else None
+    return result.success, result.final_output, error, records
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
