@@ -14,15 +14,14 @@ worker threads. Results (failures included) never depend on timing.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from . import outcome
 from .errors import DuplicateToolError, FlowNotFoundError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .plan import Plan, Problem, Resolver, compile_plan
@@ -35,10 +34,8 @@ from .runner import (
     RunState,
     StepFailed,
     StepRecord,
+    Stop,
     call_blocking,
-    describe,
-    first_error_field,
-    raised,
     run_coroutine_blocking,
     run_step,
     with_timeout,
@@ -199,26 +196,43 @@ class FlowExecutor:
     # ------------------------------------------------------------- execution
 
     def execute_flow(
-        self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None
+        self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None,
+        *, plan: Plan | None = None,
     ) -> ExecutionResult:
         """Run a flow synchronously, one step at a time in plan order.
 
         Async tools run on a private event loop; a step with a ``timeout`` runs its tool
         in a helper thread that is abandoned (left to finish) when time runs out.
+        ``plan`` (from :meth:`plan`) runs exactly that plan, with the sub-flows it was
+        compiled with, whatever was registered since.
         """
-        return self._run_sync(self.registry.get_flow(name, version), input)
+        return self._run_sync(self._plan_to_run(name, version, plan), input)
 
-    def _run_sync(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> ExecutionResult:
+    def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
+        if plan is None:
+            return self._plan(self.registry.get_flow(name, version))[0]
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a Plan from FlowExecutor.plan(), got "
+                            f"{type(plan).__name__}")
+        if plan.flow.name != name or version not in (None, plan.flow.version):
+            raise ValueError(f"plan is of flow {plan.flow.name!r} {plan.flow.version}, not "
+                             f"{name!r}{'' if version is None else ' ' + version}")
+        return plan
+
+    def _run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
+                  stop: Stop | None = None) -> ExecutionResult:
         started = time.perf_counter()
         try:
-            state = self._start(flow, input)
+            state = outcome.start(plan, input)
         except StepFailed as failure:
-            return _failed(flow, failure.info, [], started)
-        for planned in state.plan.steps:
-            self._drive_sync(run_step(state, planned))
+            return outcome.failed(plan.flow, failure.info, [], started)
+        for planned in plan.steps:
+            if stop is not None and stop.is_set():
+                break  # the caller is gone: the result is discarded
+            self._drive_sync(run_step(state, planned), stop)
             if state.failure is not None:
                 break
-        return self._finish(state, started)
+        return outcome.finish(state, started)
 
     async def execute_flow_async(
         self,
@@ -227,29 +241,31 @@ class FlowExecutor:
         version: str | None = None,
         *,
         timeout: float | None = None,
+        plan: Plan | None = None,
     ) -> ExecutionResult:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
         ``timeout`` (seconds) bounds the whole run; a run that exceeds it fails with
         ``TimeoutError`` and keeps its finished steps. A failed run has the error and the
         records :meth:`execute_flow` gives (steps after the first failure in plan order
-        neither start nor appear). After a timeout or a cancellation no further step
-        starts; a sync tool already running in a worker thread cannot be interrupted, so
-        it finishes and its output is discarded.
+        neither start nor appear). After a timeout or a cancellation no further step,
+        retry or fallback starts; a sync tool already running in a worker thread cannot
+        be interrupted, so it finishes and its output is discarded. ``plan`` is as for
+        :meth:`execute_flow`.
         """
-        return await self._run_async(self.registry.get_flow(name, version), input, timeout)
+        return await self._run_async(self._plan_to_run(name, version, plan), input, timeout)
 
-    async def _run_async(self, flow: Flow, input: Mapping[str, Any] | BaseModel,
-                         timeout: float | None) -> ExecutionResult:
+    async def _run_async(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
+                         timeout: float | None, parent: Stop | None = None) -> ExecutionResult:
         started = time.perf_counter()
         try:
-            state = self._start(flow, input)
+            state = outcome.start(plan, input)
         except StepFailed as failure:
-            return _failed(flow, failure.info, [], started)
+            return outcome.failed(plan.flow, failure.info, [], started)
         state.schedule()
-        # Set when this call is over: a worker thread running a chain of sync steps then
-        # starts no further step.
-        abandoned = threading.Event()
+        # Set when this call is over (or its caller's is): steps running in worker
+        # threads then make no further call, retry, sleep or fallback.
+        abandoned = Stop(parent)
         try:
             if timeout is None:
                 await self._schedule(state, abandoned)
@@ -257,12 +273,12 @@ class FlowExecutor:
                 await asyncio.wait_for(self._schedule(state, abandoned), timeout)
         except asyncio.TimeoutError:
             abandoned.set()
-            return self._timed_out(state, timeout, started)
+            return outcome.timed_out(state, timeout, started)
         finally:
             abandoned.set()
-        return self._finish(state, started)
+        return outcome.finish(state, started)
 
-    async def _schedule(self, state: RunState, abandoned: threading.Event) -> None:
+    async def _schedule(self, state: RunState, abandoned: Stop) -> None:
         """Start every ready step (bounded) until none is left that the sync lane would run.
 
         After a failure, steps earlier in plan order than the first failure still start
@@ -271,6 +287,7 @@ class FlowExecutor:
         """
         steps = state.plan.steps
         running: dict[asyncio.Future, int] = {}
+        stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -285,7 +302,8 @@ class FlowExecutor:
                         await loop.run_in_executor(self._thread_pool(), self._run_chain,
                                                    state, position, abandoned)
                         continue
-                    running[asyncio.ensure_future(self._run_one(state, position))] = position
+                    running[asyncio.ensure_future(
+                        self._run_one(state, position, abandoned))] = position
                 if not running:
                     return
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -296,26 +314,27 @@ class FlowExecutor:
                     if position > state.failed_at:  # its record is dropped: stop it
                         task.cancel()
                         del running[task]
+                        stopped.append(task)
         finally:
             for task in running:
                 task.cancel()
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+            if running or stopped:
+                await asyncio.gather(*running, *stopped, return_exceptions=True)
 
-    async def _run_one(self, state: RunState, position: int) -> None:
+    async def _run_one(self, state: RunState, position: int, abandoned: Stop) -> None:
         planned = state.plan.steps[position]
         runner = run_step(state, planned)
         if planned.runs_in_thread:
             await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), self._drive_sync, runner)
+                self._thread_pool(), self._drive_sync, runner, abandoned)
         else:
-            await self._drive_async(runner)
+            await self._drive_async(runner, abandoned)
         state.finish(position)
 
-    def _run_chain(self, state: RunState, position: int, abandoned: threading.Event) -> None:
+    def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
         steps = state.plan.steps
         while True:
-            self._drive_sync(run_step(state, steps[position]))
+            self._drive_sync(run_step(state, steps[position]), abandoned)
             state.finish(position)
             if abandoned.is_set() or len(state.ready) != 1 \
                     or not steps[state.ready[0]].runs_in_thread \
@@ -330,14 +349,21 @@ class FlowExecutor:
 
     # ------------------------------------------------------------------ lanes
 
-    def _drive_sync(self, runner: Generator[tuple, Any, None]) -> None:
-        """Answer a step's requests by calling directly (the sync lane, or a worker thread)."""
+    def _drive_sync(self, runner: Generator[tuple, Any, None], stop: Stop | None) -> None:
+        """Answer a step's requests by calling directly (the sync lane, or a worker thread).
+
+        Once ``stop`` is set (the async call that started it is over) it makes no further
+        call, sleep or sub-flow run: the step is closed where it stands.
+        """
         reply: Any = None
         error: BaseException | None = None
         while True:
             try:
                 request = runner.send(reply) if error is None else runner.throw(error)
             except StopIteration:
+                return
+            if stop is not None and stop.is_set():
+                runner.close()
                 return
             reply = error = None
             try:
@@ -348,13 +374,17 @@ class FlowExecutor:
                     else:
                         reply = call_blocking(tool, request[2], request[3])
                 elif request[0] is SLEEP:
-                    time.sleep(request[1])
+                    if stop is None:
+                        time.sleep(request[1])
+                    else:
+                        stop.wait(request[1])
                 else:  # a sub-flow runs in this lane too
-                    reply = self._subflow_blocking(request[1], request[2], request[3])
-            except Exception as caught:
+                    reply = self._subflow_blocking(request[1], request[2], request[3], stop)
+            except (Exception, asyncio.CancelledError) as caught:
+                # Nothing cancels this thread: a CancelledError is the tool's own failure.
                 error = caught
 
-    async def _drive_async(self, runner: Generator[tuple, Any, None]) -> None:
+    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop) -> None:
         """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
         reply: Any = None
         error: BaseException | None = None
@@ -375,119 +405,18 @@ class FlowExecutor:
                 elif request[0] is SLEEP:
                     await asyncio.sleep(request[1])
                 else:
-                    reply = await self._run_async(request[1], request[2], request[3])
+                    reply = await self._run_async(request[1], request[2], request[3], stop)
+            except asyncio.CancelledError as caught:
+                # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
+                cancelling = getattr(asyncio.current_task(), "cancelling", None)
+                if cancelling is None or cancelling():
+                    raise  # this run is being cancelled (a timeout, a failure, the caller)
+                error = caught  # the tool's own CancelledError: a failure like any other
             except Exception as caught:
                 error = caught
 
-    def _subflow_blocking(self, flow: Flow, input: dict[str, Any],
-                          timeout: float | None) -> ExecutionResult:
+    def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
+                          stop: Stop | None) -> ExecutionResult:
         if timeout is None:
-            return self._run_sync(flow, input)
-        return run_coroutine_blocking(self._run_async(flow, input, timeout))
-
-    # ----------------------------------------------------------- start, finish
-
-    def _start(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> RunState:
-        plan, problems = self._plan(flow)
-        fatal = [problem for problem in problems if problem.fatal] if problems else None
-        if fatal:
-            problem = fatal[0]
-            index = (flow.step_ids.index(problem.step_id)
-                     if problem.step_id in flow.step_ids else None)
-            step = flow.steps[index] if index is not None else None
-            raise StepFailed(ErrorInfo(
-                problem.kind, problem.message, step_index=index,
-                tool_name=step.name if step else None, field=problem.field,
-                step_id=problem.step_id))
-        model = plan.input_model
-        assert model is not None  # a plan without fatal problems has its first step's model
-        try:
-            # Exact class only: a subclass instance would carry undeclared fields into
-            # the context, so it is dumped and validated like any other model.
-            if type(input) is model:
-                validated = input
-            elif isinstance(input, BaseModel):
-                validated = model.model_validate(input.model_dump())
-            else:
-                validated = model.__pydantic_validator__.validate_python(input)
-            context = model.__pydantic_serializer__.to_python(validated)
-        except ValidationError as error:
-            detail = describe(error)
-            raise StepFailed(ErrorInfo(
-                "InputValidationError", f"flow {flow.name!r} input is invalid: {detail}",
-                field=first_error_field(error), detail=detail,
-            )) from None
-        except Exception as error:  # a validator or serializer bug, not the caller's
-            raise raised(f"flow {flow.name!r} input validation", error) from None
-        return RunState(plan, context)
-
-    def _finish(self, state: RunState, started: float) -> ExecutionResult:
-        plan = state.plan
-        flow = plan.flow
-        if state.failure is not None:
-            # What the sync lane records: the steps up to the first failure in plan order
-            # (the async lane may have started later ones; they are left out).
-            records = [record for record in state.records[:state.failed_at + 1]
-                       if record is not None]
-            return _failed(flow, state.failure, [replace(r) for r in records], started)
-        # Steps that never started have no record.
-        records = [record for record in state.records if record is not None]
-        if flow.output_schema is not None:
-            fields = flow.output_schema.model_fields
-            context = state.context()
-            try:
-                final = flow.output_schema.model_validate(
-                    {k: v for k, v in context.items() if k in fields}
-                ).model_dump()
-            except ValidationError as error:
-                info = ErrorInfo("OutputValidationError",
-                                 f"flow {flow.name!r} output is invalid: {describe(error)}",
-                                 field=first_error_field(error))
-                return _failed(flow, info, records, started)
-            except Exception as error:
-                info = raised(f"flow {flow.name!r} output validation", error).info
-                return _failed(flow, info, records, started)
-        else:
-            sink = plan.steps[plan.sink]  # type: ignore[index]
-            record = state.records[sink.position]
-            if record is None or record.status != "completed":
-                info = ErrorInfo("OutputValidationError",
-                                 f"flow {flow.name!r} has no output: its last step "
-                                 f"{sink.id!r} was skipped", step_index=sink.index,
-                                 tool_name=sink.step.name, step_id=sink.id)
-                return _failed(flow, info, records, started)
-            final = record.outputs or {}
-        return ExecutionResult(flow.name, flow.version, True, final, None, records,
-                               (time.perf_counter() - started) * 1000)
-
-    def _timed_out(self, state: RunState, timeout: float | None,
-                   started: float) -> ExecutionResult:
-        flow = state.plan.flow
-        records = [record for record in state.records if record is not None]
-        running = [record for record in records if record.status == "running"]
-        blamed = running[0] if running else (records[-1] if records else None)
-        info = ErrorInfo(
-            "TimeoutError", f"flow {flow.name!r} did not finish within {timeout} s",
-            step_index=blamed.index if blamed else None,
-            tool_name=blamed.tool_name if blamed else None,
-            step_id=blamed.step_id if blamed else None)
-        return _failed(flow, info, _settled(records, info), started)
-
-
-def _settled(records: list[StepRecord], info: ErrorInfo) -> list[StepRecord]:
-    """Copies (a stuck worker thread may still write to the originals); a step still
-    running when the run timed out is marked failed with the run's error."""
-    settled = []
-    for record in records:
-        copy = replace(record)
-        if copy.status == "running":
-            copy.status = "failed"
-            copy.error = info
-        settled.append(copy)
-    return settled
-
-
-def _failed(flow: Flow, info: ErrorInfo, records: list[StepRecord],
-            started: float) -> ExecutionResult:
-    return ExecutionResult(flow.name, flow.version, False, None, info, records,
-                           (time.perf_counter() - started) * 1000)
+            return self._run_sync(plan, input, stop)
+        return run_coroutine_blocking(self._run_async(plan, input, timeout, stop))

@@ -64,6 +64,7 @@ class PlannedStep:
     step: FlowStep
     tool: Tool | None
     subflow: Flow | None
+    subplan: Plan | None  # the sub-flow's plan, run as compiled here
     input_model: type[BaseModel] | None
     output_model: type[BaseModel] | None
     fallback: Tool | None
@@ -86,6 +87,7 @@ class Plan:
     # Every sub-flow (and theirs, transitively) as resolved: a new version of any of them
     # makes the plan stale.
     subflow_versions: tuple[tuple[str, str], ...]
+    problems: tuple[Problem, ...] = ()  # what compile_plan found (fatal ones stop a run)
 
 
 # How compile_plan looks things up (the executor passes its own).
@@ -122,7 +124,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     targets = [_resolve(flow, index, resolver, stack, problems, versions)
                for index in flow.order]
     writes = [_writes(flow, index, tool, subflow, fallback, resolver, problems)
-              for index, (tool, subflow, fallback) in zip(flow.order, targets, strict=True)]
+              for index, (tool, subflow, fallback, _) in zip(flow.order, targets, strict=True)]
     input_model = resolver.input_model(flow)
     input_keys = None if input_model is None else set(input_model.model_fields)
 
@@ -134,7 +136,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     planned = []
     for position, index in enumerate(flow.order):
         step = flow.steps[index]
-        tool, subflow, fallback = targets[position]
+        tool, subflow, fallback, subplan = targets[position]
         label = step_label(flow, index)
         step_id = flow.step_ids[index]
         if subflow is not None:
@@ -169,7 +171,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
         _check_sources(label, step_id, sources, input_keys, problems)
         _check_retry(label, step_id, step, tool, subflow, resolver, problems)
         planned.append(PlannedStep(
-            position, index, step_id, label, step, tool, subflow, model, output_model,
+            position, index, step_id, label, step, tool, subflow, subplan, model, output_model,
             fallback, tuple(sources), step.condition, condition_sources,
             tuple(position_of[d] for d in flow.dependencies[index]),
             tuple(dependents[position]), writes[position],
@@ -181,7 +183,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     _check_output(flow, input_keys, writes, problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
-                input_model, tuple(dict.fromkeys(versions)))
+                input_model, tuple(dict.fromkeys(versions)), tuple(problems))
     return plan, problems
 
 
@@ -199,10 +201,10 @@ def _ancestors(flow: Flow, position_of: dict[int, int]) -> list[int]:
 
 def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
              problems: list[Problem], versions: list[tuple[str, str]],
-             ) -> tuple[Tool | None, Flow | None, Tool | None]:
+             ) -> tuple[Tool | None, Flow | None, Tool | None, Plan | None]:
     step = flow.steps[index]
     step_id = flow.step_ids[index]
-    tool = subflow = fallback = None
+    tool = subflow = fallback = subplan = None
     if step.flow is not None:
         label = step_label(flow, index)
         if step.flow in stack or step.flow == flow.name:
@@ -216,13 +218,14 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
                                         f"flow {step.flow!r}", step_id, fatal=True))
             else:
                 inner_plan, inner = resolver.check(subflow, (*stack, flow.name))
+                subplan = inner_plan
                 versions.append((subflow.name, subflow.version))
                 versions.extend(inner_plan.subflow_versions)
                 if inner:
                     problems.append(Problem(
                         "InvalidSubFlowError", f"{label}: sub-flow {step.flow!r} is invalid: "
                         + "; ".join(p.message for p in inner), step_id, fatal=True))
-                    subflow = None
+                    subflow = subplan = None
     else:
         tool = resolver.tools.get(step.tool_name)  # type: ignore[arg-type]
         if tool is None:
@@ -234,7 +237,7 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
             problems.append(Problem("ToolNotFoundError", f"{step_label(flow, index)} falls "
                                     f"back to unregistered tool {step.fallback!r}", step_id,
                                     fatal=True))
-    return tool, subflow, fallback
+    return tool, subflow, fallback, subplan
 
 
 def _model_keys(model: type[BaseModel] | None) -> frozenset[str] | None:

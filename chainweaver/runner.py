@@ -100,6 +100,33 @@ class SubFlowFailed(Exception):
     """The cause of a failed sub-flow attempt (so ``retry_on`` can name it)."""
 
 
+class Stop:
+    """Set when an async run is over (finished, timed out, cancelled), or its caller's
+    run is: steps still running in worker threads then make no further request."""
+
+    __slots__ = ("_event", "_parent")
+
+    def __init__(self, parent: Stop | None = None) -> None:
+        self._event = threading.Event()
+        self._parent = parent
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set() or (self._parent is not None and self._parent.is_set())
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, waking early once set."""
+        deadline = perf_counter() + seconds
+        while not self.is_set():
+            left = deadline - perf_counter()
+            if left <= 0:
+                return
+            # In slices: the parent's event is not waited on directly.
+            self._event.wait(min(left, 0.05) if self._parent is not None else left)
+
+
 class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
@@ -202,7 +229,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             record.attempts = 1
             try:
                 raw = yield (CALL, tool, model, step.timeout)
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:  # the lane decides
                 raise _call_failed(planned, tool, error) from None
             outputs = _output(planned, tool, raw)
         else:
@@ -337,7 +364,7 @@ def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any
     record.attempts += 1
     try:
         raw = yield (CALL, tool, model, planned.step.timeout)
-    except Exception as error:
+    except (Exception, asyncio.CancelledError) as error:  # the lane decides
         raise _call_failed(planned, tool, error) from None
     return _output(planned, tool, raw)
 
@@ -355,7 +382,7 @@ def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any])
                      **_where(planned, tool.name)) from None
 
 
-def _call_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
+def _call_failed(planned: PlannedStep, tool: Tool, error: BaseException) -> StepFailed:
     """A tool call that raised (its failure is data, not a crash) or timed out."""
     if isinstance(error, StepTimeout):
         return StepFailed(ErrorInfo(
@@ -400,7 +427,7 @@ def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
 def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
                record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     record.attempts += 1
-    result = yield (FLOW, planned.subflow, arguments, planned.step.timeout)
+    result = yield (FLOW, planned.subplan, arguments, planned.step.timeout)
     record.steps = result.steps
     if result.success:
         return dict(result.final_output or {})
