@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import outcome
-from .errors import DuplicateToolError, FlowNotFoundError, FlowValidationError, ToolNotFoundError
+from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .plan import Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
@@ -87,10 +87,8 @@ class FlowExecutor:
     # ---------------------------------------------------- schemas and safety
 
     def _subflow(self, name: str) -> Flow | None:
-        try:
-            return self.registry.get_flow(name)
-        except FlowNotFoundError:
-            return None
+        """The version a sub-flow step runs: the latest active one (None: there is none)."""
+        return self.registry.latest_active(name)
 
     def input_model(self, flow: Flow, _seen: tuple[str, ...] = ()) -> type[BaseModel] | None:
         """The flow's input model: its own, else its first step's (None when unknown)."""
@@ -148,7 +146,8 @@ class FlowExecutor:
 
     def _resolver(self) -> Resolver:
         return Resolver(self._tools, self._subflow, self.input_model, self.output_model,
-                        self.effective_safety, self._compile)
+                        self.effective_safety, self._compile,
+                        registered=self.registry.__contains__)
 
     def _compile(self, flow: Flow, stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:
         return compile_plan(flow, self._resolver(), stack)
@@ -180,12 +179,13 @@ class FlowExecutor:
 
     def _plan(self, flow: Flow) -> tuple[Plan, list[Problem]]:
         """(plan, every problem), compiled once per flow version: again only after a tool
-        is registered or a sub-flow (at any depth) gets a new latest version."""
+        is registered or a sub-flow (at any depth) gets a new latest active version, or
+        a missing one appears."""
         key = (flow.name, flow.version)
         cached = self._plans.get(key)
         if cached is not None and cached[0].flow is flow and (
                 not cached[0].subflow_versions or all(
-                    (sub := self._subflow(name)) is not None and sub.version == version
+                    getattr(self._subflow(name), "version", None) == version
                     for name, version in cached[0].subflow_versions)):
             return cached
         cached = self._compile(flow)

@@ -84,9 +84,9 @@ class Plan:
     steps: tuple[PlannedStep, ...]
     sink: int | None  # plan position of the single sink, if any
     input_model: type[BaseModel] | None
-    # Every sub-flow (and theirs, transitively) as resolved: a new version of any of them
-    # makes the plan stale.
-    subflow_versions: tuple[tuple[str, str], ...]
+    # Every sub-flow (and theirs, transitively) as resolved (None: none to run): a new
+    # active version of any of them makes the plan stale.
+    subflow_versions: tuple[tuple[str, str | None], ...]
     problems: tuple[Problem, ...] = ()  # what compile_plan found (fatal ones stop a run)
 
 
@@ -96,14 +96,15 @@ class Resolver:
                  input_model: Callable[[Flow], type[BaseModel] | None],
                  output_model: Callable[[Flow], type[BaseModel] | None],
                  safety: Callable[[Flow], ToolSafetyContract | None],
-                 check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]]
-                 ) -> None:
+                 check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]],
+                 registered: Callable[[str], bool] = lambda name: False) -> None:
         self.tools = tools
         self.get_flow = get_flow
         self.input_model = input_model
         self.output_model = output_model
         self.safety = safety
         self.check = check
+        self.registered = registered  # whether any version of a flow name is registered
 
 
 def step_label(flow: Flow, index: int) -> str:
@@ -120,7 +121,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     problems: list[Problem] = []
     position_of = {index: position for position, index in enumerate(flow.order)}
     ancestors = _ancestors(flow, position_of)
-    versions: list[tuple[str, str]] = []
+    versions: list[tuple[str, str | None]] = []
     targets = [_resolve(flow, index, resolver, stack, problems, versions)
                for index in flow.order]
     writes = [_writes(flow, index, tool, subflow, fallback, resolver, problems)
@@ -200,7 +201,7 @@ def _ancestors(flow: Flow, position_of: dict[int, int]) -> list[int]:
 
 
 def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
-             problems: list[Problem], versions: list[tuple[str, str]],
+             problems: list[Problem], versions: list[tuple[str, str | None]],
              ) -> tuple[Tool | None, Flow | None, Tool | None, Plan | None]:
     step = flow.steps[index]
     step_id = flow.step_ids[index]
@@ -214,8 +215,15 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
         else:
             subflow = resolver.get_flow(step.flow)
             if subflow is None:
-                problems.append(Problem("FlowNotFoundError", f"{label} uses unregistered "
-                                        f"flow {step.flow!r}", step_id, fatal=True))
+                versions.append((step.flow, None))  # registering one makes the plan stale
+                if resolver.registered(step.flow):
+                    problems.append(Problem(
+                        "FlowNotFoundError", f"{label} uses flow {step.flow!r}, which has no "
+                        "active version (only active flows run as sub-flows)", step_id,
+                        fatal=True))
+                else:
+                    problems.append(Problem("FlowNotFoundError", f"{label} uses unregistered "
+                                            f"flow {step.flow!r}", step_id, fatal=True))
             else:
                 inner_plan, inner = resolver.check(subflow, (*stack, flow.name))
                 subplan = inner_plan

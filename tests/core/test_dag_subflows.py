@@ -1,0 +1,107 @@
+"""Sub-flows: which version runs, pinned plans, and plan caching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import BaseModel
+
+from chainweaver import (
+    Flow,
+    FlowExecutor,
+    FlowGovernance,
+    FlowRegistry,
+    FlowStep,
+    ToolSafetyContract,
+    tool,
+)
+
+READ = ToolSafetyContract("read")
+
+
+class Said(BaseModel):
+    said: str
+
+
+@tool(safety=READ)
+def one(x: int) -> Said:
+    return Said(said="one")
+
+
+@tool(safety=READ)
+def two(x: int) -> Said:
+    return Said(said="two")
+
+
+@tool(safety=ToolSafetyContract("destructive"))
+def three(x: int) -> Said:
+    return Said(said="three")
+
+
+def build(*flows: Flow) -> tuple[FlowRegistry, FlowExecutor]:
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry)
+    for t in (one, two, three):
+        executor.register_tool(t)
+    for flow in flows:
+        registry.register_flow(flow)
+    return registry, executor
+
+
+def child(tool_name: str, version: str, lifecycle: str = "active") -> Flow:
+    return Flow("child", "", [FlowStep(tool_name)], version=version,
+                governance=FlowGovernance(lifecycle))
+
+
+PARENT = Flow("parent", "", [FlowStep(flow="child")])
+
+
+@pytest.mark.parametrize("lifecycle", ["draft", "reviewed", "archived"])
+def test_a_sub_flow_step_runs_the_latest_active_version(lifecycle) -> None:
+    _, executor = build(child("one", "1.0.0"), child("two", "2.0.0", lifecycle), PARENT)
+    assert executor.check_flow(PARENT) == []
+    assert executor.execute_flow("parent", {"x": 1}).final_output == {"said": "one"}
+    result = asyncio.run(executor.execute_flow_async("parent", {"x": 1}))
+    assert result.final_output == {"said": "one"}
+
+
+def test_a_sub_flow_without_an_active_version_makes_the_parent_invalid() -> None:
+    _, executor = build(child("one", "1.0.0", "draft"), PARENT)
+    assert executor.check_flow(PARENT) == [
+        "step 0 ('child') uses flow 'child', which has no active version (only active "
+        "flows run as sub-flows)"]
+    result = executor.execute_flow("parent", {"x": 1})
+    assert (result.error.type, result.error.step_id) == ("FlowNotFoundError", "child")
+
+
+def test_a_pinned_plan_runs_as_compiled_whatever_was_registered_since() -> None:
+    registry, executor = build(child("one", "1.0.0"), PARENT)
+    pinned = executor.plan(PARENT)
+    registry.register_flow(child("three", "2.0.0"))
+    assert executor.execute_flow("parent", {"x": 1}).final_output == {"said": "three"}
+    assert executor.execute_flow("parent", {"x": 1}, plan=pinned).final_output == \
+        {"said": "one"}
+    result = asyncio.run(executor.execute_flow_async("parent", {"x": 1}, plan=pinned))
+    assert result.final_output == {"said": "one"}
+    assert result.flow_version == "1.0.0"
+
+
+def test_a_pinned_plan_must_be_of_the_named_flow() -> None:
+    _, executor = build(child("one", "1.0.0"), PARENT)
+    pinned = executor.plan(PARENT)
+    with pytest.raises(ValueError, match="'parent'"):
+        executor.execute_flow("child", {"x": 1}, plan=pinned)
+    with pytest.raises(ValueError):
+        executor.execute_flow("parent", {"x": 1}, "9.0.0", plan=pinned)
+    with pytest.raises(TypeError):
+        executor.execute_flow("parent", {"x": 1}, plan=PARENT)  # type: ignore[arg-type]
+    assert executor.execute_flow("parent", {"x": 1}, "1.0.0", plan=pinned).success
+
+
+def test_a_missing_sub_flow_registered_later_is_seen() -> None:
+    registry, executor = build(PARENT)
+    assert "unregistered flow 'child'" in executor.check_flow(PARENT)[0]
+    registry.register_flow(child("one", "1.0.0"))
+    assert executor.check_flow(PARENT) == []
+    assert executor.execute_flow("parent", {"x": 1}).final_output == {"said": "one"}
