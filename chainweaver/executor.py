@@ -116,13 +116,15 @@ class FlowExecutor:
         tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
         return tool.output_schema if tool else None
 
-    def effective_safety(self, flow: Flow,
-                         _seen: tuple[str, ...] = ()) -> ToolSafetyContract | None:
+    def effective_safety(self, flow: Flow, _seen: tuple[str, ...] = (), *,
+                         declared: bool = True) -> ToolSafetyContract | None:
         """The flow's own contract, else the merge over every step, fallback and sub-flow.
 
         None (unknown) when any of them is missing, declares no contract, or recurses.
+        ``declared=False`` ignores every flow's own contract (at any depth): what the
+        tools really do, which decides whether a sub-flow step may be retried.
         """
-        if flow.safety is not None:
+        if declared and flow.safety is not None:
             return flow.safety
         contracts = []
         for step in flow.steps:
@@ -130,7 +132,7 @@ class FlowExecutor:
                 sub = self._subflow(step.flow)
                 if sub is None or sub.name in _seen or sub.name == flow.name:
                     return None
-                contract = self.effective_safety(sub, (*_seen, flow.name))
+                contract = self.effective_safety(sub, (*_seen, flow.name), declared=declared)
             else:
                 tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
                 contract = tool.safety if tool else None
@@ -144,9 +146,12 @@ class FlowExecutor:
                 contracts.append(fallback.safety)
         return merge_safety_contracts(contracts)
 
+    def _tools_safety(self, flow: Flow) -> ToolSafetyContract | None:
+        return self.effective_safety(flow, declared=False)
+
     def _resolver(self) -> Resolver:
         return Resolver(self._tools, self._subflow, self.input_model, self.output_model,
-                        self.effective_safety, self._compile,
+                        self._tools_safety, self._compile,
                         registered=self.registry.__contains__)
 
     def _compile(self, flow: Flow, stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:

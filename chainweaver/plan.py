@@ -95,7 +95,7 @@ class Resolver:
     def __init__(self, tools: Mapping[str, Tool], get_flow: Callable[[str], Flow | None],
                  input_model: Callable[[Flow], type[BaseModel] | None],
                  output_model: Callable[[Flow], type[BaseModel] | None],
-                 safety: Callable[[Flow], ToolSafetyContract | None],
+                 safety: Callable[[Flow], ToolSafetyContract | None],  # merged over the tools
                  check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]],
                  registered: Callable[[str], bool] = lambda name: False) -> None:
         self.tools = tools
@@ -301,6 +301,8 @@ def _check_retry(label: str, step_id: str, step: FlowStep, tool: Tool | None,
                  subflow: Flow | None, resolver: Resolver, problems: list[Problem]) -> None:
     if step.retry is None or (tool is None and subflow is None):
         return
+    # A sub-flow's own safety= is a claim for its callers; whether repeating it is safe
+    # depends on what its tools really do.
     safety = tool.safety if tool is not None else resolver.safety(subflow)  # type: ignore[arg-type]
     if safety is None or not safety.idempotent:
         what = "unknown" if safety is None else "not idempotent"

@@ -13,6 +13,7 @@ from chainweaver import (
     FlowGovernance,
     FlowRegistry,
     FlowStep,
+    RetryPolicy,
     ToolSafetyContract,
     tool,
 )
@@ -105,3 +106,34 @@ def test_a_missing_sub_flow_registered_later_is_seen() -> None:
     registry.register_flow(child("one", "1.0.0"))
     assert executor.check_flow(PARENT) == []
     assert executor.execute_flow("parent", {"x": 1}).final_output == {"said": "one"}
+
+
+def test_a_sub_flow_declaring_safety_cannot_make_its_tools_retryable() -> None:
+    calls = []
+
+    @tool(safety=ToolSafetyContract("destructive"))
+    def wipe(x: int) -> Said:
+        calls.append("wipe")
+        raise ConnectionError("flaky after deleting")
+
+    registry, executor = build()
+    executor.register_tool(wipe)
+    registry.register_flow(Flow("inner", "", [FlowStep("wipe")],
+                                safety=ToolSafetyContract("read")))
+    outer = registry.register_flow(Flow("outer", "", [
+        FlowStep(flow="inner", retry=RetryPolicy(3, backoff_seconds=0))]))
+    [problem] = executor.flow_problems(outer)
+    assert (problem.kind, problem.step_id, problem.fatal) == (
+        "RetryNotAllowedError", "inner", True)
+    assert "not idempotent" in problem.message
+    assert executor.execute_flow("outer", {"x": 1}).error.type == "RetryNotAllowedError"
+    assert calls == []
+    # What callers see of the flow stays its declared contract.
+    assert executor.effective_safety(registry.get_flow("inner")) == ToolSafetyContract("read")
+
+
+def test_a_sub_flow_of_idempotent_tools_may_be_retried() -> None:
+    registry, executor = build(child("one", "1.0.0"))
+    outer = registry.register_flow(Flow("outer", "", [
+        FlowStep(flow="child", retry=RetryPolicy(2, backoff_seconds=0))]))
+    assert executor.check_flow(outer) == []
