@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import heapq
 import random
 from collections.abc import Mapping, Sequence
@@ -111,8 +112,21 @@ class RetryPolicy:
         object.__setattr__(self, "retry_on", tuple(names))
 
     def retries(self, error: BaseException) -> bool:
-        """Whether ``error`` is one this policy retries."""
-        return any(cls.__name__ in self.retry_on for cls in type(error).__mro__)
+        """Whether ``error`` is one this policy retries.
+
+        A failed sub-flow attempt (an exception with an ``error_type``) also matches the
+        error its run ended with, and that error's base classes when it is a built-in
+        exception: ``retry_on=["TimeoutError"]`` retries a sub-flow step that timed out.
+        """
+        names = [cls.__name__ for cls in type(error).__mro__]
+        inner = getattr(error, "error_type", None)
+        if isinstance(inner, str):
+            builtin = getattr(builtins, inner, None)
+            if isinstance(builtin, type) and issubclass(builtin, BaseException):
+                names += [cls.__name__ for cls in builtin.__mro__]
+            else:
+                names.append(inner)
+        return any(name in self.retry_on for name in names)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based)."""

@@ -97,7 +97,12 @@ class StepTimeout(TimeoutError):
 
 
 class SubFlowFailed(Exception):
-    """The cause of a failed sub-flow attempt (so ``retry_on`` can name it)."""
+    """The cause of a failed sub-flow attempt: ``retry_on`` may name it or the error
+    type its run ended with (``error_type``)."""
+
+    def __init__(self, error_type: str) -> None:
+        super().__init__(error_type)
+        self.error_type = error_type
 
 
 class Stop:
@@ -432,9 +437,12 @@ def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
     if result.success:
         return dict(result.final_output or {})
     inner = result.error
+    # The sub-flow's input comes from this flow's context, not from the caller: invalid,
+    # it is this step's input that is wrong (as for a tool).
+    kind = "StepInputError" if inner.type == "InputValidationError" else inner.type
     raise StepFailed(ErrorInfo(
-        inner.type, f"{planned.label}: sub-flow {planned.step.flow!r} failed: "
-        f"{inner.message}", **_where(planned, field=inner.field)), SubFlowFailed(inner.type))
+        kind, f"{planned.label}: sub-flow {planned.step.flow!r} failed: {inner.message}",
+        **_where(planned, field=inner.field), detail=inner.detail), SubFlowFailed(kind))
 
 
 # ------------------------------------------------------------------ calling from a lane

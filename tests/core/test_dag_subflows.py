@@ -137,3 +137,43 @@ def test_a_sub_flow_of_idempotent_tools_may_be_retried() -> None:
     outer = registry.register_flow(Flow("outer", "", [
         FlowStep(flow="child", retry=RetryPolicy(2, backoff_seconds=0))]))
     assert executor.check_flow(outer) == []
+
+
+@pytest.mark.parametrize("retry_on", ["TimeoutError", "OSError", "Exception"])
+def test_retry_on_names_the_error_a_sub_flow_attempt_ended_with(retry_on) -> None:
+    attempts = []
+
+    @tool(safety=READ)
+    async def stuck_once(x: int) -> Said:
+        attempts.append(x)
+        if len(attempts) % 2 == 1:
+            await asyncio.Event().wait()  # never set: the step's timeout ends it
+        return Said(said="late")
+
+    registry, executor = build()
+    executor.register_tool(stuck_once)
+    registry.register_flow(Flow("slow_child", "", [FlowStep("stuck_once")]))
+    registry.register_flow(Flow("p", "", [FlowStep(
+        flow="slow_child", timeout=0.05,
+        retry=RetryPolicy(2, backoff_seconds=0, retry_on=[retry_on]))]))
+    for result in (executor.execute_flow("p", {"x": 1}),
+                   asyncio.run(executor.execute_flow_async("p", {"x": 1}))):
+        assert result.final_output == {"said": "late"}
+        assert result.steps[0].attempts == 2
+        assert [e.type for e in result.steps[0].attempt_errors] == ["TimeoutError"]
+
+
+def test_retry_on_another_error_does_not_retry_a_sub_flow_timeout() -> None:
+    @tool(safety=READ)
+    async def stuck(x: int) -> Said:
+        await asyncio.Event().wait()
+        return Said(said="never")
+
+    registry, executor = build()
+    executor.register_tool(stuck)
+    registry.register_flow(Flow("slow_child", "", [FlowStep("stuck")]))
+    registry.register_flow(Flow("p", "", [FlowStep(
+        flow="slow_child", timeout=0.05,
+        retry=RetryPolicy(3, backoff_seconds=0, retry_on=["ValueError"]))]))
+    result = executor.execute_flow("p", {"x": 1})
+    assert (result.error.type, result.steps[0].attempts) == ("TimeoutError", 1)
