@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .flows import MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
+
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 SCHEMA_ID = "https://chainweaver.dev/schemas/flow-file.json"
 
@@ -23,10 +25,13 @@ class _Part(BaseModel):
 class RetryFormat(_Part):
     """How a failing step is retried (only steps whose tool is idempotent)."""
 
-    max_attempts: int = Field(3, ge=1, description="Attempts in all, the first included")
-    backoff_seconds: float = Field(0.1, ge=0, description="Wait after the first failure; "
-                                   "doubles after each further failure")
-    max_backoff_seconds: float = Field(5.0, ge=0, description="Longest wait")
+    max_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS,
+                              description="Attempts in all, the first included")
+    backoff_seconds: float = Field(0.1, ge=0, le=MAX_BACKOFF_SECONDS,
+                                   description="Wait after the first failure; doubles after "
+                                   "each further failure")
+    max_backoff_seconds: float = Field(5.0, ge=0, le=MAX_BACKOFF_SECONDS,
+                                       description="Longest wait")
     jitter: float = Field(0.0, ge=0, le=1, description="Random spread of each wait, as a "
                           "fraction")
     retry_on: list[str] = Field(["Exception"], min_length=1, description="Exception class "

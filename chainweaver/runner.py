@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .conditions import ConditionError
+from .flows import MAX_BACKOFF_SECONDS
 from .plan import FieldSource, Plan, PlannedStep
 from .tools import Tool
 
@@ -347,19 +348,36 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
 def _attempts(planned: PlannedStep, arguments: dict[str, Any],
               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     retry = planned.step.retry
+    errors: list[ErrorInfo] = []  # added to the record once: no tuple rebuilt per attempt
     attempt = 0
-    while True:
-        attempt += 1
-        try:
-            if planned.subflow is not None:
-                return (yield from _call_flow(planned, arguments, record))
-            return (yield from _call_tool(planned, planned.tool, arguments, record))
-        except StepFailed as failure:
-            if retry is None or attempt >= retry.max_attempts or failure.cause is None \
-                    or not retry.retries(failure.cause):
-                raise
-            record.attempt_errors += (failure.info,)
-            yield (SLEEP, retry.delay(attempt))
+    try:
+        while True:
+            attempt += 1
+            try:
+                if planned.subflow is not None:
+                    return (yield from _call_flow(planned, arguments, record))
+                return (yield from _call_tool(planned, planned.tool, arguments, record))
+            except StepFailed as failure:
+                if retry is None or attempt >= retry.max_attempts or failure.cause is None \
+                        or not retry.retries(failure.cause):
+                    raise
+                errors.append(failure.info)
+            try:
+                yield (SLEEP, sleep_seconds(retry.delay(attempt)))
+            except Exception:  # a wait that cannot happen must not end the run
+                logger.debug("retry backoff of %s failed", planned.label, exc_info=True)
+    finally:
+        if errors:
+            record.attempt_errors += tuple(errors)
+
+
+def sleep_seconds(delay: Any) -> float:
+    """A backoff the lanes can sleep: from 0 to twice the longest allowed (with jitter)."""
+    if isinstance(delay, (int, float)) and 0 <= delay <= 2 * MAX_BACKOFF_SECONDS:
+        return float(delay)
+    if isinstance(delay, (int, float)) and delay > 0:  # too long (or infinite)
+        return 2.0 * MAX_BACKOFF_SECONDS
+    return 0.0  # negative, NaN or not a number
 
 
 def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any],
