@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from . import outcome
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
-from .plan import Plan, Problem, Resolver, compile_plan
+from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
 from .runner import (
     CALL,
@@ -97,7 +97,8 @@ class FlowExecutor:
         step = flow.steps[flow.order[0]]
         if step.flow is not None:
             sub = self._subflow(step.flow)
-            if sub is None or sub.name in _seen or sub.name == flow.name:
+            if sub is None or sub.name in _seen or sub.name == flow.name \
+                    or len(_seen) >= MAX_SUBFLOW_DEPTH:
                 return None
             return self.input_model(sub, (*_seen, flow.name))
         tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
@@ -110,7 +111,8 @@ class FlowExecutor:
         step = flow.steps[flow.sink]  # type: ignore[index]  # a flow without output_schema has one
         if step.flow is not None:
             sub = self._subflow(step.flow)
-            if sub is None or sub.name in _seen or sub.name == flow.name:
+            if sub is None or sub.name in _seen or sub.name == flow.name \
+                    or len(_seen) >= MAX_SUBFLOW_DEPTH:
                 return None
             return self.output_model(sub, (*_seen, flow.name))
         tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
@@ -120,19 +122,27 @@ class FlowExecutor:
                          declared: bool = True) -> ToolSafetyContract | None:
         """The flow's own contract, else the merge over every step, fallback and sub-flow.
 
-        None (unknown) when any of them is missing, declares no contract, or recurses.
-        ``declared=False`` ignores every flow's own contract (at any depth): what the
-        tools really do, which decides whether a sub-flow step may be retried.
+        None (unknown) when any of them is missing, declares no contract, recurses or
+        nests too deeply. ``declared=False`` ignores every flow's own contract (at any
+        depth): what the tools really do, which decides whether a sub-flow step may be
+        retried.
         """
+        return self._safety(flow, _seen, declared, {})
+
+    def _safety(self, flow: Flow, seen: tuple[str, ...], declared: bool,
+                memo: dict[str, ToolSafetyContract | None]) -> ToolSafetyContract | None:
         if declared and flow.safety is not None:
             return flow.safety
         contracts = []
         for step in flow.steps:
             if step.flow is not None:
                 sub = self._subflow(step.flow)
-                if sub is None or sub.name in _seen or sub.name == flow.name:
+                if sub is None or sub.name in seen or sub.name == flow.name \
+                        or len(seen) >= MAX_SUBFLOW_DEPTH:
                     return None
-                contract = self.effective_safety(sub, (*_seen, flow.name), declared=declared)
+                if sub.name not in memo:  # a sub-flow used many times is merged once
+                    memo[sub.name] = self._safety(sub, (*seen, flow.name), declared, memo)
+                contract = memo[sub.name]
             else:
                 tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
                 contract = tool.safety if tool else None
@@ -149,13 +159,27 @@ class FlowExecutor:
     def _tools_safety(self, flow: Flow) -> ToolSafetyContract | None:
         return self.effective_safety(flow, declared=False)
 
-    def _resolver(self) -> Resolver:
-        return Resolver(self._tools, self._subflow, self.input_model, self.output_model,
-                        self._tools_safety, self._compile,
-                        registered=self.registry.__contains__)
+    def _compile(self, flow: Flow) -> tuple[Plan, list[Problem]]:
+        """Compile ``flow``; each sub-flow (at any depth) is compiled once per call, or
+        taken from the cache when it compiled there without problems."""
+        compiled: dict[tuple[str, str], tuple[Plan, list[Problem]]] = {}
 
-    def _compile(self, flow: Flow, stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:
-        return compile_plan(flow, self._resolver(), stack)
+        def check(sub: Flow, stack: tuple[str, ...]) -> tuple[Plan, list[Problem]]:
+            key = (sub.name, sub.version)
+            if key not in compiled:
+                cached = self._cached(sub)
+                if cached is None or cached[1]:
+                    cached = compile_plan(sub, resolver, stack)
+                    self.plans_compiled += 1
+                    if not cached[1]:
+                        self._plans[key] = cached
+                compiled[key] = cached
+            return compiled[key]
+
+        resolver = Resolver(self._tools, self._subflow, self.input_model, self.output_model,
+                            self._tools_safety, check, registered=self.registry.__contains__)
+        self.plans_compiled += 1
+        return compile_plan(flow, resolver)
 
     def flow_problems(self, flow: Flow) -> list[Problem]:
         """Every problem :meth:`check_flow` reports, as data (kind, message, step, field)."""
@@ -186,17 +210,19 @@ class FlowExecutor:
         """(plan, every problem), compiled once per flow version: again only after a tool
         is registered or a sub-flow (at any depth) gets a new latest active version, or
         a missing one appears."""
-        key = (flow.name, flow.version)
-        cached = self._plans.get(key)
+        cached = self._cached(flow)
+        if cached is None:
+            cached = self._plans[(flow.name, flow.version)] = self._compile(flow)
+        return cached
+
+    def _cached(self, flow: Flow) -> tuple[Plan, list[Problem]] | None:
+        cached = self._plans.get((flow.name, flow.version))
         if cached is not None and cached[0].flow is flow and (
                 not cached[0].subflow_versions or all(
                     getattr(self._subflow(name), "version", None) == version
                     for name, version in cached[0].subflow_versions)):
             return cached
-        cached = self._compile(flow)
-        self.plans_compiled += 1
-        self._plans[key] = cached
-        return cached
+        return None
 
     # ------------------------------------------------------------- execution
 

@@ -27,6 +27,8 @@ from .flows import Flow, FlowStep
 from .safety import ToolSafetyContract
 from .tools import Tool
 
+MAX_SUBFLOW_DEPTH = 32  # sub-flows within sub-flows: deeper is a mistake (and a deep stack)
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -212,6 +214,11 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
             chain = " -> ".join((*stack, flow.name, step.flow))
             problems.append(Problem("RecursiveFlowError", f"{label} runs flow {step.flow!r} "
                                     f"recursively ({chain})", step_id, fatal=True))
+        elif len(stack) >= MAX_SUBFLOW_DEPTH:
+            problems.append(Problem(
+                "SubFlowDepthError", f"{label} runs flow {step.flow!r} more than "
+                f"{MAX_SUBFLOW_DEPTH} sub-flow levels deep ({stack[0]} -> ... -> "
+                f"{flow.name})", step_id, fatal=True))
         else:
             subflow = resolver.get_flow(step.flow)
             if subflow is None:
@@ -230,9 +237,12 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
                 versions.append((subflow.name, subflow.version))
                 versions.extend(inner_plan.subflow_versions)
                 if inner:
+                    # The first problem only: nested sub-flows would repeat theirs at every
+                    # level (exponentially many when a sub-flow is used twice per level).
+                    more = f" (and {len(inner) - 1} more)" if len(inner) > 1 else ""
                     problems.append(Problem(
                         "InvalidSubFlowError", f"{label}: sub-flow {step.flow!r} is invalid: "
-                        + "; ".join(p.message for p in inner), step_id, fatal=True))
+                        f"{inner[0].message}{more}", step_id, fatal=True))
                     subflow = subplan = None
     else:
         tool = resolver.tools.get(step.tool_name)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
+from chainweaver.plan import MAX_SUBFLOW_DEPTH
 
 READ = ToolSafetyContract("read")
 
@@ -177,3 +178,48 @@ def test_retry_on_another_error_does_not_retry_a_sub_flow_timeout() -> None:
         retry=RetryPolicy(3, backoff_seconds=0, retry_on=["ValueError"]))]))
     result = executor.execute_flow("p", {"x": 1})
     assert (result.error.type, result.steps[0].attempts) == ("TimeoutError", 1)
+
+
+def chain(depth: int) -> tuple[FlowRegistry, FlowExecutor]:
+    """f0 calls the tool; f<i> runs f<i-1> as its one step."""
+    registry, executor = build(Flow("f0", "", [FlowStep("one")]))
+    for i in range(1, depth + 1):
+        registry.register_flow(Flow(f"f{i}", "", [FlowStep(flow=f"f{i - 1}")]))
+    return registry, executor
+
+
+def test_sub_flows_nest_up_to_32_levels() -> None:
+    registry, executor = chain(MAX_SUBFLOW_DEPTH)
+    assert executor.check_flow(registry.get_flow(f"f{MAX_SUBFLOW_DEPTH}")) == []
+    result = executor.execute_flow(f"f{MAX_SUBFLOW_DEPTH}", {"x": 1})
+    assert result.final_output == {"said": "one"}
+    result = asyncio.run(executor.execute_flow_async(f"f{MAX_SUBFLOW_DEPTH}", {"x": 1}))
+    assert result.final_output == {"said": "one"}
+
+
+@pytest.mark.parametrize("depth", [MAX_SUBFLOW_DEPTH + 1, 400])
+def test_deeper_nesting_is_a_problem_not_a_recursion_error(depth) -> None:
+    registry, executor = chain(depth)
+    top = registry.get_flow(f"f{depth}")
+    [problem] = executor.flow_problems(top)
+    assert (problem.kind, problem.fatal) == ("InvalidSubFlowError", True)
+    assert f"more than {MAX_SUBFLOW_DEPTH} sub-flow levels deep" in problem.message
+    for result in (executor.execute_flow(top.name, {"x": 1}),
+                   asyncio.run(executor.execute_flow_async(top.name, {"x": 1}))):
+        assert result.error.type == "InvalidSubFlowError"
+    assert executor.input_model(top) is None and executor.effective_safety(top) is None
+
+
+def test_a_sub_flow_used_many_times_is_compiled_once() -> None:
+    # Each level runs the one below twice: 2 ** 20 sub-flow steps in all.
+    registry, executor = build(Flow("d0", "", [FlowStep("one")]))
+    for i in range(1, 21):
+        registry.register_flow(Flow(f"d{i}", "", [
+            FlowStep(flow=f"d{i - 1}", id="a", output_mapping={"first": "said"}),
+            FlowStep(flow=f"d{i - 1}", id="b", after=[]),
+        ], output_schema=Said))
+    top = registry.get_flow("d20")
+    assert executor.check_flow(top) == []
+    assert executor.plans_compiled == 21
+    assert executor.effective_safety(top) == READ
+    assert executor.effective_safety(top, declared=False) == READ
