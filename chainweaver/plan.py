@@ -184,6 +184,8 @@ def compile_plan(flow: Flow, resolver: Resolver,
 
     _check_conflicts(planned, ancestors, problems)
     _check_output(flow, input_keys, writes, problems)
+    if flow.sink is not None and flow.output_schema is None:
+        _check_sink_fallback(planned[position_of[flow.sink]], problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
                 input_model, tuple(dict.fromkeys(versions)), tuple(problems))
@@ -355,6 +357,24 @@ def _check_output(flow: Flow, input_keys: set[str] | None,
             problems.append(Problem(
                 "OutputValidationError", f"output_schema field {name!r} can be filled by "
                 "neither the flow input nor any step's output", None, name))
+
+
+def _check_sink_fallback(sink: PlannedStep, problems: list[Problem]) -> None:
+    """The last step's output is the flow's: a fallback there must return the same model,
+    or the flow's advertised output would not hold when the fallback runs."""
+    fallback = sink.fallback
+    if fallback is None or sink.output_model is None \
+            or fallback.output_schema is sink.output_model:
+        return
+    problems.append(Problem(
+        "FallbackOutputError", f"{sink.label} ends the flow, and its fallback "
+        f"{fallback.name!r} returns {_model_name(fallback.output_schema)}, not "
+        f"{_model_name(sink.output_model)} like the step: give the flow an output_schema "
+        "both fit, or a fallback returning the same model", sink.id))
+
+
+def _model_name(model: type[BaseModel] | None) -> str:
+    return "undeclared output" if model is None else model.__name__
 
 
 def _mermaid_text(text: str) -> str:

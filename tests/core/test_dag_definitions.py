@@ -114,3 +114,57 @@ def test_a_backoff_that_cannot_be_slept_never_ends_the_run() -> None:
         assert result.error.type == "ConnectionError"
         assert result.steps[0].attempts == 4
         assert len(result.steps[0].attempt_errors) == 3
+
+
+class Rate(BaseModel):
+    rate: float
+
+
+class CachedRate(BaseModel):
+    cached_rate: float
+
+
+@tool(safety=ToolSafetyContract("read"))
+def live_rate(currency: str) -> Rate:
+    raise ConnectionError("down")
+
+
+@tool(safety=ToolSafetyContract("read"))
+def cached_rate(currency: str) -> CachedRate:
+    return CachedRate(cached_rate=1.0)
+
+
+@tool(safety=ToolSafetyContract("read"))
+def stale_rate(currency: str) -> Rate:
+    return Rate(rate=0.9)
+
+
+def _rate_executor() -> FlowExecutor:
+    executor = FlowExecutor(FlowRegistry())
+    for t in (live_rate, cached_rate, stale_rate):
+        executor.register_tool(t)
+    return executor
+
+
+def test_a_fallback_on_the_last_step_must_return_the_flows_output_model() -> None:
+    executor = _rate_executor()
+    flow = Flow("rate", "", [FlowStep("live_rate", on_error="fallback",
+                                      fallback="cached_rate")])
+    [problem] = executor.flow_problems(flow)
+    assert (problem.kind, problem.step_id, problem.fatal) == (
+        "FallbackOutputError", "live_rate", False)
+    assert "returns CachedRate, not Rate" in problem.message
+
+
+@pytest.mark.parametrize("flow", [
+    Flow("same", "", [FlowStep("live_rate", on_error="fallback", fallback="stale_rate")]),
+    Flow("declared", "", [FlowStep("live_rate", on_error="fallback",
+                                   fallback="cached_rate")],
+         output_schema=type("Either", (BaseModel,), {"__annotations__": {
+             "rate": float | None, "cached_rate": float | None},
+             "rate": None, "cached_rate": None})),
+    Flow("not_last", "", [FlowStep("live_rate", on_error="fallback", fallback="cached_rate"),
+                          FlowStep("stale_rate")]),
+])
+def test_a_fallback_with_the_same_model_or_a_declared_output_is_fine(flow) -> None:
+    assert _rate_executor().check_flow(flow) == []
