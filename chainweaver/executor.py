@@ -284,10 +284,15 @@ class FlowExecutor:
         be interrupted, so it finishes and its output is discarded. ``plan`` is as for
         :meth:`execute_flow`.
         """
-        return await self._run_async(self._plan_to_run(name, version, plan), input, timeout)
+        return await self._run_async(self._plan_to_run(name, version, plan), input, timeout,
+                                     None, asyncio.Semaphore(self._max_concurrent))
 
     async def _run_async(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
-                         timeout: float | None, parent: Stop | None = None) -> ExecutionResult:
+                         timeout: float | None, parent: Stop | None,
+                         slots: asyncio.Semaphore) -> ExecutionResult:
+        """Run ``plan``; ``slots`` bounds the tool steps running at once in the whole call
+        (sub-flows share it; a sub-flow step itself takes no slot, so none waits for
+        itself)."""
         started = time.perf_counter()
         try:
             state = outcome.start(plan, input)
@@ -299,9 +304,9 @@ class FlowExecutor:
         abandoned = Stop(parent)
         try:
             if timeout is None:
-                await self._schedule(state, abandoned)
+                await self._schedule(state, abandoned, slots)
             else:
-                await asyncio.wait_for(self._schedule(state, abandoned), timeout)
+                await asyncio.wait_for(self._schedule(state, abandoned, slots), timeout)
         except asyncio.TimeoutError:
             abandoned.set()
             return outcome.timed_out(state, timeout, started)
@@ -309,7 +314,8 @@ class FlowExecutor:
             abandoned.set()
         return outcome.finish(state, started)
 
-    async def _schedule(self, state: RunState, abandoned: Stop) -> None:
+    async def _schedule(self, state: RunState, abandoned: Stop,
+                        slots: asyncio.Semaphore) -> None:
         """Start every ready step (bounded) until none is left that the sync lane would run.
 
         After a failure, steps earlier in plan order than the first failure still start
@@ -330,11 +336,12 @@ class FlowExecutor:
                     if steps[position].runs_in_thread and not running and not state.ready:
                         # Alone: one worker-thread hop runs it and the chain of sync steps
                         # after it (nothing else runs, so the state is the thread's).
-                        await loop.run_in_executor(self._thread_pool(), self._run_chain,
-                                                   state, position, abandoned)
+                        async with slots:
+                            await loop.run_in_executor(self._thread_pool(), self._run_chain,
+                                                       state, position, abandoned)
                         continue
                     running[asyncio.ensure_future(
-                        self._run_one(state, position, abandoned))] = position
+                        self._run_one(state, position, abandoned, slots))] = position
                 if not running:
                     return
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -352,14 +359,19 @@ class FlowExecutor:
             if running or stopped:
                 await asyncio.gather(*running, *stopped, return_exceptions=True)
 
-    async def _run_one(self, state: RunState, position: int, abandoned: Stop) -> None:
+    async def _run_one(self, state: RunState, position: int, abandoned: Stop,
+                       slots: asyncio.Semaphore) -> None:
         planned = state.plan.steps[position]
-        runner = run_step(state, planned)
-        if planned.runs_in_thread:
-            await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), self._drive_sync, runner, abandoned)
+        if planned.subflow is not None:
+            await self._drive_async(run_step(state, planned), abandoned, slots)
         else:
-            await self._drive_async(runner, abandoned)
+            async with slots:
+                runner = run_step(state, planned)
+                if planned.runs_in_thread:
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._thread_pool(), self._drive_sync, runner, abandoned)
+                else:
+                    await self._drive_async(runner, abandoned, slots)
         state.finish(position)
 
     def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
@@ -415,7 +427,8 @@ class FlowExecutor:
                 # Nothing cancels this thread: a CancelledError is the tool's own failure.
                 error = caught
 
-    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop) -> None:
+    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop,
+                           slots: asyncio.Semaphore) -> None:
         """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
         reply: Any = None
         error: BaseException | None = None
@@ -436,7 +449,8 @@ class FlowExecutor:
                 elif request[0] is SLEEP:
                     await asyncio.sleep(request[1])
                 else:
-                    reply = await self._run_async(request[1], request[2], request[3], stop)
+                    reply = await self._run_async(request[1], request[2], request[3], stop,
+                                                  slots)
             except asyncio.CancelledError as caught:
                 # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
                 cancelling = getattr(asyncio.current_task(), "cancelling", None)
@@ -450,4 +464,6 @@ class FlowExecutor:
                           stop: Stop | None) -> ExecutionResult:
         if timeout is None:
             return self._run_sync(plan, input, stop)
-        return run_coroutine_blocking(self._run_async(plan, input, timeout, stop))
+        # A run of its own on a private loop: its own bound.
+        return run_coroutine_blocking(self._run_async(
+            plan, input, timeout, stop, asyncio.Semaphore(self._max_concurrent)))

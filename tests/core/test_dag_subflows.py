@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 from pydantic import BaseModel
@@ -223,3 +225,48 @@ def test_a_sub_flow_used_many_times_is_compiled_once() -> None:
     assert executor.plans_compiled == 21
     assert executor.effective_safety(top) == READ
     assert executor.effective_safety(top, declared=False) == READ
+
+
+class Nothing(BaseModel):
+    pass
+
+
+@pytest.mark.parametrize("sync_tool", [False, True])
+def test_max_concurrent_steps_bounds_the_whole_call_sub_flows_included(sync_tool) -> None:
+    lock = threading.Lock()
+    now = {"running": 0, "most": 0}
+
+    def enter() -> None:
+        with lock:
+            now["running"] += 1
+            now["most"] = max(now["most"], now["running"])
+
+    def leave() -> None:
+        with lock:
+            now["running"] -= 1
+
+    if sync_tool:
+        @tool(name="work")
+        def work(x: int) -> dict:
+            enter()
+            time.sleep(0.01)
+            leave()
+            return {}
+    else:
+        @tool(name="work")
+        async def work(x: int) -> dict:
+            enter()
+            await asyncio.sleep(0.01)
+            leave()
+            return {}
+
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry, max_concurrent_steps=3)
+    executor.register_tool(work)
+    registry.register_flow(Flow("leaf", "", [FlowStep("work", id=f"w{i}", after=())
+                                             for i in range(6)], output_schema=Nothing))
+    registry.register_flow(Flow("top", "", [FlowStep(flow="leaf", id=f"s{i}", after=())
+                                            for i in range(6)], output_schema=Nothing))
+    result = asyncio.run(executor.execute_flow_async("top", {"x": 1}))
+    assert result.success and len(result.steps) == 6
+    assert 1 <= now["most"] <= 3
