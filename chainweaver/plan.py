@@ -378,9 +378,12 @@ def _model_name(model: type[BaseModel] | None) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    # Mermaid entity codes: labels may hold conditions with quotes and comparisons.
-    return (text.replace("&", "#amp;").replace('"', "#quot;").replace("<", "#lt;")
-            .replace(">", "#gt;"))
+    # Mermaid entity codes: labels may hold conditions with quotes and comparisons, and
+    # ids may hold anything: "#" first (the codes start with it), a backtick would start
+    # a markdown string, a line break would end the node.
+    return (text.replace("#", "#35;").replace("&", "#amp;").replace('"', "#quot;")
+            .replace("<", "#lt;").replace(">", "#gt;").replace("`", "#96;")
+            .replace("\r", " ").replace("\n", " "))
 
 
 def mermaid(flow: Flow) -> str:

@@ -18,6 +18,7 @@ from chainweaver import (
     tool,
 )
 from chainweaver.conditions import Condition
+from chainweaver.plan import mermaid
 
 
 @pytest.mark.parametrize(("text", "context", "expected"), [
@@ -168,3 +169,12 @@ def test_a_fallback_on_the_last_step_must_return_the_flows_output_model() -> Non
 ])
 def test_a_fallback_with_the_same_model_or_a_declared_output_is_fine(flow) -> None:
     assert _rate_executor().check_flow(flow) == []
+
+
+def test_mermaid_escapes_backticks_hashes_and_line_breaks() -> None:
+    graph = mermaid(Flow("f", "", [FlowStep("a", id="`odd` #1"),
+                                   FlowStep("b", when="(x ==\n 1) and y != '`'")]))
+    assert "`" not in graph
+    assert 'n0["#96;odd#96; #35;1<br/>tool: a"]' in graph
+    assert "when: (x ==  1) and y != '#96;'" in graph
+    assert len(graph.splitlines()) == 4
