@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import outcome
+from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
@@ -34,11 +35,7 @@ from .runner import (
     RunState,
     StepFailed,
     StepRecord,
-    Stop,
-    call_blocking,
-    run_coroutine_blocking,
     run_step,
-    with_timeout,
 )
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
