@@ -318,10 +318,12 @@ def _check_retry(label: str, step_id: str, step: FlowStep, tool: Tool | None,
     safety = tool.safety if tool is not None else resolver.safety(subflow)  # type: ignore[arg-type]
     if safety is None or not safety.idempotent:
         what = "unknown" if safety is None else "not idempotent"
+        whose = ("its tool is {} by its safety contract" if tool else "its sub-flow's "
+                 "tools and fallbacks are {} by their safety contracts, whatever the "
+                 "sub-flow declares")
         problems.append(Problem(
-            "RetryNotAllowedError", f"{label} has a retry policy, but its "
-            f"{'tool' if tool else 'flow'} is {what} by its safety contract (a retried "
-            "side effect could happen twice)", step_id, fatal=True))
+            "RetryNotAllowedError", f"{label} has a retry policy, but {whose.format(what)} "
+            "(a retried side effect could happen twice)", step_id, fatal=True))
 
 
 def _check_conflicts(planned: list[PlannedStep], ancestors: list[int],
