@@ -38,8 +38,9 @@ def add(a: int = 0, b: int = 0) -> Value:
 
 @tool(safety=ToolSafetyContract("read"))
 async def mix(a: int = 0, b: int = 0) -> Value:
-    """Async, with a yield so that concurrent branches interleave."""
-    await asyncio.sleep(0)
+    """Async, with waits of different lengths so that concurrent branches finish (and
+    fail) in an order other than plan order."""
+    await asyncio.sleep(0.002 * ((a - b) % 3))
     if (a + b) % 5 == 4:
         raise ValueError("unlucky")
     return Value(value=a + 3 * b + 2)
