@@ -6,6 +6,7 @@ parses; nothing is compiled or run) and then checked against a short allow-list:
 - names (context keys; a key that is absent reads as ``None``), except dunder names
 - literals: strings, numbers, ``True``, ``False``, ``None``, and lists or tuples of them
 - comparisons ``== != < <= > >=``, ``in``, ``not in``, ``is None``, ``is not None``
+  (``==`` and ``!=`` treat lists and tuples with the same items as equal)
 - ``and``, ``or``, ``not`` and parentheses
 
 Anything else (calls, attributes, subscripts, arithmetic, lambdas, comprehensions,
@@ -24,9 +25,16 @@ from .errors import DefinitionError
 
 MAX_CONDITION_LENGTH = 1000
 
+def _normal(value: Any) -> Any:
+    """Tuples as lists, so a list literal equals a tuple-typed value with the same items."""
+    if isinstance(value, (list, tuple)):
+        return [_normal(item) for item in value]
+    return value
+
+
 _COMPARISONS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
+    ast.Eq: lambda left, right: _normal(left) == _normal(right),
+    ast.NotEq: lambda left, right: _normal(left) != _normal(right),
     ast.Lt: operator.lt,
     ast.LtE: operator.le,
     ast.Gt: operator.gt,
@@ -107,7 +115,9 @@ def _literal(node: ast.expr, text: str) -> Any:
         assert isinstance(number, (int, float))
         return -number
     if isinstance(node, (ast.List, ast.Tuple)):
-        return tuple(_literal(item, text) for item in node.elts)
+        # A list stays a list: ``tags == []`` must hold for an empty list.
+        items = [_literal(item, text) for item in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
     raise _reject(text, node, f"{type(node).__name__.lower()} literal")
 
 

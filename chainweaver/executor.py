@@ -8,24 +8,24 @@ Only programming errors about *which* flow to run (unknown name or version) rais
 Both lanes run the same step runner (:mod:`chainweaver.runner`): ``execute_flow`` runs
 the steps one at a time in plan order; ``execute_flow_async`` runs every ready step at
 once (up to ``max_concurrent_steps``), awaiting async tools and running sync tools in
-worker threads. Results never depend on timing.
+worker threads. Results (failures included) never depend on timing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from .errors import DuplicateToolError, FlowNotFoundError, FlowValidationError, ToolNotFoundError
+from . import outcome
+from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
+from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
-from .plan import Plan, Problem, Resolver, compile_plan
+from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
 from .runner import (
     CALL,
@@ -35,13 +35,7 @@ from .runner import (
     RunState,
     StepFailed,
     StepRecord,
-    call_blocking,
-    describe,
-    first_error_field,
-    raised,
-    run_coroutine_blocking,
     run_step,
-    with_timeout,
 )
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
@@ -90,10 +84,8 @@ class FlowExecutor:
     # ---------------------------------------------------- schemas and safety
 
     def _subflow(self, name: str) -> Flow | None:
-        try:
-            return self.registry.get_flow(name)
-        except FlowNotFoundError:
-            return None
+        """The version a sub-flow step runs: the latest active one (None: there is none)."""
+        return self.registry.latest_active(name)
 
     def input_model(self, flow: Flow, _seen: tuple[str, ...] = ()) -> type[BaseModel] | None:
         """The flow's input model: its own, else its first step's (None when unknown)."""
@@ -102,7 +94,8 @@ class FlowExecutor:
         step = flow.steps[flow.order[0]]
         if step.flow is not None:
             sub = self._subflow(step.flow)
-            if sub is None or sub.name in _seen or sub.name == flow.name:
+            if sub is None or sub.name in _seen or sub.name == flow.name \
+                    or len(_seen) >= MAX_SUBFLOW_DEPTH:
                 return None
             return self.input_model(sub, (*_seen, flow.name))
         tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
@@ -115,27 +108,38 @@ class FlowExecutor:
         step = flow.steps[flow.sink]  # type: ignore[index]  # a flow without output_schema has one
         if step.flow is not None:
             sub = self._subflow(step.flow)
-            if sub is None or sub.name in _seen or sub.name == flow.name:
+            if sub is None or sub.name in _seen or sub.name == flow.name \
+                    or len(_seen) >= MAX_SUBFLOW_DEPTH:
                 return None
             return self.output_model(sub, (*_seen, flow.name))
         tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
         return tool.output_schema if tool else None
 
-    def effective_safety(self, flow: Flow,
-                         _seen: tuple[str, ...] = ()) -> ToolSafetyContract | None:
+    def effective_safety(self, flow: Flow, _seen: tuple[str, ...] = (), *,
+                         declared: bool = True) -> ToolSafetyContract | None:
         """The flow's own contract, else the merge over every step, fallback and sub-flow.
 
-        None (unknown) when any of them is missing, declares no contract, or recurses.
+        None (unknown) when any of them is missing, declares no contract, recurses or
+        nests too deeply. ``declared=False`` ignores every flow's own contract (at any
+        depth): what the tools really do, which decides whether a sub-flow step may be
+        retried.
         """
-        if flow.safety is not None:
+        return self._safety(flow, _seen, declared, {})
+
+    def _safety(self, flow: Flow, seen: tuple[str, ...], declared: bool,
+                memo: dict[str, ToolSafetyContract | None]) -> ToolSafetyContract | None:
+        if declared and flow.safety is not None:
             return flow.safety
         contracts = []
         for step in flow.steps:
             if step.flow is not None:
                 sub = self._subflow(step.flow)
-                if sub is None or sub.name in _seen or sub.name == flow.name:
+                if sub is None or sub.name in seen or sub.name == flow.name \
+                        or len(seen) >= MAX_SUBFLOW_DEPTH:
                     return None
-                contract = self.effective_safety(sub, (*_seen, flow.name))
+                if sub.name not in memo:  # a sub-flow used many times is merged once
+                    memo[sub.name] = self._safety(sub, (*seen, flow.name), declared, memo)
+                contract = memo[sub.name]
             else:
                 tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
                 contract = tool.safety if tool else None
@@ -149,12 +153,30 @@ class FlowExecutor:
                 contracts.append(fallback.safety)
         return merge_safety_contracts(contracts)
 
-    def _resolver(self) -> Resolver:
-        return Resolver(self._tools, self._subflow, self.input_model, self.output_model,
-                        self.effective_safety, self._compile)
+    def _tools_safety(self, flow: Flow) -> ToolSafetyContract | None:
+        return self.effective_safety(flow, declared=False)
 
-    def _compile(self, flow: Flow, stack: tuple[str, ...] = ()) -> tuple[Plan, list[Problem]]:
-        return compile_plan(flow, self._resolver(), stack)
+    def _compile(self, flow: Flow) -> tuple[Plan, list[Problem]]:
+        """Compile ``flow``; each sub-flow (at any depth) is compiled once per call, or
+        taken from the cache when it compiled there without problems."""
+        compiled: dict[tuple[str, str], tuple[Plan, list[Problem]]] = {}
+
+        def check(sub: Flow, stack: tuple[str, ...]) -> tuple[Plan, list[Problem]]:
+            key = (sub.name, sub.version)
+            if key not in compiled:
+                cached = self._cached(sub)
+                if cached is None or cached[1]:
+                    cached = compile_plan(sub, resolver, stack)
+                    self.plans_compiled += 1
+                    if not cached[1]:
+                        self._plans[key] = cached
+                compiled[key] = cached
+            return compiled[key]
+
+        resolver = Resolver(self._tools, self._subflow, self.input_model, self.output_model,
+                            self._tools_safety, check, registered=self.registry.__contains__)
+        self.plans_compiled += 1
+        return compile_plan(flow, resolver)
 
     def flow_problems(self, flow: Flow) -> list[Problem]:
         """Every problem :meth:`check_flow` reports, as data (kind, message, step, field)."""
@@ -183,42 +205,62 @@ class FlowExecutor:
 
     def _plan(self, flow: Flow) -> tuple[Plan, list[Problem]]:
         """(plan, every problem), compiled once per flow version: again only after a tool
-        is registered or a sub-flow (at any depth) gets a new latest version."""
-        key = (flow.name, flow.version)
-        cached = self._plans.get(key)
+        is registered or a sub-flow (at any depth) gets a new latest active version, or
+        a missing one appears."""
+        cached = self._cached(flow)
+        if cached is None:
+            cached = self._plans[(flow.name, flow.version)] = self._compile(flow)
+        return cached
+
+    def _cached(self, flow: Flow) -> tuple[Plan, list[Problem]] | None:
+        cached = self._plans.get((flow.name, flow.version))
         if cached is not None and cached[0].flow is flow and (
                 not cached[0].subflow_versions or all(
-                    (sub := self._subflow(name)) is not None and sub.version == version
+                    getattr(self._subflow(name), "version", None) == version
                     for name, version in cached[0].subflow_versions)):
             return cached
-        cached = self._compile(flow)
-        self.plans_compiled += 1
-        self._plans[key] = cached
-        return cached
+        return None
 
     # ------------------------------------------------------------- execution
 
     def execute_flow(
-        self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None
+        self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None,
+        *, plan: Plan | None = None,
     ) -> ExecutionResult:
         """Run a flow synchronously, one step at a time in plan order.
 
         Async tools run on a private event loop; a step with a ``timeout`` runs its tool
         in a helper thread that is abandoned (left to finish) when time runs out.
+        ``plan`` (from :meth:`plan`) runs exactly that plan, with the sub-flows it was
+        compiled with, whatever was registered since.
         """
-        return self._run_sync(self.registry.get_flow(name, version), input)
+        return self._run_sync(self._plan_to_run(name, version, plan), input)
 
-    def _run_sync(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> ExecutionResult:
+    def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
+        if plan is None:
+            return self._plan(self.registry.get_flow(name, version))[0]
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a Plan from FlowExecutor.plan(), got "
+                            f"{type(plan).__name__}")
+        if plan.flow.name != name or version not in (None, plan.flow.version):
+            raise ValueError(f"plan is of flow {plan.flow.name!r} {plan.flow.version}, not "
+                             f"{name!r}{'' if version is None else ' ' + version}")
+        return plan
+
+    def _run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
+                  stop: Stop | None = None) -> ExecutionResult:
         started = time.perf_counter()
         try:
-            state = self._start(flow, input)
+            state = outcome.start(plan, input)
         except StepFailed as failure:
-            return _failed(flow, failure.info, [], started)
-        for planned in state.plan.steps:
-            self._drive_sync(run_step(state, planned))
+            return outcome.failed(plan.flow, failure.info, [], started)
+        for planned in plan.steps:
+            if stop is not None and stop.is_set():
+                break  # the caller is gone: the result is discarded
+            self._drive_sync(run_step(state, planned), stop)
             if state.failure is not None:
                 break
-        return self._finish(state, started)
+        return outcome.finish(state, started)
 
     async def execute_flow_async(
         self,
@@ -227,85 +269,116 @@ class FlowExecutor:
         version: str | None = None,
         *,
         timeout: float | None = None,
+        plan: Plan | None = None,
     ) -> ExecutionResult:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
         ``timeout`` (seconds) bounds the whole run; a run that exceeds it fails with
-        ``TimeoutError`` and keeps its finished steps. After a timeout, a failure or a
-        cancellation no further step starts; a sync tool already running in a worker
-        thread cannot be interrupted, so it finishes and its output is discarded.
+        ``TimeoutError`` and keeps its finished steps. A failed run has the error and the
+        records :meth:`execute_flow` gives (steps after the first failure in plan order
+        neither start nor appear). After a timeout or a cancellation no further step,
+        retry or fallback starts; a sync tool already running in a worker thread cannot
+        be interrupted, so it finishes and its output is discarded. ``plan`` is as for
+        :meth:`execute_flow`.
         """
-        return await self._run_async(self.registry.get_flow(name, version), input, timeout)
+        return await self._run_async(self._plan_to_run(name, version, plan), input, timeout,
+                                     None, asyncio.Semaphore(self._max_concurrent))
 
-    async def _run_async(self, flow: Flow, input: Mapping[str, Any] | BaseModel,
-                         timeout: float | None) -> ExecutionResult:
+    async def _run_async(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
+                         timeout: float | None, parent: Stop | None,
+                         slots: asyncio.Semaphore) -> ExecutionResult:
+        """Run ``plan``; ``slots`` bounds the tool steps running at once in the whole call
+        (sub-flows share it; a sub-flow step itself takes no slot, so none waits for
+        itself)."""
         started = time.perf_counter()
         try:
-            state = self._start(flow, input)
+            state = outcome.start(plan, input)
         except StepFailed as failure:
-            return _failed(flow, failure.info, [], started)
+            return outcome.failed(plan.flow, failure.info, [], started)
         state.schedule()
-        # Set when this call is over: a worker thread running a chain of sync steps then
-        # starts no further step.
-        abandoned = threading.Event()
+        # Set when this call is over (or its caller's is): steps running in worker
+        # threads then make no further call, retry, sleep or fallback.
+        abandoned = Stop(parent)
         try:
             if timeout is None:
-                await self._schedule(state, abandoned)
+                await self._schedule(state, abandoned, slots)
             else:
-                await asyncio.wait_for(self._schedule(state, abandoned), timeout)
+                await asyncio.wait_for(self._schedule(state, abandoned, slots), timeout)
         except asyncio.TimeoutError:
             abandoned.set()
-            return self._timed_out(state, timeout, started)
+            return outcome.timed_out(state, timeout, started)
         finally:
             abandoned.set()
-        return self._finish(state, started)
+        return outcome.finish(state, started)
 
-    async def _schedule(self, state: RunState, abandoned: threading.Event) -> None:
-        """Start every ready step (bounded) until none is left or one has failed."""
+    async def _schedule(self, state: RunState, abandoned: Stop,
+                        slots: asyncio.Semaphore) -> None:
+        """Start every ready step (bounded) until none is left that the sync lane would run.
+
+        After a failure, steps earlier in plan order than the first failure still start
+        (the sync lane runs them); steps after it do not start, and those already running
+        are cancelled and left out of the records, so both lanes give the same result.
+        """
         steps = state.plan.steps
-        running: set[asyncio.Task] = set()
+        running: dict[asyncio.Future, int] = {}
+        stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
         loop = asyncio.get_running_loop()
         try:
             while True:
-                while state.ready and state.failure is None \
-                        and len(running) < self._max_concurrent:
+                while state.ready and len(running) < self._max_concurrent:
                     position = state.ready.pop()
+                    if position > state.failed_at:
+                        state.ready.clear()  # pop() takes the earliest: all are later
+                        break
                     if steps[position].runs_in_thread and not running and not state.ready:
                         # Alone: one worker-thread hop runs it and the chain of sync steps
                         # after it (nothing else runs, so the state is the thread's).
-                        await loop.run_in_executor(self._thread_pool(), self._run_chain,
-                                                   state, position, abandoned)
+                        async with slots:
+                            await loop.run_in_executor(self._thread_pool(), self._run_chain,
+                                                       state, position, abandoned)
                         continue
-                    running.add(asyncio.ensure_future(self._run_one(state, position)))
+                    running[asyncio.ensure_future(
+                        self._run_one(state, position, abandoned, slots))] = position
                 if not running:
                     return
-                done, running = await asyncio.wait(running,
-                                                   return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
+                    del running[task]
                     task.result()  # the runner turns failures into data; this re-raises bugs
+                for task, position in list(running.items()):
+                    if position > state.failed_at:  # its record is dropped: stop it
+                        task.cancel()
+                        del running[task]
+                        stopped.append(task)
         finally:
             for task in running:
                 task.cancel()
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+            if running or stopped:
+                await asyncio.gather(*running, *stopped, return_exceptions=True)
 
-    async def _run_one(self, state: RunState, position: int) -> None:
+    async def _run_one(self, state: RunState, position: int, abandoned: Stop,
+                       slots: asyncio.Semaphore) -> None:
         planned = state.plan.steps[position]
-        runner = run_step(state, planned)
-        if planned.runs_in_thread:
-            await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), self._drive_sync, runner)
+        if planned.subflow is not None:
+            await self._drive_async(run_step(state, planned), abandoned, slots)
         else:
-            await self._drive_async(runner)
+            async with slots:
+                runner = run_step(state, planned)
+                if planned.runs_in_thread:
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._thread_pool(), self._drive_sync, runner, abandoned)
+                else:
+                    await self._drive_async(runner, abandoned, slots)
         state.finish(position)
 
-    def _run_chain(self, state: RunState, position: int, abandoned: threading.Event) -> None:
+    def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
         steps = state.plan.steps
         while True:
-            self._drive_sync(run_step(state, steps[position]))
+            self._drive_sync(run_step(state, steps[position]), abandoned)
             state.finish(position)
-            if state.failure is not None or abandoned.is_set() or len(state.ready) != 1 \
-                    or not steps[state.ready[0]].runs_in_thread:
+            if abandoned.is_set() or len(state.ready) != 1 \
+                    or not steps[state.ready[0]].runs_in_thread \
+                    or state.ready[0] > state.failed_at:
                 return
             position = state.ready.pop()
 
@@ -316,14 +389,21 @@ class FlowExecutor:
 
     # ------------------------------------------------------------------ lanes
 
-    def _drive_sync(self, runner: Generator[tuple, Any, None]) -> None:
-        """Answer a step's requests by calling directly (the sync lane, or a worker thread)."""
+    def _drive_sync(self, runner: Generator[tuple, Any, None], stop: Stop | None) -> None:
+        """Answer a step's requests by calling directly (the sync lane, or a worker thread).
+
+        Once ``stop`` is set (the async call that started it is over) it makes no further
+        call, sleep or sub-flow run: the step is closed where it stands.
+        """
         reply: Any = None
         error: BaseException | None = None
         while True:
             try:
                 request = runner.send(reply) if error is None else runner.throw(error)
             except StopIteration:
+                return
+            if stop is not None and stop.is_set():
+                runner.close()
                 return
             reply = error = None
             try:
@@ -334,13 +414,18 @@ class FlowExecutor:
                     else:
                         reply = call_blocking(tool, request[2], request[3])
                 elif request[0] is SLEEP:
-                    time.sleep(request[1])
+                    if stop is None:
+                        time.sleep(request[1])
+                    else:
+                        stop.wait(request[1])
                 else:  # a sub-flow runs in this lane too
-                    reply = self._subflow_blocking(request[1], request[2], request[3])
-            except Exception as caught:
+                    reply = self._subflow_blocking(request[1], request[2], request[3], stop)
+            except (Exception, asyncio.CancelledError) as caught:
+                # Nothing cancels this thread: a CancelledError is the tool's own failure.
                 error = caught
 
-    async def _drive_async(self, runner: Generator[tuple, Any, None]) -> None:
+    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop,
+                           slots: asyncio.Semaphore) -> None:
         """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
         reply: Any = None
         error: BaseException | None = None
@@ -361,117 +446,21 @@ class FlowExecutor:
                 elif request[0] is SLEEP:
                     await asyncio.sleep(request[1])
                 else:
-                    reply = await self._run_async(request[1], request[2], request[3])
+                    reply = await self._run_async(request[1], request[2], request[3], stop,
+                                                  slots)
+            except asyncio.CancelledError as caught:
+                # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
+                cancelling = getattr(asyncio.current_task(), "cancelling", None)
+                if cancelling is None or cancelling():
+                    raise  # this run is being cancelled (a timeout, a failure, the caller)
+                error = caught  # the tool's own CancelledError: a failure like any other
             except Exception as caught:
                 error = caught
 
-    def _subflow_blocking(self, flow: Flow, input: dict[str, Any],
-                          timeout: float | None) -> ExecutionResult:
+    def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
+                          stop: Stop | None) -> ExecutionResult:
         if timeout is None:
-            return self._run_sync(flow, input)
-        return run_coroutine_blocking(self._run_async(flow, input, timeout))
-
-    # ----------------------------------------------------------- start, finish
-
-    def _start(self, flow: Flow, input: Mapping[str, Any] | BaseModel) -> RunState:
-        plan, problems = self._plan(flow)
-        fatal = [problem for problem in problems if problem.fatal] if problems else None
-        if fatal:
-            problem = fatal[0]
-            index = (flow.step_ids.index(problem.step_id)
-                     if problem.step_id in flow.step_ids else None)
-            step = flow.steps[index] if index is not None else None
-            raise StepFailed(ErrorInfo(
-                problem.kind, problem.message, step_index=index,
-                tool_name=step.name if step else None, field=problem.field,
-                step_id=problem.step_id))
-        model = plan.input_model
-        assert model is not None  # a plan without fatal problems has its first step's model
-        try:
-            # Exact class only: a subclass instance would carry undeclared fields into
-            # the context, so it is dumped and validated like any other model.
-            if type(input) is model:
-                validated = input
-            elif isinstance(input, BaseModel):
-                validated = model.model_validate(input.model_dump())
-            else:
-                validated = model.__pydantic_validator__.validate_python(input)
-            context = model.__pydantic_serializer__.to_python(validated)
-        except ValidationError as error:
-            detail = describe(error)
-            raise StepFailed(ErrorInfo(
-                "InputValidationError", f"flow {flow.name!r} input is invalid: {detail}",
-                field=first_error_field(error), detail=detail,
-            )) from None
-        except Exception as error:  # a validator or serializer bug, not the caller's
-            raise raised(f"flow {flow.name!r} input validation", error) from None
-        return RunState(plan, context)
-
-    def _finish(self, state: RunState, started: float) -> ExecutionResult:
-        plan = state.plan
-        flow = plan.flow
-        # Steps that never started have no record.
-        records = [record for record in state.records if record is not None]
-        if state.failure is not None:
-            return _failed(flow, state.failure, _settled(records, None), started)
-        if flow.output_schema is not None:
-            fields = flow.output_schema.model_fields
-            context = state.context()
-            try:
-                final = flow.output_schema.model_validate(
-                    {k: v for k, v in context.items() if k in fields}
-                ).model_dump()
-            except ValidationError as error:
-                info = ErrorInfo("OutputValidationError",
-                                 f"flow {flow.name!r} output is invalid: {describe(error)}",
-                                 field=first_error_field(error))
-                return _failed(flow, info, records, started)
-            except Exception as error:
-                info = raised(f"flow {flow.name!r} output validation", error).info
-                return _failed(flow, info, records, started)
-        else:
-            sink = plan.steps[plan.sink]  # type: ignore[index]
-            record = state.records[sink.position]
-            if record is None or record.status != "completed":
-                info = ErrorInfo("OutputValidationError",
-                                 f"flow {flow.name!r} has no output: its last step "
-                                 f"{sink.id!r} was skipped", step_index=sink.index,
-                                 tool_name=sink.step.name, step_id=sink.id)
-                return _failed(flow, info, records, started)
-            final = record.outputs or {}
-        return ExecutionResult(flow.name, flow.version, True, final, None, records,
-                               (time.perf_counter() - started) * 1000)
-
-    def _timed_out(self, state: RunState, timeout: float | None,
-                   started: float) -> ExecutionResult:
-        flow = state.plan.flow
-        records = [record for record in state.records if record is not None]
-        running = [record for record in records if record.status == "running"]
-        blamed = running[0] if running else (records[-1] if records else None)
-        info = ErrorInfo(
-            "TimeoutError", f"flow {flow.name!r} did not finish within {timeout} s",
-            step_index=blamed.index if blamed else None,
-            tool_name=blamed.tool_name if blamed else None,
-            step_id=blamed.step_id if blamed else None)
-        return _failed(flow, info, _settled(records, info), started)
-
-
-def _settled(records: list[StepRecord], info: ErrorInfo | None) -> list[StepRecord]:
-    """Copies (a stuck worker thread may still write to the originals); a step still
-    running is marked failed (timed out, or cancelled because another step failed)."""
-    settled = []
-    for record in records:
-        copy = replace(record)
-        if copy.status == "running":
-            copy.status = "failed"
-            copy.error = info or ErrorInfo(
-                "CancelledError", "cancelled: another step failed",
-                step_index=record.index, tool_name=record.tool_name, step_id=record.step_id)
-        settled.append(copy)
-    return settled
-
-
-def _failed(flow: Flow, info: ErrorInfo, records: list[StepRecord],
-            started: float) -> ExecutionResult:
-    return ExecutionResult(flow.name, flow.version, False, None, info, records,
-                           (time.perf_counter() - started) * 1000)
+            return self._run_sync(plan, input, stop)
+        # A run of its own on a private loop: its own bound.
+        return run_coroutine_blocking(self._run_async(
+            plan, input, timeout, stop, asyncio.Semaphore(self._max_concurrent)))

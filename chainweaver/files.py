@@ -264,6 +264,9 @@ def _retry(f: _Fields, value: Any, field: str) -> RetryPolicy:
     for key in ("max_attempts", "backoff_seconds", "max_backoff_seconds", "jitter"):
         if key in data:
             options[key] = _number(f, data[key], f"{field}.{key}")
+    if isinstance(options.get("max_attempts"), float) and options["max_attempts"].is_integer():
+        # JSON Schema's integer includes 2.0, and so does this reader.
+        options["max_attempts"] = int(options["max_attempts"])
     if "retry_on" in data:
         options["retry_on"] = [f.string(item, f"{field}.retry_on")
                                for item in f.items(data["retry_on"], f"{field}.retry_on")]

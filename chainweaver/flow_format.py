@@ -8,11 +8,18 @@ part from these models, so the schema and the reader cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from .flows import MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+CLASS_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Step and retry keys may be left out, but the reader takes no null for them: the schema
+# must not offer one (SkipJsonSchema keeps None out of it).
+Absent = SkipJsonSchema[None]
 SCHEMA_ID = "https://chainweaver.dev/schemas/flow-file.json"
 
 
@@ -23,39 +30,53 @@ class _Part(BaseModel):
 class RetryFormat(_Part):
     """How a failing step is retried (only steps whose tool is idempotent)."""
 
-    max_attempts: int = Field(3, ge=1, description="Attempts in all, the first included")
-    backoff_seconds: float = Field(0.1, ge=0, description="Wait after the first failure; "
-                                   "doubles after each further failure")
-    max_backoff_seconds: float = Field(5.0, ge=0, description="Longest wait")
+    max_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS,
+                              description="Attempts in all, the first included")
+    backoff_seconds: float = Field(0.1, ge=0, le=MAX_BACKOFF_SECONDS,
+                                   description="Wait after the first failure; doubles after "
+                                   "each further failure")
+    max_backoff_seconds: float = Field(5.0, ge=0, le=MAX_BACKOFF_SECONDS,
+                                       description="Longest wait")
     jitter: float = Field(0.0, ge=0, le=1, description="Random spread of each wait, as a "
                           "fraction")
-    retry_on: list[str] = Field(["Exception"], min_length=1, description="Exception class "
-                                "names to retry (base classes match subclasses)")
+    retry_on: list[Annotated[str, Field(pattern=CLASS_NAME_PATTERN)]] = Field(
+        ["Exception"], min_length=1, description="Exception class names to retry (base "
+        "classes match subclasses)")
 
 
 class StepFormat(_Part):
     """One step: a tool (``tool``) or a registered flow run as one step (``flow``)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "oneOf": [{"required": ["tool"]}, {"required": ["flow"]}]})
+        "oneOf": [{"required": ["tool"]}, {"required": ["flow"]}],
+        # fallback and on_error: fallback go together (as FlowStep checks).
+        "allOf": [
+            {"if": {"required": ["fallback"]},
+             "then": {"required": ["on_error"],
+                      "properties": {"on_error": {"const": "fallback"}}}},
+            {"if": {"required": ["on_error"],
+                    "properties": {"on_error": {"const": "fallback"}}},
+             "then": {"required": ["fallback"]}},
+        ]})
 
-    tool: str | None = Field(None, pattern=NAME_PATTERN, description="The tool to call")
-    flow: str | None = Field(None, pattern=NAME_PATTERN,
-                             description="A registered flow to run as this step")
-    id: str | None = Field(None, min_length=1, description="Unique step id (default: the "
-                           "tool or flow name, when no other step uses it)")
-    after: list[str] | None = Field(None, description="Step ids this step waits for "
-                                    "(default: the previous step; [] starts at once)")
-    when: str | None = Field(None, description="Condition over context keys: names, "
-                             "literals, comparisons, in, is None, and, or, not")
+    tool: str | Absent = Field(None, pattern=NAME_PATTERN, description="The tool to call")
+    flow: str | Absent = Field(None, pattern=NAME_PATTERN,
+                               description="A registered flow to run as this step")
+    id: str | Absent = Field(None, min_length=1, description="Unique step id (default: the "
+                             "tool or flow name, when no other step uses it)")
+    after: list[str] | Absent = Field(None, json_schema_extra={"uniqueItems": True},
+                                      description="Step ids this step waits for (default: "
+                                      "the previous step; [] starts at once)")
+    when: str | Absent = Field(None, description="Condition over context keys: names, "
+                               "literals, comparisons, in, is None, and, or, not")
     input_mapping: dict[str, str] = Field({}, description="Tool input field -> context key")
     output_mapping: dict[str, str] = Field({}, description="Context key -> output field "
                                            "(only these keys are written)")
-    retry: RetryFormat | None = None
-    timeout: float | None = Field(None, gt=0, description="Seconds per attempt")
+    retry: RetryFormat | Absent = None
+    timeout: float | Absent = Field(None, gt=0, description="Seconds per attempt")
     on_error: Literal["fail", "skip", "fallback"] = "fail"
-    fallback: str | None = Field(None, pattern=NAME_PATTERN, description="Tool to run on "
-                                 "the same input when the step fails (on_error: fallback)")
+    fallback: str | Absent = Field(None, pattern=NAME_PATTERN, description="Tool to run on "
+                                   "the same input when the step fails (on_error: fallback)")
 
     @model_validator(mode="after")
     def _tool_or_flow(self) -> StepFormat:
@@ -114,7 +135,8 @@ class FlowFileFormat(_Part):
                                     "JSON Schema object")
     output_schema: SchemaRef = Field(None, description="'package.module:Model' or an inline "
                                      "JSON Schema object")
-    steps: list[str | StepFormat] = Field(min_length=1, description="A tool name, or a step")
+    steps: list[Annotated[str, Field(pattern=NAME_PATTERN)] | StepFormat] = Field(
+        min_length=1, description="A tool name, or a step")
     prompts: list[PromptFormat] = []
 
 
@@ -126,5 +148,9 @@ def keys(model: type[BaseModel]) -> tuple[str, ...]:
 def flow_file_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a flow file."""
     schema = FlowFileFormat.model_json_schema()
+    for part in ("StepFormat", "RetryFormat"):
+        for spec in schema["$defs"][part]["properties"].values():
+            if "default" in spec and spec["default"] is None:
+                del spec["default"]  # a key to leave out, not to set to null
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
             **schema}

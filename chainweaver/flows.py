@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import heapq
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
@@ -65,6 +66,8 @@ class FlowGovernance:
 
 
 ON_ERROR_CHOICES = ("fail", "skip", "fallback")
+MAX_ATTEMPTS = 100  # a retry policy's limits: beyond them a policy is a mistake
+MAX_BACKOFF_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -86,19 +89,25 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
-                or self.max_attempts < 1:
-            raise DefinitionError("retry: max_attempts must be an integer >= 1")
+                or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise DefinitionError(f"retry: max_attempts must be an integer from 1 to "
+                                  f"{MAX_ATTEMPTS}")
         for name in ("backoff_seconds", "max_backoff_seconds"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-                    or value != value:
-                raise DefinitionError(f"retry: {name} must be a number >= 0")
+            # "not 0 <= value <= max" also rejects NaN and infinity.
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 <= value <= MAX_BACKOFF_SECONDS:
+                raise DefinitionError(f"retry: {name} must be a number of seconds from 0 "
+                                      f"to {MAX_BACKOFF_SECONDS}")
         if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
                 or not 0 <= self.jitter <= 1:
             raise DefinitionError("retry: jitter must be a number from 0 to 1")
+        retry_on = self.retry_on
+        if not isinstance(retry_on, (str, type, list, tuple, set, frozenset)):
+            raise DefinitionError(f"retry: retry_on must be a list of exception classes or "
+                                  f"class names, got {type(retry_on).__name__}")
         names = []
-        for item in ([self.retry_on] if isinstance(self.retry_on, (str, type))
-                     else self.retry_on):
+        for item in [retry_on] if isinstance(retry_on, (str, type)) else retry_on:
             if isinstance(item, type) and issubclass(item, BaseException):
                 names.append(item.__name__)
             elif isinstance(item, str) and item.isidentifier():
@@ -111,12 +120,27 @@ class RetryPolicy:
         object.__setattr__(self, "retry_on", tuple(names))
 
     def retries(self, error: BaseException) -> bool:
-        """Whether ``error`` is one this policy retries."""
-        return any(cls.__name__ in self.retry_on for cls in type(error).__mro__)
+        """Whether ``error`` is one this policy retries.
+
+        A failed sub-flow attempt (an exception with an ``error_type``) also matches the
+        error its run ended with, and that error's base classes when it is a built-in
+        exception: ``retry_on=["TimeoutError"]`` retries a sub-flow step that timed out.
+        """
+        names = [cls.__name__ for cls in type(error).__mro__]
+        inner = getattr(error, "error_type", None)
+        if isinstance(inner, str):
+            builtin = getattr(builtins, inner, None)
+            if isinstance(builtin, type) and issubclass(builtin, BaseException):
+                names += [cls.__name__ for cls in builtin.__mro__]
+            else:
+                names.append(inner)
+        return any(name in self.retry_on for name in names)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based)."""
-        base = min(self.backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+        # Doubling past the cap is pointless (and 2 ** n overflows a float eventually).
+        base = min(self.backoff_seconds * 2.0 ** min(attempt - 1, 64),
+                   self.max_backoff_seconds)
         if self.jitter:
             base *= random.uniform(1 - self.jitter, 1 + self.jitter)
         return base
@@ -165,6 +189,9 @@ class FlowStep:
             if isinstance(self.after, str):
                 raise DefinitionError(f"{label}: after must be a list of step ids, "
                                       f"not the string {self.after!r}")
+            if isinstance(self.after, (bytes, Mapping)) or not isinstance(self.after, Iterable):
+                raise DefinitionError(f"{label}: after must be a list of step ids, got "
+                                      f"{type(self.after).__name__}")
             after = tuple(self.after)
             if not all(isinstance(item, str) for item in after):
                 raise DefinitionError(f"{label}: after must list step ids (strings)")
@@ -197,6 +224,9 @@ class FlowStep:
 
 
 def _string_mapping(label: str, what: str, value: Mapping[str, str]) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise DefinitionError(f"{label}: {what} must be a mapping of strings, got "
+                              f"{type(value).__name__}")
     mapping = dict(value)
     for source, target in mapping.items():
         if not isinstance(source, str) or not isinstance(target, str):
@@ -232,6 +262,10 @@ class Flow:
     def __post_init__(self) -> None:
         check_name("flow", self.name)
         version_key(self.version)  # raises InvalidVersionError
+        if isinstance(self.steps, (str, bytes, Mapping)) \
+                or not isinstance(self.steps, Iterable):
+            raise DefinitionError(f"flow {self.name!r}: steps must be a list of FlowStep "
+                                  f"values, got {type(self.steps).__name__}")
         steps = tuple(self.steps)
         if not steps:
             raise DefinitionError(f"flow {self.name!r} needs at least one step")

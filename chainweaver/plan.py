@@ -27,6 +27,8 @@ from .flows import Flow, FlowStep
 from .safety import ToolSafetyContract
 from .tools import Tool
 
+MAX_SUBFLOW_DEPTH = 32  # sub-flows within sub-flows: deeper is a mistake (and a deep stack)
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -64,6 +66,7 @@ class PlannedStep:
     step: FlowStep
     tool: Tool | None
     subflow: Flow | None
+    subplan: Plan | None  # the sub-flow's plan, run as compiled here
     input_model: type[BaseModel] | None
     output_model: type[BaseModel] | None
     fallback: Tool | None
@@ -83,9 +86,10 @@ class Plan:
     steps: tuple[PlannedStep, ...]
     sink: int | None  # plan position of the single sink, if any
     input_model: type[BaseModel] | None
-    # Every sub-flow (and theirs, transitively) as resolved: a new version of any of them
-    # makes the plan stale.
-    subflow_versions: tuple[tuple[str, str], ...]
+    # Every sub-flow (and theirs, transitively) as resolved (None: none to run): a new
+    # active version of any of them makes the plan stale.
+    subflow_versions: tuple[tuple[str, str | None], ...]
+    problems: tuple[Problem, ...] = ()  # what compile_plan found (fatal ones stop a run)
 
 
 # How compile_plan looks things up (the executor passes its own).
@@ -93,15 +97,16 @@ class Resolver:
     def __init__(self, tools: Mapping[str, Tool], get_flow: Callable[[str], Flow | None],
                  input_model: Callable[[Flow], type[BaseModel] | None],
                  output_model: Callable[[Flow], type[BaseModel] | None],
-                 safety: Callable[[Flow], ToolSafetyContract | None],
-                 check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]]
-                 ) -> None:
+                 safety: Callable[[Flow], ToolSafetyContract | None],  # merged over the tools
+                 check: Callable[[Flow, tuple[str, ...]], tuple[Plan, list[Problem]]],
+                 registered: Callable[[str], bool] = lambda name: False) -> None:
         self.tools = tools
         self.get_flow = get_flow
         self.input_model = input_model
         self.output_model = output_model
         self.safety = safety
         self.check = check
+        self.registered = registered  # whether any version of a flow name is registered
 
 
 def step_label(flow: Flow, index: int) -> str:
@@ -118,11 +123,11 @@ def compile_plan(flow: Flow, resolver: Resolver,
     problems: list[Problem] = []
     position_of = {index: position for position, index in enumerate(flow.order)}
     ancestors = _ancestors(flow, position_of)
-    versions: list[tuple[str, str]] = []
+    versions: list[tuple[str, str | None]] = []
     targets = [_resolve(flow, index, resolver, stack, problems, versions)
                for index in flow.order]
     writes = [_writes(flow, index, tool, subflow, fallback, resolver, problems)
-              for index, (tool, subflow, fallback) in zip(flow.order, targets, strict=True)]
+              for index, (tool, subflow, fallback, _) in zip(flow.order, targets, strict=True)]
     input_model = resolver.input_model(flow)
     input_keys = None if input_model is None else set(input_model.model_fields)
 
@@ -134,7 +139,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
     planned = []
     for position, index in enumerate(flow.order):
         step = flow.steps[index]
-        tool, subflow, fallback = targets[position]
+        tool, subflow, fallback, subplan = targets[position]
         label = step_label(flow, index)
         step_id = flow.step_ids[index]
         if subflow is not None:
@@ -169,7 +174,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
         _check_sources(label, step_id, sources, input_keys, problems)
         _check_retry(label, step_id, step, tool, subflow, resolver, problems)
         planned.append(PlannedStep(
-            position, index, step_id, label, step, tool, subflow, model, output_model,
+            position, index, step_id, label, step, tool, subflow, subplan, model, output_model,
             fallback, tuple(sources), step.condition, condition_sources,
             tuple(position_of[d] for d in flow.dependencies[index]),
             tuple(dependents[position]), writes[position],
@@ -179,9 +184,11 @@ def compile_plan(flow: Flow, resolver: Resolver,
 
     _check_conflicts(planned, ancestors, problems)
     _check_output(flow, input_keys, writes, problems)
+    if flow.sink is not None and flow.output_schema is None:
+        _check_sink_fallback(planned[position_of[flow.sink]], problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
-                input_model, tuple(dict.fromkeys(versions)))
+                input_model, tuple(dict.fromkeys(versions)), tuple(problems))
     return plan, problems
 
 
@@ -198,31 +205,47 @@ def _ancestors(flow: Flow, position_of: dict[int, int]) -> list[int]:
 
 
 def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
-             problems: list[Problem], versions: list[tuple[str, str]],
-             ) -> tuple[Tool | None, Flow | None, Tool | None]:
+             problems: list[Problem], versions: list[tuple[str, str | None]],
+             ) -> tuple[Tool | None, Flow | None, Tool | None, Plan | None]:
     step = flow.steps[index]
     step_id = flow.step_ids[index]
-    tool = subflow = fallback = None
+    tool = subflow = fallback = subplan = None
     if step.flow is not None:
         label = step_label(flow, index)
         if step.flow in stack or step.flow == flow.name:
             chain = " -> ".join((*stack, flow.name, step.flow))
             problems.append(Problem("RecursiveFlowError", f"{label} runs flow {step.flow!r} "
                                     f"recursively ({chain})", step_id, fatal=True))
+        elif len(stack) >= MAX_SUBFLOW_DEPTH:
+            problems.append(Problem(
+                "SubFlowDepthError", f"{label} runs flow {step.flow!r} more than "
+                f"{MAX_SUBFLOW_DEPTH} sub-flow levels deep ({stack[0]} -> ... -> "
+                f"{flow.name})", step_id, fatal=True))
         else:
             subflow = resolver.get_flow(step.flow)
             if subflow is None:
-                problems.append(Problem("FlowNotFoundError", f"{label} uses unregistered "
-                                        f"flow {step.flow!r}", step_id, fatal=True))
+                versions.append((step.flow, None))  # registering one makes the plan stale
+                if resolver.registered(step.flow):
+                    problems.append(Problem(
+                        "FlowNotFoundError", f"{label} uses flow {step.flow!r}, which has no "
+                        "active version (only active flows run as sub-flows)", step_id,
+                        fatal=True))
+                else:
+                    problems.append(Problem("FlowNotFoundError", f"{label} uses unregistered "
+                                            f"flow {step.flow!r}", step_id, fatal=True))
             else:
                 inner_plan, inner = resolver.check(subflow, (*stack, flow.name))
+                subplan = inner_plan
                 versions.append((subflow.name, subflow.version))
                 versions.extend(inner_plan.subflow_versions)
                 if inner:
+                    # The first problem only: nested sub-flows would repeat theirs at every
+                    # level (exponentially many when a sub-flow is used twice per level).
+                    more = f" (and {len(inner) - 1} more)" if len(inner) > 1 else ""
                     problems.append(Problem(
                         "InvalidSubFlowError", f"{label}: sub-flow {step.flow!r} is invalid: "
-                        + "; ".join(p.message for p in inner), step_id, fatal=True))
-                    subflow = None
+                        f"{inner[0].message}{more}", step_id, fatal=True))
+                    subflow = subplan = None
     else:
         tool = resolver.tools.get(step.tool_name)  # type: ignore[arg-type]
         if tool is None:
@@ -234,7 +257,7 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
             problems.append(Problem("ToolNotFoundError", f"{step_label(flow, index)} falls "
                                     f"back to unregistered tool {step.fallback!r}", step_id,
                                     fatal=True))
-    return tool, subflow, fallback
+    return tool, subflow, fallback, subplan
 
 
 def _model_keys(model: type[BaseModel] | None) -> frozenset[str] | None:
@@ -290,13 +313,17 @@ def _check_retry(label: str, step_id: str, step: FlowStep, tool: Tool | None,
                  subflow: Flow | None, resolver: Resolver, problems: list[Problem]) -> None:
     if step.retry is None or (tool is None and subflow is None):
         return
+    # A sub-flow's own safety= is a claim for its callers; whether repeating it is safe
+    # depends on what its tools really do.
     safety = tool.safety if tool is not None else resolver.safety(subflow)  # type: ignore[arg-type]
     if safety is None or not safety.idempotent:
         what = "unknown" if safety is None else "not idempotent"
+        whose = ("its tool is {} by its safety contract" if tool else "its sub-flow's "
+                 "tools and fallbacks are {} by their safety contracts, whatever the "
+                 "sub-flow declares")
         problems.append(Problem(
-            "RetryNotAllowedError", f"{label} has a retry policy, but its "
-            f"{'tool' if tool else 'flow'} is {what} by its safety contract (a retried "
-            "side effect could happen twice)", step_id, fatal=True))
+            "RetryNotAllowedError", f"{label} has a retry policy, but {whose.format(what)} "
+            "(a retried side effect could happen twice)", step_id, fatal=True))
 
 
 def _check_conflicts(planned: list[PlannedStep], ancestors: list[int],
@@ -334,10 +361,31 @@ def _check_output(flow: Flow, input_keys: set[str] | None,
                 "neither the flow input nor any step's output", None, name))
 
 
+def _check_sink_fallback(sink: PlannedStep, problems: list[Problem]) -> None:
+    """The last step's output is the flow's: a fallback there must return the same model,
+    or the flow's advertised output would not hold when the fallback runs."""
+    fallback = sink.fallback
+    if fallback is None or sink.output_model is None \
+            or fallback.output_schema is sink.output_model:
+        return
+    problems.append(Problem(
+        "FallbackOutputError", f"{sink.label} ends the flow, and its fallback "
+        f"{fallback.name!r} returns {_model_name(fallback.output_schema)}, not "
+        f"{_model_name(sink.output_model)} like the step: give the flow an output_schema "
+        "both fit, or a fallback returning the same model", sink.id))
+
+
+def _model_name(model: type[BaseModel] | None) -> str:
+    return "undeclared output" if model is None else model.__name__
+
+
 def _mermaid_text(text: str) -> str:
-    # Mermaid entity codes: labels may hold conditions with quotes and comparisons.
-    return (text.replace("&", "#amp;").replace('"', "#quot;").replace("<", "#lt;")
-            .replace(">", "#gt;"))
+    # Mermaid entity codes: labels may hold conditions with quotes and comparisons, and
+    # ids may hold anything: "#" first (the codes start with it), a backtick would start
+    # a markdown string, a line break would end the node.
+    return (text.replace("#", "#35;").replace("&", "#amp;").replace('"', "#quot;")
+            .replace("<", "#lt;").replace(">", "#gt;").replace("`", "#96;")
+            .replace("\r", " ").replace("\n", " "))
 
 
 def mermaid(flow: Flow) -> str:

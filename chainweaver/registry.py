@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .errors import DuplicateFlowError, FlowNotFoundError, FlowVersionNotFoundError
-from .flows import Flow
+from .flows import Flow, FlowLifecycle
 from .versions import version_key
 
 
@@ -43,6 +43,16 @@ class FlowRegistry:
             f"flow {name!r} has no version {version!r} (registered: "
             f"{', '.join(f.version for f in versions)})"
         )
+
+    def latest_active(self, name: str) -> Flow | None:
+        """The latest version of ``name`` whose lifecycle is active (None: there is none).
+
+        Sub-flow steps run this version: only reviewed-and-active flows run inside others.
+        """
+        for flow in reversed(self._flows.get(name, ())):
+            if flow.governance.lifecycle is FlowLifecycle.ACTIVE:
+                return flow
+        return None
 
     def list_flows(self) -> list[Flow]:
         """Every registered flow, all versions, ordered by name then version."""

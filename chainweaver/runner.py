@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Coroutine, Generator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .conditions import ConditionError
+from .flows import MAX_BACKOFF_SECONDS
 from .plan import FieldSource, Plan, PlannedStep
 from .tools import Tool
 
@@ -97,14 +97,19 @@ class StepTimeout(TimeoutError):
 
 
 class SubFlowFailed(Exception):
-    """The cause of a failed sub-flow attempt (so ``retry_on`` can name it)."""
+    """The cause of a failed sub-flow attempt: ``retry_on`` may name it or the error
+    type its run ended with (``error_type``)."""
+
+    def __init__(self, error_type: str) -> None:
+        super().__init__(error_type)
+        self.error_type = error_type
 
 
 class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
-                 "failed_at", "waiting", "ready")
+                 "failed_at", "waiting", "ready", "_lock")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -117,6 +122,8 @@ class RunState:
         self.failed_at = count
         self.waiting: list[int] = []
         self.ready: list[int] = []
+        # Steps of the async lane fail in worker threads and on the loop at once.
+        self._lock = threading.Lock()
 
     def schedule(self) -> None:
         """Prepare the bookkeeping the async lane starts ready steps by."""
@@ -127,8 +134,9 @@ class RunState:
     def fail(self, position: int, info: ErrorInfo) -> None:
         # Several branches may fail in the async lane: the earliest in plan order wins,
         # which is the failure the sync lane reports.
-        if position < self.failed_at:
-            self.failure, self.failed_at = info, position
+        with self._lock:
+            if position < self.failed_at:
+                self.failure, self.failed_at = info, position
 
     def finish(self, position: int) -> None:
         """Mark a step done; its dependents whose steps are all done become ready."""
@@ -199,7 +207,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             record.attempts = 1
             try:
                 raw = yield (CALL, tool, model, step.timeout)
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:  # the lane decides
                 raise _call_failed(planned, tool, error) from None
             outputs = _output(planned, tool, raw)
         else:
@@ -312,19 +320,36 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
 def _attempts(planned: PlannedStep, arguments: dict[str, Any],
               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     retry = planned.step.retry
+    errors: list[ErrorInfo] = []  # added to the record once: no tuple rebuilt per attempt
     attempt = 0
-    while True:
-        attempt += 1
-        try:
-            if planned.subflow is not None:
-                return (yield from _call_flow(planned, arguments, record))
-            return (yield from _call_tool(planned, planned.tool, arguments, record))
-        except StepFailed as failure:
-            if retry is None or attempt >= retry.max_attempts or failure.cause is None \
-                    or not retry.retries(failure.cause):
-                raise
-            record.attempt_errors += (failure.info,)
-            yield (SLEEP, retry.delay(attempt))
+    try:
+        while True:
+            attempt += 1
+            try:
+                if planned.subflow is not None:
+                    return (yield from _call_flow(planned, arguments, record))
+                return (yield from _call_tool(planned, planned.tool, arguments, record))
+            except StepFailed as failure:
+                if retry is None or attempt >= retry.max_attempts or failure.cause is None \
+                        or not retry.retries(failure.cause):
+                    raise
+                errors.append(failure.info)
+            try:
+                yield (SLEEP, sleep_seconds(retry.delay(attempt)))
+            except Exception:  # a wait that cannot happen must not end the run
+                logger.debug("retry backoff of %s failed", planned.label, exc_info=True)
+    finally:
+        if errors:
+            record.attempt_errors += tuple(errors)
+
+
+def sleep_seconds(delay: Any) -> float:
+    """A backoff the lanes can sleep: from 0 to twice the longest allowed (with jitter)."""
+    if isinstance(delay, (int, float)) and 0 <= delay <= 2 * MAX_BACKOFF_SECONDS:
+        return float(delay)
+    if isinstance(delay, (int, float)) and delay > 0:  # too long (or infinite)
+        return 2.0 * MAX_BACKOFF_SECONDS
+    return 0.0  # negative, NaN or not a number
 
 
 def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any],
@@ -334,7 +359,7 @@ def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any
     record.attempts += 1
     try:
         raw = yield (CALL, tool, model, planned.step.timeout)
-    except Exception as error:
+    except (Exception, asyncio.CancelledError) as error:  # the lane decides
         raise _call_failed(planned, tool, error) from None
     return _output(planned, tool, raw)
 
@@ -352,7 +377,7 @@ def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any])
                      **_where(planned, tool.name)) from None
 
 
-def _call_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
+def _call_failed(planned: PlannedStep, tool: Tool, error: BaseException) -> StepFailed:
     """A tool call that raised (its failure is data, not a crash) or timed out."""
     if isinstance(error, StepTimeout):
         return StepFailed(ErrorInfo(
@@ -397,60 +422,14 @@ def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
 def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
                record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     record.attempts += 1
-    result = yield (FLOW, planned.subflow, arguments, planned.step.timeout)
+    result = yield (FLOW, planned.subplan, arguments, planned.step.timeout)
     record.steps = result.steps
     if result.success:
         return dict(result.final_output or {})
     inner = result.error
+    # The sub-flow's input comes from this flow's context, not from the caller: invalid,
+    # it is this step's input that is wrong (as for a tool).
+    kind = "StepInputError" if inner.type == "InputValidationError" else inner.type
     raise StepFailed(ErrorInfo(
-        inner.type, f"{planned.label}: sub-flow {planned.step.flow!r} failed: "
-        f"{inner.message}", **_where(planned, field=inner.field)), SubFlowFailed(inner.type))
-
-
-# ------------------------------------------------------------------ calling from a lane
-
-
-async def with_timeout(coroutine: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
-    if timeout is None:
-        return await coroutine
-    try:
-        return await asyncio.wait_for(coroutine, timeout)
-    except asyncio.TimeoutError:
-        raise StepTimeout(timeout) from None
-
-
-def call_blocking(tool: Tool, model: BaseModel, timeout: float | None) -> Any:
-    """Call a tool from sync code; with a timeout, in a helper thread left behind on expiry."""
-    if tool.is_async:
-        return run_coroutine_blocking(with_timeout(tool.fn(model), timeout))
-    if timeout is None:
-        return tool.fn(model)
-    outcome: list[Any] = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, tool.fn(model)))
-        except BaseException as error:  # handed to the waiting step below
-            outcome.append((False, error))
-
-    # A daemon thread, not the pool: an abandoned call must not hold a pool slot that
-    # other steps wait for, nor keep the interpreter alive at exit.
-    helper = threading.Thread(target=target, name=f"chainweaver-{tool.name}", daemon=True)
-    helper.start()
-    helper.join(timeout)
-    if not outcome:
-        raise StepTimeout(timeout)
-    ok, value = outcome[0]
-    if ok:
-        return value
-    raise value
-
-
-def run_coroutine_blocking(coroutine: Any) -> Any:
-    """Run a coroutine from sync code, also when an event loop is already running here."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
+        kind, f"{planned.label}: sub-flow {planned.step.flow!r} failed: {inner.message}",
+        **_where(planned, field=inner.field), detail=inner.detail), SubFlowFailed(kind))

@@ -160,7 +160,7 @@ class FlowTool(FastMCPTool):
     def _failure(self, result: ExecutionResult) -> ToolResult:
         error = result.error
         assert error is not None
-        if error.type == "InputValidationError":
+        if error.type == "InputValidationError" and error.step_id is None:
             # The caller's own mistake: always say which field, whatever error_detail says.
             text = f"Invalid arguments for {self.name!r}: {error.detail}"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)

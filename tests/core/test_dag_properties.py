@@ -38,8 +38,9 @@ def add(a: int = 0, b: int = 0) -> Value:
 
 @tool(safety=ToolSafetyContract("read"))
 async def mix(a: int = 0, b: int = 0) -> Value:
-    """Async, with a yield so that concurrent branches interleave."""
-    await asyncio.sleep(0)
+    """Async, with waits of different lengths so that concurrent branches finish (and
+    fail) in an order other than plan order."""
+    await asyncio.sleep(0.002 * ((a - b) % 3))
     if (a + b) % 5 == 4:
         raise ValueError("unlucky")
     return Value(value=a + 3 * b + 2)
@@ -87,7 +88,7 @@ def shape(result) -> tuple:
     records = [(r.step_id, r.status, r.inputs, r.outputs, r.error, r.attempts,
                 r.attempt_errors, r.fallback) for r in result.steps]
     error = (result.error.type, result.error.step_id) if result.error else None
-    return result.success, result.final_output, error, records if result.success else None
+    return result.success, result.final_output, error, records
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -90,3 +90,40 @@ def _has_yaml() -> bool:
     except ImportError:
         return False
     return True
+
+
+@pytest.mark.parametrize("steps", [
+    *[[{"tool": "a", key: None}] for key in
+      ("timeout", "id", "when", "after", "retry", "fallback", "flow", "input_mapping")],
+    [{"tool": "a", "fallback": "b"}],
+    [{"tool": "a", "on_error": "fallback"}],
+    [{"tool": "a", "on_error": "skip", "fallback": "b"}],
+    [{"tool": "a", "retry": {"retry_on": ["not a class"]}}],
+    [{"tool": "a", "retry": {"max_attempts": 101}}],
+    [{"tool": "a", "retry": {"backoff_seconds": 1e300, "max_backoff_seconds": 1e300}}],
+    ["a b"],
+    [{"tool": "a", "id": "p"}, {"tool": "b", "after": ["p", "p"]}],
+])
+def test_what_the_reader_rejects_the_schema_rejects(steps) -> None:
+    data = flow(*steps)
+    with pytest.raises(FlowFileError):
+        flow_from_data(data, "bad.flow.json")
+    assert not VALIDATOR.is_valid(data)
+
+
+@pytest.mark.parametrize("steps", [
+    [{"tool": "a", "retry": {"max_attempts": 2.0}}],
+    [{"tool": "a", "on_error": "fallback", "fallback": "b"}],
+    [{"tool": "a", "retry": {"max_attempts": 100, "backoff_seconds": 3600,
+                             "max_backoff_seconds": 3600}}],
+])
+def test_what_the_schema_accepts_the_reader_accepts(steps) -> None:
+    data = flow(*steps)
+    assert VALIDATOR.is_valid(data)
+    flow_from_data(data, "good.flow.json")
+
+
+def test_the_schema_offers_no_null_for_step_keys() -> None:
+    step = flow_file_schema()["$defs"]["StepFormat"]["properties"]
+    assert all("anyOf" not in spec and spec.get("default", "") is not None
+               for spec in step.values())

@@ -22,7 +22,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import FlowServer, SecurityConfig
 
 READ = ToolSafetyContract("read")
 CALLS: Counter[str] = Counter()
@@ -255,3 +255,33 @@ def test_unknown_safety_names_the_sub_flow_and_fallback_behind_it() -> None:
                                 "flow or on sub-flow(s) 'child'")
     assert report["guarded"] == ("effective safety is unknown: no safety contract on the "
                                  "flow or on tool(s) 'unknown'")
+
+
+class TextIn(BaseModel):
+    x: str
+
+
+@tool(safety=READ)
+def need_int(x: int) -> dict:
+    return {"y": x}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("detail", ["full", "generic"])
+async def test_a_sub_flow_given_bad_input_by_its_parent_is_not_the_callers_mistake(
+        detail) -> None:
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry)
+    executor.register_tool(need_int)
+    registry.register_flow(Flow("child", "", [FlowStep("need_int")]))
+    registry.register_flow(Flow("parent", "", [FlowStep(flow="child")], input_schema=TextIn))
+    result = executor.execute_flow("parent", {"x": "abc"})
+    assert (result.error.type, result.error.step_id, result.error.field) == (
+        "StepInputError", "child", "x")
+    assert result.error.detail and "valid integer" in result.error.detail
+    server = FlowServer(executor, security=SecurityConfig(error_detail=detail))
+    reply = await call(server, "parent", {"x": "abc"})
+    text = reply.content[0].text
+    assert reply.is_error and "Invalid arguments" not in text and "None" not in text
+    if detail == "full":
+        assert text.startswith("StepInputError: step 0 ('child'): sub-flow 'child' failed")
