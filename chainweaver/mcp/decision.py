@@ -14,6 +14,7 @@ from typing import Any, cast
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
 from ..flows import Flow, FlowLifecycle
+from ..plan import Plan
 from ..prompts import FlowPrompt
 from ..safety import SideEffectLevel, ToolSafetyContract
 from ..tools import NAME_PATTERN
@@ -40,6 +41,9 @@ class ExposedFlow:
     safety: ToolSafetyContract | None
     forced: bool
     contract: PublishedContract
+    # The plan this decision reviewed (sub-flow versions included): calls run exactly it,
+    # whatever is registered later.
+    plan: Plan
     schema_uri: str | None
     # published prompt name -> the flow's authored prompt (server overrides removed)
     authored_prompts: Mapping[str, FlowPrompt]
@@ -177,8 +181,8 @@ def decide_flow(
         return _excluded(flow, str(unpublishable))
     if forced:
         logger.warning("force_expose publishes flow %r despite: %s", name, reason)
-    exposed = _exposed_flow(policy, flow, safety, forced, contract, expose_schemas,
-                            expose_prompts, server_prompt_names)
+    exposed = _exposed_flow(policy, flow, safety, forced, contract, executor.plan(flow),
+                            expose_schemas, expose_prompts, server_prompt_names)
     overridden = tuple(n for n in _published_prompt_names(exposed.tool_name, flow,
                                                             expose_prompts)
                        if n in server_prompt_names)
@@ -205,6 +209,7 @@ def _exposed_flow(
     safety: ToolSafetyContract | None,
     forced: bool,
     contract: PublishedContract,
+    plan: Plan,
     expose_schemas: bool,
     expose_prompts: bool,
     server_prompt_names: frozenset[str],
@@ -233,4 +238,5 @@ def _exposed_flow(
             else:
                 authored[prompt_name] = prompt
     uri = schema_uri(tool_name) if expose_schemas else None
-    return ExposedFlow(flow, tool_name, safety, forced, contract, uri, authored, invocation)
+    return ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
+                       invocation)

@@ -129,8 +129,8 @@ class FlowTool(FastMCPTool):
             text = f"Invalid arguments for {self.name!r}: text must be valid Unicode"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         result = await self._executor.execute_flow_async(
-            flow.name, arguments, version=flow.version, timeout=self._timeout
-        )
+            flow.name, arguments, version=flow.version, timeout=self._timeout,
+            plan=self._exposed.plan)
         meta = run_meta(result, self._error_detail)
         if not result.success:
             tool_result = self._failure(result)

@@ -285,3 +285,37 @@ async def test_a_sub_flow_given_bad_input_by_its_parent_is_not_the_callers_mista
     assert reply.is_error and "Invalid arguments" not in text and "None" not in text
     if detail == "full":
         assert text.startswith("StepInputError: step 0 ('child'): sub-flow 'child' failed")
+
+
+@pytest.mark.anyio
+async def test_a_published_flow_runs_the_sub_flow_version_its_exposure_reviewed() -> None:
+    calls: Counter[str] = Counter()
+
+    @tool(safety=ToolSafetyContract("read"))
+    def look(text: str) -> dict:
+        """Read."""
+        calls["look"] += 1
+        return {"text": text}
+
+    @tool(safety=ToolSafetyContract("destructive"))
+    def wipe(text: str) -> dict:
+        """Destroy."""
+        calls["wipe"] += 1
+        return {"text": text}
+
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(look)
+    executor.register_tool(wipe)
+    executor.registry.register_flow(Flow("child", "Child.", [FlowStep("look")]))
+    executor.registry.register_flow(Flow("parent", "Parent.", [FlowStep(flow="child")]))
+    server = FlowServer(executor)
+    async with Client(server.fastmcp) as client:
+        tools = {listed.name: listed for listed in await client.list_tools()}
+        assert tools["parent"].annotations.read_only_hint is True
+        # A destructive child version appears after the decision was made ...
+        executor.registry.register_flow(Flow("child", "Child.", [FlowStep("wipe")],
+                                             version="2.0.0"))
+        result = await client.call_tool("parent", {"text": "x"})
+    # ... and the published flow still runs what was reviewed: the read-only one.
+    assert not result.is_error
+    assert calls == Counter({"look": 1})
