@@ -35,6 +35,7 @@ from .runner import (
     RunState,
     StepFailed,
     StepRecord,
+    run_plain_step,
     run_step,
 )
 from .safety import ToolSafetyContract, merge_safety_contracts
@@ -257,7 +258,10 @@ class FlowExecutor:
         for planned in plan.steps:
             if stop is not None and stop.is_set():
                 break  # the caller is gone: the result is discarded
-            self._drive_sync(run_step(state, planned), stop)
+            if planned.plain and stop is None:  # nothing can stop it between steps
+                run_plain_step(state, planned)
+            else:
+                self._drive_sync(run_step(state, planned), stop)
             if state.failure is not None:
                 break
         return outcome.finish(state, started)

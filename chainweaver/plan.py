@@ -78,6 +78,9 @@ class PlannedStep:
     writes: frozenset[str] | None  # None: unknown (an undeclared output)
     output_mapping: tuple[tuple[str, str], ...]
     runs_in_thread: bool  # a sync tool (the async lane runs it in a worker thread)
+    # A sync tool with no condition, retry, timeout or fallback and on_error "fail": the
+    # sync lane runs it without a generator (runner.run_plain_step).
+    plain: bool
 
 
 @dataclass(slots=True)
@@ -180,6 +183,9 @@ def compile_plan(flow: Flow, resolver: Resolver,
             tuple(dependents[position]), writes[position],
             tuple(step.output_mapping.items()),
             tool is not None and not tool.is_async,
+            tool is not None and not tool.is_async and step.condition is None
+            and step.retry is None and step.timeout is None and fallback is None
+            and step.on_error == "fail",
         ))
 
     _check_conflicts(planned, ancestors, problems)
