@@ -13,6 +13,9 @@ class FlowRegistry:
     def __init__(self) -> None:
         # name -> versions sorted ascending by version key
         self._flows: dict[str, list[Flow]] = {}
+        # Every registration is numbered, so a reader can see the registry as it stood.
+        self._sequence = 0
+        self._registered_at: dict[tuple[str, tuple], int] = {}
 
     def register_flow(self, flow: Flow) -> Flow:
         """Add ``flow``; the same name and version (as versions: 1.0 == 1.0.0) is an error."""
@@ -26,7 +29,27 @@ class FlowRegistry:
             )
         versions.append(flow)
         versions.sort(key=lambda f: f.version_key)
+        self._sequence += 1
+        self._registered_at[(flow.name, key)] = self._sequence
         return flow
+
+    @property
+    def sequence(self) -> int:
+        """The number of registrations so far: a point in the registry's history."""
+        return self._sequence
+
+    def get_flow_as_of(self, name: str, sequence: int) -> Flow | None:
+        """The latest version of ``name`` among those registered by ``sequence`` (None:
+        the name had no version then)."""
+        for flow in reversed(self._flows.get(name, ())):
+            if self._registered_at[(name, flow.version_key)] <= sequence:
+                return flow
+        return None
+
+    def names_as_of(self, sequence: int) -> list[str]:
+        """Flow names that had a version registered by ``sequence``, sorted."""
+        return [name for name in sorted(self._flows)
+                if self.get_flow_as_of(name, sequence) is not None]
 
     def get_flow(self, name: str, version: str | None = None) -> Flow:
         """The flow ``name`` at ``version``, or its latest version when ``version`` is None."""

@@ -104,6 +104,9 @@ class Exposure:
             if unknown:
                 raise ExposureConfigError(
                     f"flow_names names unregistered flow(s): {', '.join(unknown)}")
+        # The registry as it stands now is what this exposure decides about, even for
+        # flows it judges later: a flow or version registered afterwards is not part of it.
+        self._as_of = registry.sequence
         self._decisions: dict[str, FlowDecision | None] = {}
         self._catalogue: Catalogue | None = None
         self._lock = threading.Lock()
@@ -127,10 +130,10 @@ class Exposure:
         """The memoised decision for a registered flow name (None: not registered)."""
         if flow_name in self._decisions:
             return self._decisions[flow_name]
-        registry = self._executor.registry
+        flow = self._executor.registry.get_flow_as_of(flow_name, self._as_of)
         decided = None
-        if flow_name in registry:
-            decided = decide_flow(self._executor, self.policy, registry.get_flow(flow_name),
+        if flow is not None:
+            decided = decide_flow(self._executor, self.policy, flow,
                                   expose_schemas=self.expose_schemas,
                                   expose_prompts=self.expose_prompts,
                                   server_prompt_names=frozenset(self._server_prompts))
@@ -195,7 +198,7 @@ class Exposure:
     @_cyclic_gc_paused
     def _decide_all(self) -> Catalogue:
         catalogue = Catalogue()
-        for name in self._executor.registry.flow_names():
+        for name in self._executor.registry.names_as_of(self._as_of):
             decided = self.decision(name)
             assert decided is not None
             catalogue.report.append(decided.report)

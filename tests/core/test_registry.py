@@ -102,3 +102,19 @@ def test_exception_hierarchy() -> None:
         assert issubclass(error, ChainWeaverError)
     assert issubclass(FlowNotFoundError, LookupError)
     assert issubclass(InvalidVersionError, ValueError)
+
+
+def test_the_registry_can_be_read_as_it_stood_at_an_earlier_registration() -> None:
+    registry = FlowRegistry()
+    first = registry.register_flow(Flow("a", "A.", [FlowStep("t")], version="1.0.0"))
+    then = registry.sequence
+    registry.register_flow(Flow("a", "A.", [FlowStep("t")], version="2.0.0"))
+    registry.register_flow(Flow("b", "B.", [FlowStep("t")], version="0.5.0"))
+    # An older version registered later is not visible at the earlier point either.
+    registry.register_flow(Flow("a", "A.", [FlowStep("t")], version="0.1.0"))
+    assert registry.sequence == then + 3
+    assert registry.get_flow_as_of("a", then) is first
+    assert registry.get_flow_as_of("b", then) is None
+    assert registry.names_as_of(then) == ["a"]
+    assert registry.names_as_of(registry.sequence) == ["a", "b"]
+    assert registry.get_flow_as_of("a", registry.sequence).version == "2.0.0"

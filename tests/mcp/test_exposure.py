@@ -536,3 +536,31 @@ def test_lookups_judge_one_flow_and_agree_with_the_whole_catalogue(prefix: str) 
         assert lookup.tool(name) == whole.tools.get(name), name
         assert lookup.resource(name) == whole.resources.get(name), name
         assert lookup.prompt(name) == whole.prompts.get(name), name
+
+
+@pytest.mark.anyio
+async def test_a_server_decides_about_the_registry_as_it_stood_when_built() -> None:
+    executor = build_catalogue()
+    server = FlowServer(executor)
+    # Registered after construction, judged lazily: still not part of this server.
+    executor.register_tool(late_lookup)
+    executor.registry.register_flow(Flow("late_flow", "Registered late.",
+                                         [FlowStep("late_lookup")]))
+    executor.registry.register_flow(Flow("order_status", "A newer version.",
+                                         [FlowStep("late_lookup")], version="9.0.0"))
+    async with Client(server.fastmcp) as client:
+        # A lookup first (nothing decided yet), then the list: they agree.
+        called = await client.session.call_tool("late_flow", {"text": "x"})
+        listed = {tool.name: tool for tool in await client.list_tools()}
+        status = await client.call_tool("order_status", {"order_id": "A-1"})
+    assert called.is_error and called.content[0].text == "Unknown tool: 'late_flow'"
+    assert "late_flow" not in listed
+    assert listed["order_status"].meta["chainweaver"]["version"] == "2.1.0"
+    assert status.structured_content["status"] == "shipped"
+    assert [e.flow_name for e in server.exposure_report()].count("late_flow") == 0
+
+
+@tool(safety=ToolSafetyContract("read"))
+def late_lookup(text: str) -> dict:
+    """A tool registered after the server was built."""
+    return {"text": text}
