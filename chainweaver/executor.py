@@ -88,33 +88,43 @@ class FlowExecutor:
         """The version a sub-flow step runs: the latest active one (None: there is none)."""
         return self.registry.latest_active(name)
 
+    def _followed_subflow(self, name: str, parent: Flow, seen: tuple[str, ...]
+                          ) -> Flow | None:
+        """The sub-flow a step of ``parent`` runs, unless it is missing, recurses or nests
+        deeper than ``MAX_SUBFLOW_DEPTH`` (None: then nothing about it can be known)."""
+        sub = self._subflow(name)
+        if sub is None or sub.name in seen or sub.name == parent.name \
+                or len(seen) >= MAX_SUBFLOW_DEPTH:
+            return None
+        return sub
+
     def input_model(self, flow: Flow, _seen: tuple[str, ...] = ()) -> type[BaseModel] | None:
         """The flow's input model: its own, else its first step's (None when unknown)."""
         if flow.input_schema is not None:
             return flow.input_schema
-        step = flow.steps[flow.order[0]]
-        if step.flow is not None:
-            sub = self._subflow(step.flow)
-            if sub is None or sub.name in _seen or sub.name == flow.name \
-                    or len(_seen) >= MAX_SUBFLOW_DEPTH:
-                return None
-            return self.input_model(sub, (*_seen, flow.name))
-        tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
-        return tool.input_schema if tool else None
+        return self._step_model(flow, flow.order[0], "input", _seen)
 
     def output_model(self, flow: Flow, _seen: tuple[str, ...] = ()) -> type[BaseModel] | None:
         """The flow's output model: its own, else its single last step's (None when unknown)."""
         if flow.output_schema is not None:
             return flow.output_schema
-        step = flow.steps[flow.sink]  # type: ignore[index]  # a flow without output_schema has one
+        # A flow without output_schema has exactly one last step.
+        return self._step_model(flow, flow.sink, "output", _seen)  # type: ignore[arg-type]
+
+    def _step_model(self, flow: Flow, index: int, side: str, seen: tuple[str, ...]
+                    ) -> type[BaseModel] | None:
+        step = flow.steps[index]
         if step.flow is not None:
-            sub = self._subflow(step.flow)
-            if sub is None or sub.name in _seen or sub.name == flow.name \
-                    or len(_seen) >= MAX_SUBFLOW_DEPTH:
+            sub = self._followed_subflow(step.flow, flow, seen)
+            if sub is None:
                 return None
-            return self.output_model(sub, (*_seen, flow.name))
+            inner = (*seen, flow.name)
+            return self.input_model(sub, inner) if side == "input" \
+                else self.output_model(sub, inner)
         tool = self._tools.get(step.tool_name)  # type: ignore[arg-type]
-        return tool.output_schema if tool else None
+        if tool is None:
+            return None
+        return tool.input_schema if side == "input" else tool.output_schema
 
     def effective_safety(self, flow: Flow, _seen: tuple[str, ...] = (), *,
                          declared: bool = True) -> ToolSafetyContract | None:
@@ -134,9 +144,8 @@ class FlowExecutor:
         contracts = []
         for step in flow.steps:
             if step.flow is not None:
-                sub = self._subflow(step.flow)
-                if sub is None or sub.name in seen or sub.name == flow.name \
-                        or len(seen) >= MAX_SUBFLOW_DEPTH:
+                sub = self._followed_subflow(step.flow, flow, seen)
+                if sub is None:
                     return None
                 if sub.name not in memo:  # a sub-flow used many times is merged once
                     memo[sub.name] = self._safety(sub, (*seen, flow.name), declared, memo)

@@ -7,6 +7,7 @@ re-derives a schema.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class PublishedContract:
     # Schema defaults the input model accepts: prompts fill omitted arguments with them.
     defaults: Mapping[str, Any]
 
-    @property
+    @functools.cached_property  # read on every prompt render; the contract never changes
     def required_arguments(self) -> dict[str, bool]:
         """Argument name -> required, in schema order."""
         return {spec.name: spec.required for spec in self.arguments}

@@ -134,8 +134,9 @@ def _unknown_safety(flow: Flow, executor: FlowExecutor) -> list[str]:
     unknown_flows: list[str] = []
     for step in flow.steps:
         if step.flow is not None:
-            if step.flow not in executor.registry or executor.effective_safety(
-                    executor.registry.get_flow(step.flow)) is None:
+            # The version a sub-flow step runs: the latest active one.
+            sub_flow = executor.registry.latest_active(step.flow)
+            if sub_flow is None or executor.effective_safety(sub_flow) is None:
                 unknown_flows.append(step.flow)
         for name in (step.tool_name, step.fallback):
             if name is not None and (name not in tools or tools[name].safety is None):
@@ -181,11 +182,9 @@ def decide_flow(
         return _excluded(flow, str(unpublishable))
     if forced:
         logger.warning("force_expose publishes flow %r despite: %s", name, reason)
-    exposed = _exposed_flow(policy, flow, safety, forced, contract, executor.plan(flow),
-                            expose_schemas, expose_prompts, server_prompt_names)
-    overridden = tuple(n for n in _published_prompt_names(exposed.tool_name, flow,
-                                                            expose_prompts)
-                       if n in server_prompt_names)
+    exposed, overridden = _exposed_flow(policy, flow, safety, forced, contract,
+                                        executor.plan(flow), expose_schemas,
+                                        expose_prompts, server_prompt_names)
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
                           tuple(exposed.prompt_names), overridden)
@@ -195,12 +194,6 @@ def decide_flow(
 def _excluded(flow: Flow, reason: str) -> FlowDecision:
     logger.warning("flow %r v%s is not exposed: %s", flow.name, flow.version, reason)
     return FlowDecision(FlowExposure(flow.name, flow.version, False, reason), None)
-
-
-def _published_prompt_names(tool_name: str, flow: Flow, expose_prompts: bool) -> list[str]:
-    if not expose_prompts:
-        return []
-    return [tool_name, *(f"{tool_name}__{p.name}" for p in flow.prompts)]
 
 
 def _exposed_flow(
@@ -213,7 +206,8 @@ def _exposed_flow(
     expose_schemas: bool,
     expose_prompts: bool,
     server_prompt_names: frozenset[str],
-) -> ExposedFlow:
+) -> tuple[ExposedFlow, tuple[str, ...]]:
+    """The exposed flow, and its prompt names that server-level prompts take over."""
     tool_name = policy.tool_name(flow.name)
     if not NAME_PATTERN.fullmatch(tool_name):
         raise ExposureConfigError(
@@ -222,6 +216,7 @@ def _exposed_flow(
         )
     invocation = None
     authored: dict[str, FlowPrompt] = {}
+    overridden: list[str] = []
     if expose_prompts:
         by_name: dict[str, FlowPrompt | None] = {tool_name: None}
         by_name.update({f"{tool_name}__{p.name}": p for p in flow.prompts})
@@ -232,11 +227,13 @@ def _exposed_flow(
                     "guide prompt; rename the flow or set server_prefix"
                 )
             if prompt_name in server_prompt_names:
-                continue  # the operator's prompt takes this name
+                overridden.append(prompt_name)  # the operator's prompt takes this name
+                continue
             if prompt is None:
                 invocation = prompt_name
             else:
                 authored[prompt_name] = prompt
     uri = schema_uri(tool_name) if expose_schemas else None
-    return ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
-                       invocation)
+    exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
+                          invocation)
+    return exposed, tuple(overridden)

@@ -44,7 +44,6 @@ class Catalogue:
 
     report: list[FlowExposure] = field(default_factory=list)
     tools: dict[str, ExposedFlow] = field(default_factory=dict)
-    flows: dict[str, ExposedFlow] = field(default_factory=dict)  # by flow name
     resources: dict[str, ExposedFlow] = field(default_factory=dict)
     prompts: dict[str, PromptEntry] = field(default_factory=dict)
 
@@ -96,6 +95,7 @@ class Exposure:
         self.expose_prompts = expose_prompts
         self._executor = executor
         self._server_prompts = {p.name: p for p in server_prompts}
+        self._server_prompt_names = frozenset(self._server_prompts)
         if len(self._server_prompts) != len(server_prompts):
             raise ExposureConfigError("server-level prompts must have unique names")
         registry = executor.registry
@@ -136,7 +136,7 @@ class Exposure:
             decided = decide_flow(self._executor, self.policy, flow,
                                   expose_schemas=self.expose_schemas,
                                   expose_prompts=self.expose_prompts,
-                                  server_prompt_names=frozenset(self._server_prompts))
+                                  server_prompt_names=self._server_prompt_names)
         return self._decisions.setdefault(flow_name, decided)
 
     def flow(self, flow_name: str) -> ExposedFlow | None:
@@ -220,10 +220,6 @@ class Exposure:
         return self.catalogue.tools
 
     @property
-    def flows(self) -> dict[str, ExposedFlow]:
-        return self.catalogue.flows
-
-    @property
     def resources(self) -> dict[str, ExposedFlow]:
         return self.catalogue.resources
 
@@ -237,16 +233,16 @@ class Exposure:
 
 
 def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
-    """Add an exposed flow's names to the catalogue; two flows may not share a name."""
-    if exposed.tool_name in catalogue.tools:
-        raise ExposureConfigError(f"two flows publish the tool name {exposed.tool_name!r}")
+    """Add an exposed flow's names to the catalogue; two flows may not share a prompt name.
+
+    (Tool names cannot clash: each is the server prefix and a unique flow name.)
+    """
     for prompt_name in exposed.prompt_names:
         if prompt_name in catalogue.prompts:
             raise ExposureConfigError(
                 f"prompt name {prompt_name!r} of flow {exposed.flow.name!r} collides with "
                 "another flow's prompt")
     catalogue.tools[exposed.tool_name] = exposed
-    catalogue.flows[exposed.flow.name] = exposed
     if exposed.schema_uri is not None:
         catalogue.resources[exposed.schema_uri] = exposed
     for prompt_name in exposed.prompt_names:

@@ -10,7 +10,7 @@ keeps construction linear and cheap and lookups O(1). Server start builds none:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import mcp_types
 from fastmcp.prompts.base import Prompt
@@ -27,22 +27,17 @@ from ..versions import version_key
 from . import prompt_render
 from .composition import stamp_owner
 from .config import ErrorDetail
-from .exposure import INDEX_URI, ExposedFlow, Exposure
+from .exposure import INDEX_URI, ExposedFlow, Exposure, PromptEntry
 from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
 
-C = TypeVar("C")
 
-
-def _versioned(
-    component: C | None, version: VersionSpec | None, exposed: ExposedFlow | None
-) -> C | None:
+def _version_ok(version: VersionSpec | None, exposed: ExposedFlow | None) -> bool:
     # A client may ask for a version (MCP request _meta). Only the exposed flow
     # version exists here: any other version is "not found", never silently served.
-    if component is None or version is None or exposed is None:
-        return component
-    return component if _version_matches(version, exposed.flow.version) else None
+    return version is None or exposed is None or _version_matches(version,
+                                                                   exposed.flow.version)
 
 
 def _version_matches(spec: VersionSpec, version: str) -> bool:
@@ -100,43 +95,51 @@ class FlowProvider(Provider):
             self._cache[(kind, key)] = component
         return component
 
+    # Each request resolves its name through the exposure once; lists walk the
+    # catalogue's entries. Components are built on first use and cached.
+
     # ------------------------------------------------------------------ tools
 
-    def tool(self, name: str) -> FlowTool | None:
-        exposed = self.exposure.tool(name)
-        if exposed is None:
-            return None
-        return self._cached("tool", name, lambda: FlowTool.build(
+    def _tool(self, exposed: ExposedFlow) -> FlowTool:
+        return self._cached("tool", exposed.tool_name, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout))
 
     async def _list_tools(self) -> Sequence[Tool]:
-        return [tool for name in self.exposure.tools if (tool := self.tool(name)) is not None]
+        return [self._tool(exposed) for exposed in self.exposure.tools.values()]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return _versioned(self.tool(name), version, self.exposure.tool(name))
+        exposed = self.exposure.tool(name)
+        if exposed is None or not _version_ok(version, exposed):
+            return None
+        return self._tool(exposed)
 
     # -------------------------------------------------------------- resources
 
-    def resource(self, uri: str) -> Resource | None:
-        if not self.exposure.expose_schemas:
-            return None
-        if uri == INDEX_URI:
-            return self._cached("resource", uri, lambda: index_resource(self.exposure))
-        exposed = self.exposure.resource(uri)
-        if exposed is None:
-            return None
-        return self._cached("resource", uri, lambda: schema_resource(exposed))
+    def _schema_resource(self, exposed: ExposedFlow) -> Resource:
+        assert exposed.schema_uri is not None
+        return self._cached("resource", exposed.schema_uri, lambda: schema_resource(exposed))
+
+    def _index_resource(self) -> Resource:
+        return self._cached("resource", INDEX_URI, lambda: index_resource(self.exposure))
 
     async def _list_resources(self) -> Sequence[Resource]:
         if not self.exposure.expose_schemas:
             return []
-        uris = [INDEX_URI, *self.exposure.resources]
-        return [resource for uri in uris if (resource := self.resource(uri)) is not None]
+        return [self._index_resource(),
+                *(self._schema_resource(exposed)
+                  for exposed in self.exposure.resources.values())]
 
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
-        return _versioned(self.resource(uri), version, self.exposure.resource(uri))
+        if not self.exposure.expose_schemas:
+            return None
+        if uri == INDEX_URI:
+            return self._index_resource()
+        exposed = self.exposure.resource(uri)
+        if exposed is None or not _version_ok(version, exposed):
+            return None
+        return self._schema_resource(exposed)
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
         return [self._template] if self._template is not None else []
@@ -150,27 +153,24 @@ class FlowProvider(Provider):
 
     # ---------------------------------------------------------------- prompts
 
-    def prompt(self, name: str) -> Prompt | None:
-        entry = self.exposure.prompt(name)
-        if entry is None:
-            return None
-
+    def _prompt(self, entry: PromptEntry) -> Prompt:
         def build() -> Prompt:
             if entry.prompt is not None:
-                return AuthoredPrompt.build(name, entry.prompt, entry.exposed_flow)
+                return AuthoredPrompt.build(entry.name, entry.prompt, entry.exposed_flow)
             if entry.exposed_flow is not None:
                 return FlowInvocationPrompt.build(entry.exposed_flow)
             return GuidePrompt.build(self.exposure)
 
-        return self._cached("prompt", name, build)
+        return self._cached("prompt", entry.name, build)
 
     async def _list_prompts(self) -> Sequence[Prompt]:
-        return [prompt for name in self.exposure.prompts
-                if (prompt := self.prompt(name)) is not None]
+        return [self._prompt(entry) for entry in self.exposure.prompts.values()]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
         entry = self.exposure.prompt(name)
-        return _versioned(self.prompt(name), version, entry.exposed_flow if entry else None)
+        if entry is None or not _version_ok(version, entry.exposed_flow):
+            return None
+        return self._prompt(entry)
 
     # ------------------------------------------------------------------ tasks
 
@@ -192,8 +192,9 @@ class FlowProvider(Provider):
         prompt just to read their ``task_config``, which made start O(catalogue):
         about 3 s at 20,000 flows. Here only the tools the snapshot names are built.
         """
-        tools = [self.tool(name) for name in self.task_tool_names()]
-        eligible = await self._apply_task_transforms([t for t in tools if t is not None])
+        exposed = [self.exposure.tool(name) for name in self.task_tool_names()]
+        tools = [self._tool(flow) for flow in exposed if flow is not None]
+        eligible = await self._apply_task_transforms(tools)
         return [c for c in eligible if c.task_config.supports_tasks()]
 
     # ------------------------------------------------------------ completions

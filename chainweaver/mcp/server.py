@@ -90,7 +90,7 @@ class FlowServer:
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout, owner=owner)
         self._gate = SecurityGate(self._exposure, security, owner=owner)
-        # Schemas are published already dereferenced (see flow_tool.published_schema),
+        # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
             name,
