@@ -39,6 +39,7 @@ from chainweaver.prompts import USER_DATA_NOTICE
 
 SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 INVALID_PARAMS = -32602
+HEADER_MISMATCH = -32020  # the 2026-07-28 transport's header check
 RawRequest = mcp_types.Request[dict[str, Any], str]
 RESULT_TYPES: dict[str, Any] = {
     "tools/call": mcp_types.CallToolResult,
@@ -214,10 +215,22 @@ JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number
               list: "array", dict: "object"}
 
 
-def check_prompt_answer(params: dict[str, Any], answer: Any) -> None:
+def check_prompt_answer(params: dict[str, Any], answer: Any, *,
+                        name_header: bool = False) -> None:
+    """``name_header``: the request went over streamable HTTP at 2026-07-28, where the
+    transport first checks that the ``Mcp-Name`` header equals ``params.name``."""
     name, arguments = params.get("name"), params.get("arguments")
     well_typed = isinstance(name, str) and (arguments is None or (
         isinstance(arguments, dict) and all(isinstance(v, str) for v in arguments.values())))
+    if name_header and name is not None and not isinstance(name, str):
+        # A header is text, so it never equals a non-string name: the MCP SDK's transport
+        # refuses the request with the protocol's header-mismatch code before any server
+        # code runs. Still a JSON-RPC error for the caller's mistake, never -32603.
+        assert isinstance(answer, mcp_types.ErrorData), answer
+        assert (answer.code, answer.message) == (
+            HEADER_MISMATCH, "mcp-name header does not match the request body's 'name' "
+                             "parameter"), answer
+        return
     if not well_typed:
         # -32602 naming what is wrong; never -32603, never an exception's own text.
         assert isinstance(answer, mcp_types.ErrorData), answer
@@ -403,7 +416,8 @@ def test_http_tools_call_answers_hostile_arguments(http: Any, drawn: tuple) -> N
 def test_http_prompts_get_answers_hostile_names_and_arguments(http: Any, drawn: tuple) -> None:
     portal, clients = http
     mode, params = drawn
-    check_prompt_answer(params, portal.call(send, clients[mode], "prompts/get", params))
+    check_prompt_answer(params, portal.call(send, clients[mode], "prompts/get", params),
+                        name_header=mode == "auto")
 
 
 @pytest.mark.slow
@@ -485,3 +499,15 @@ async def test_every_prompt_keeps_hostile_values_literal_inside_labelled_section
         assert "<user-data" not in guide and value not in guide
     assert checked == set(server.prompt_names)  # a new prompt must be added here
     assert CALLS == before  # rendering never ran a tool
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [7, ["order_status"], {"a": 1}, True])
+def test_http_non_string_prompt_names_are_refused_on_both_eras(http: Any, name: Any) -> None:
+    portal, clients = http
+    params = {"name": name, "arguments": {}}
+    for mode in ("legacy", "auto"):
+        answer = portal.call(send, clients[mode], "prompts/get", params)
+        check_prompt_answer(params, answer, name_header=mode == "auto")
+    # The server goes on serving.
+    portal.call(assert_still_serving, clients["auto"])
