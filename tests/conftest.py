@@ -37,3 +37,15 @@ def all_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixt
     finally:
         fastmcp_logger.removeHandler(caplog.handler)
         fastmcp_logger.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private Redis server for the whole test session (tests using it are ``slow``).
+
+    Tests sharing it use their own key prefixes or database numbers, or flush it.
+    """
+    from support.redis_server import redis_server
+
+    with redis_server() as url:
+        yield url
