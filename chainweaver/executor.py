@@ -38,6 +38,15 @@ from .runner import (
     run_plain_step,
     run_step,
 )
+from .run_events import (
+    Approver,
+    Cancellation,
+    RunCancelled,
+    RunObserver,
+    approval_request,
+    ask_approval,
+    notify,
+)
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
 
@@ -235,16 +244,19 @@ class FlowExecutor:
 
     def execute_flow(
         self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None,
-        *, plan: Plan | None = None,
+        *, plan: Plan | None = None, observer: RunObserver | None = None,
+        cancel: Cancellation | None = None,
     ) -> ExecutionResult:
         """Run a flow synchronously, one step at a time in plan order.
 
         Async tools run on a private event loop; a step with a ``timeout`` runs its tool
         in a helper thread that is abandoned (left to finish) when time runs out.
         ``plan`` (from :meth:`plan`) runs exactly that plan, with the sub-flows it was
-        compiled with, whatever was registered since.
+        compiled with, whatever was registered since. ``observer`` is told about each
+        step; ``cancel`` (set from another thread) stops the run before its next step.
         """
-        return self._run_sync(self._plan_to_run(name, version, plan), input)
+        return self._run_sync(self._plan_to_run(name, version, plan), input,
+                              observer=observer, cancel=cancel)
 
     def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
         if plan is None:
@@ -258,22 +270,27 @@ class FlowExecutor:
         return plan
 
     def _run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
-                  stop: Stop | None = None) -> ExecutionResult:
+                  stop: Stop | None = None, *, observer: RunObserver | None = None,
+                  cancel: Cancellation | None = None) -> ExecutionResult:
         started = time.perf_counter()
         try:
             state = outcome.start(plan, input)
         except StepFailed as failure:
-            return outcome.failed(plan.flow, failure.info, [], started)
+            return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        if observer is not None:
+            _observe(state, observer)
         for planned in plan.steps:
             if stop is not None and stop.is_set():
                 break  # the caller is gone: the result is discarded
+            if cancel is not None and cancel.cancelled:
+                return _reported(outcome.cancelled(state, started), observer)
             if planned.plain and stop is None:  # nothing can stop it between steps
                 run_plain_step(state, planned)
             else:
                 self._drive_sync(run_step(state, planned), stop)
             if state.failure is not None:
                 break
-        return outcome.finish(state, started)
+        return _reported(outcome.finish(state, started), observer)
 
     async def execute_flow_async(
         self,
@@ -283,6 +300,9 @@ class FlowExecutor:
         *,
         timeout: float | None = None,
         plan: Plan | None = None,
+        observer: RunObserver | None = None,
+        cancel: Cancellation | None = None,
+        approve: Approver | None = None,
     ) -> ExecutionResult:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
@@ -293,13 +313,24 @@ class FlowExecutor:
         retry or fallback starts; a sync tool already running in a worker thread cannot
         be interrupted, so it finishes and its output is discarded. ``plan`` is as for
         :meth:`execute_flow`.
+
+        ``observer`` is told about each step (:class:`~chainweaver.run_events.RunObserver`).
+        ``cancel`` stops the run at the next step boundary (running async tools are
+        cancelled at once); the result then fails with ``CancelledError``. ``approve``
+        is awaited once, after the input is validated and before any step starts, when
+        a step requires approval (:func:`~chainweaver.run_events.approval_request`);
+        unless it returns ``True`` the run fails with ``ApprovalDenied`` and no step
+        runs.
         """
         return await self._run_async(self._plan_to_run(name, version, plan), input, timeout,
-                                     None, asyncio.Semaphore(self._max_concurrent))
+                                     None, asyncio.Semaphore(self._max_concurrent),
+                                     observer, cancel, approve)
 
     async def _run_async(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
                          timeout: float | None, parent: Stop | None,
-                         slots: asyncio.Semaphore) -> ExecutionResult:
+                         slots: asyncio.Semaphore, observer: RunObserver | None = None,
+                         cancel: Cancellation | None = None,
+                         approve: Approver | None = None) -> ExecutionResult:
         """Run ``plan``; ``slots`` bounds the tool steps running at once in the whole call
         (sub-flows share it; a sub-flow step itself takes no slot, so none waits for
         itself)."""
@@ -307,22 +338,34 @@ class FlowExecutor:
         try:
             state = outcome.start(plan, input)
         except StepFailed as failure:
-            return outcome.failed(plan.flow, failure.info, [], started)
+            return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        if approve is not None:
+            refused = await _approval(plan, approve)
+            if refused is not None:
+                return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+        if observer is not None:
+            _observe(state, observer)
         state.schedule()
         # Set when this call is over (or its caller's is): steps running in worker
         # threads then make no further call, retry, sleep or fallback.
         abandoned = Stop(parent)
+        work = self._schedule(state, abandoned, slots)
         try:
-            if timeout is None:
-                await self._schedule(state, abandoned, slots)
+            if timeout is not None:
+                work = asyncio.wait_for(work, timeout)
+            if cancel is None:
+                await work
             else:
-                await asyncio.wait_for(self._schedule(state, abandoned, slots), timeout)
+                await cancel.guard(work)
         except asyncio.TimeoutError:
             abandoned.set()
-            return outcome.timed_out(state, timeout, started)
+            return _reported(outcome.timed_out(state, timeout, started), observer)
+        except RunCancelled:
+            abandoned.set()
+            return _reported(outcome.cancelled(state, started), observer)
         finally:
             abandoned.set()
-        return outcome.finish(state, started)
+        return _reported(outcome.finish(state, started), observer)
 
     async def _schedule(self, state: RunState, abandoned: Stop,
                         slots: asyncio.Semaphore) -> None:
@@ -477,3 +520,30 @@ class FlowExecutor:
         # A run of its own on a private loop: its own bound.
         return run_coroutine_blocking(self._run_async(
             plan, input, timeout, stop, asyncio.Semaphore(self._max_concurrent)))
+
+
+def _observe(state: RunState, observer: RunObserver) -> None:
+    state.observer = observer
+    plan = state.plan
+    notify(observer.run_started, plan.flow.name, plan.flow.version, len(plan.steps))
+
+
+def _reported(result: ExecutionResult, observer: RunObserver | None) -> ExecutionResult:
+    if observer is not None:
+        notify(observer.run_finished, result)
+    return result
+
+
+async def _approval(plan: Plan, approve: Approver) -> ErrorInfo | None:
+    """Why the run may not start (None: no step needs approval, or it was approved)."""
+    request = approval_request(plan)
+    if request is None:
+        return None
+    refused = await ask_approval(approve, request)
+    if refused is None:
+        return None
+    why = f" ({request.reason})" if request.reason else ""
+    return ErrorInfo("ApprovalDenied",
+                     f"flow {plan.flow.name!r}: step {request.step_id!r} needs approval{why} "
+                     f"and {refused}", step_index=request.step_index,
+                     tool_name=request.tool_name, step_id=request.step_id)

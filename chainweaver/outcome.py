@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from .flows import Flow
 from .plan import Plan
+from .run_events import notify
 from .runner import (
     ErrorInfo,
     ExecutionResult,
@@ -112,14 +113,36 @@ def timed_out(state: RunState, timeout: float | None, started: float) -> Executi
     return failed(flow, info, _settled(records, info), started)
 
 
-def _settled(records: list[StepRecord], info: ErrorInfo) -> list[StepRecord]:
+def cancelled(state: RunState, started: float) -> ExecutionResult:
+    """The result of a cancelled run: finished steps are kept, running ones cancelled."""
+    flow = state.plan.flow
+    records = [record for record in state.records if record is not None]
+    running = [record for record in records if record.status == "running"]
+    blamed = running[0] if running else None
+    where = "" if blamed is None else f" during step {blamed.step_id!r}"
+    info = ErrorInfo(
+        "CancelledError", f"flow {flow.name!r} was cancelled{where}",
+        step_index=blamed.index if blamed else None,
+        tool_name=blamed.tool_name if blamed else None,
+        step_id=blamed.step_id if blamed else None)
+    settled = _settled(records, info, "cancelled")
+    if state.observer is not None:
+        for record in settled:
+            if record.status == "cancelled":
+                notify(state.observer.step_finished, record)
+    return failed(flow, info, settled, started)
+
+
+def _settled(records: list[StepRecord], info: ErrorInfo, status: str = "failed"
+             ) -> list[StepRecord]:
     """Copies (a stuck worker thread may still write to the originals); a step still
-    running when the run timed out is marked failed with the run's error."""
+    running when the run timed out (or was cancelled) gets ``status`` and the run's
+    error."""
     settled = []
     for record in records:
         copy = replace(record)
         if copy.status == "running":
-            copy.status = "failed"
+            copy.status = status
             copy.error = info
         settled.append(copy)
     return settled

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
 from .plan import FieldSource, Plan, PlannedStep
+from .run_events import RunObserver, notify
 from .tools import Tool
 
 logger = logging.getLogger("chainweaver.executor")
@@ -49,7 +50,8 @@ class StepRecord:
     """What one step received and returned, how it ended and how long it took.
 
     ``status`` is ``"completed"``, ``"skipped"`` (its condition was false, or it failed
-    with ``on_error="skip"``: then ``error`` says why) or ``"failed"``. ``attempts``
+    with ``on_error="skip"``: then ``error`` says why), ``"failed"`` or ``"cancelled"``
+    (it was running when the run was cancelled). ``attempts``
     counts tool calls (retries and a fallback included); ``attempt_errors`` holds the
     error of every failed attempt, in order; ``fallback`` names the fallback tool when
     it produced the output; ``steps`` holds a sub-flow's own step records (of its last
@@ -109,7 +111,7 @@ class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
-                 "failed_at", "waiting", "ready", "_lock")
+                 "failed_at", "waiting", "ready", "observer", "_lock")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -122,6 +124,7 @@ class RunState:
         self.failed_at = count
         self.waiting: list[int] = []
         self.ready: list[int] = []
+        self.observer: RunObserver | None = None  # told about each step (run_events)
         # Steps of the async lane fail in worker threads and on the loop at once.
         self._lock = threading.Lock()
 
@@ -198,6 +201,9 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
     record = StepRecord(planned.index, planned.step.name, None, None, None, 0.0, planned.id)
     state.records[planned.position] = record
     state.started += 1
+    observer = state.observer
+    if observer is not None:
+        notify(observer.step_started, record)
     started = perf_counter()
     try:
         arguments = _gather(state, planned, planned.sources)
@@ -215,6 +221,8 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
         state.fail(planned.position, failure.info)
     finally:
         record.duration_ms = (perf_counter() - started) * 1000
+        if observer is not None:
+            notify(observer.step_finished, record)
 
 
 def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, None]:
@@ -223,6 +231,9 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
     record = StepRecord(planned.index, step.name, None, None, None, 0.0, planned.id)
     state.records[planned.position] = record
     state.started += 1
+    observer = state.observer
+    if observer is not None:
+        notify(observer.step_started, record)
     started = perf_counter()
     try:
         if planned.condition is not None and not _condition_holds(state, planned):
@@ -241,7 +252,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
                 raise _call_failed(planned, tool, error) from None
             outputs = _output(planned, tool, raw)
         else:
-            outputs = yield from _attempts(planned, arguments, record)
+            outputs = yield from _attempts(planned, arguments, record, observer)
         _complete(state, planned, record, outputs)
     except StepFailed as failure:
         record.error = failure.info
@@ -266,6 +277,10 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             state.fail(planned.position, record.error)
     finally:
         record.duration_ms = (perf_counter() - started) * 1000
+        # A step closed where it stood (its run is over) is still "running": the
+        # run's outcome settles and reports it.
+        if observer is not None and record.status != "running":
+            notify(observer.step_finished, record)
 
 
 def _complete(state: RunState, planned: PlannedStep, record: StepRecord,
@@ -347,8 +362,8 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
                                    **_where(planned))) from None
 
 
-def _attempts(planned: PlannedStep, arguments: dict[str, Any],
-              record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+def _attempts(planned: PlannedStep, arguments: dict[str, Any], record: StepRecord,
+              observer: RunObserver | None) -> Generator[tuple, Any, dict[str, Any]]:
     retry = planned.step.retry
     errors: list[ErrorInfo] = []  # added to the record once: no tuple rebuilt per attempt
     attempt = 0
@@ -364,6 +379,8 @@ def _attempts(planned: PlannedStep, arguments: dict[str, Any],
                         or not retry.retries(failure.cause):
                     raise
                 errors.append(failure.info)
+                if observer is not None:
+                    notify(observer.step_retrying, record, failure.info)
             try:
                 yield (SLEEP, sleep_seconds(retry.delay(attempt)))
             except Exception:  # a wait that cannot happen must not end the run

@@ -21,6 +21,8 @@ from ..tools import NAME_PATTERN
 from .hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 
 ErrorDetail = Literal["full", "type_only", "generic"]
+ApprovalMode = Literal["exclude", "elicit"]
+APPROVAL_MODES: tuple[ApprovalMode, ...] = ("exclude", "elicit")
 ERROR_DETAILS: tuple[ErrorDetail, ...] = ("full", "type_only", "generic")
 DEFAULT_LIFECYCLES = frozenset({FlowLifecycle.ACTIVE})
 DEFAULT_SIDE_EFFECTS = frozenset({SideEffectLevel.NONE, SideEffectLevel.READ})
@@ -93,7 +95,9 @@ class ExposurePolicy:
 
     By default: ``active`` flows whose effective safety is ``none`` or ``read`` and
     that need no approval. ``force_expose`` bypasses the filters, and only for the
-    flows named in ``flow_names``.
+    flows named in ``flow_names``. ``approval="elicit"`` publishes flows that need
+    approval too, and each call asks the user before any step runs (see
+    ``docs/mcp-server.md``); ``allow_requires_approval`` publishes them without asking.
     """
 
     flow_names: Iterable[str] | None = None
@@ -103,6 +107,7 @@ class ExposurePolicy:
     allowed_side_effects: Iterable[SideEffectLevel | str] | None = None
     owners: Iterable[str] | None = None
     allow_requires_approval: bool = False
+    approval: ApprovalMode = "exclude"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -110,6 +115,9 @@ class ExposurePolicy:
         set_(self, "owners", _names("owners", self.owners))
         check_bool("force_expose", self.force_expose)
         check_bool("allow_requires_approval", self.allow_requires_approval)
+        if self.approval not in APPROVAL_MODES:
+            raise ExposureConfigError(
+                f"approval must be one of {', '.join(APPROVAL_MODES)}, got {self.approval!r}")
         if not isinstance(self.server_prefix, str) or (
                 self.server_prefix and not NAME_PATTERN.fullmatch(self.server_prefix)):
             raise ExposureConfigError(

@@ -16,6 +16,7 @@ from ..executor import FlowExecutor
 from ..flows import Flow, FlowLifecycle
 from ..plan import Plan
 from ..prompts import FlowPrompt
+from ..run_events import approval_request
 from ..safety import SideEffectLevel, ToolSafetyContract
 from ..tools import NAME_PATTERN
 from .config import ExposurePolicy
@@ -48,6 +49,8 @@ class ExposedFlow:
     # published prompt name -> the flow's authored prompt (server overrides removed)
     authored_prompts: Mapping[str, FlowPrompt]
     invocation_prompt: str | None
+    # Calls ask the user to approve the run first (policy approval="elicit").
+    needs_approval: bool = False
 
     @property
     def prompt_names(self) -> list[str]:
@@ -68,6 +71,7 @@ class FlowExposure:
     resource_uris: tuple[str, ...] = ()
     prompt_names: tuple[str, ...] = ()
     overridden_prompts: tuple[str, ...] = ()
+    needs_approval: bool = False  # each call asks the user first
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +84,7 @@ class FlowExposure:
             "resource_uris": list(self.resource_uris),
             "prompt_names": list(self.prompt_names),
             "overridden_prompts": list(self.overridden_prompts),
+            "needs_approval": self.needs_approval,
         }
 
 
@@ -121,7 +126,8 @@ def _exclusion_reason(
         allowed = ", ".join(x.value for x in sorted(side_effects))
         return (f"side effects {safety.side_effects.value!r} are not allowed "
                 f"(allowed: {allowed})")
-    if safety.requires_approval and not policy.allow_requires_approval:
+    if safety.requires_approval and not policy.allow_requires_approval \
+            and policy.approval != "elicit":
         why = f" ({safety.approval_reason})" if safety.approval_reason else ""
         return f"requires approval{why} and allow_requires_approval is false"
     return None
@@ -187,7 +193,7 @@ def decide_flow(
                                         expose_prompts, server_prompt_names)
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
-                          tuple(exposed.prompt_names), overridden)
+                          tuple(exposed.prompt_names), overridden, exposed.needs_approval)
     return FlowDecision(report, exposed)
 
 
@@ -234,6 +240,7 @@ def _exposed_flow(
             else:
                 authored[prompt_name] = prompt
     uri = schema_uri(tool_name) if expose_schemas else None
+    needs_approval = policy.approval == "elicit" and approval_request(plan) is not None
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
-                          invocation)
+                          invocation, needs_approval)
     return exposed, tuple(overridden)

@@ -2,7 +2,8 @@
 
 ``tools/call`` -> ``FlowTool.run`` -> ``FlowExecutor.execute_flow_async`` -> a
 ``ToolResult``: structured content when the output schema is known, an ``isError``
-result (never a protocol error) when the arguments or the flow fail.
+result (never a protocol error) when the arguments or the flow fail. While it runs,
+the flow reports progress and log messages and may ask for approval (``runs.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import json
 from typing import Any
 
 import pydantic_core
+from fastmcp.server.context import Context
+from fastmcp.server.dependencies import CurrentContext, get_context
+from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from fastmcp.tools.base import Tool as FastMCPTool
-from fastmcp.tools.base import ToolResult
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
@@ -20,6 +23,7 @@ from ..executor import ExecutionResult, FlowExecutor, StepRecord
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
+from .runs import Approval, RunReporter, RunSettings, wants_logs, wants_progress
 
 GENERIC_FAILURE = "The flow failed. Ask the server operator to check its logs."
 
@@ -50,6 +54,7 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
         "owner": flow.governance.owner,
         "safety": exposed.safety.to_dict() if exposed.safety else None,
         "forced": exposed.forced,
+        "needs_approval": exposed.needs_approval,
     }
 
 
@@ -95,6 +100,7 @@ class FlowTool(FastMCPTool):
     _exposed: ExposedFlow = PrivateAttr()
     _error_detail: str = PrivateAttr(default="full")
     _timeout: float | None = PrivateAttr(default=None)
+    _runs: RunSettings = PrivateAttr(default_factory=RunSettings)
 
     @classmethod
     def build(
@@ -104,6 +110,7 @@ class FlowTool(FastMCPTool):
         *,
         error_detail: ErrorDetail = "full",
         timeout: float | None = None,
+        runs: RunSettings | None = None,
     ) -> FlowTool:
         flow = exposed.flow
         tool = cls(
@@ -119,18 +126,44 @@ class FlowTool(FastMCPTool):
         tool._exposed = exposed
         tool._error_detail = error_detail
         tool._timeout = timeout
+        if runs is not None:
+            tool._runs = runs
         return tool
 
-    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+    async def run(self, arguments: dict[str, Any],
+                  ctx: Context = CurrentContext()) -> ToolResult:  # noqa: B008
         flow = self._exposed.flow
         if not _sendable(arguments):
             # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
             # it, and the flow must not run on text that is not Unicode.
             text = f"Invalid arguments for {self.name!r}: text must be valid Unicode"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-        result = await self._executor.execute_flow_async(
-            flow.name, arguments, version=flow.version, timeout=self._timeout,
-            plan=self._exposed.plan)
+        if not isinstance(ctx, Context):
+            # Called as tools/call does (run(arguments)), the default is the dependency
+            # marker itself; a background-task worker injects a real Context.
+            ctx = _request_context()
+        reporter = None
+        if ctx is not None and (wants_progress(ctx) or wants_logs(ctx)):
+            reporter = RunReporter(ctx, self.name, progress=wants_progress(ctx),
+                                   logs=wants_logs(ctx),
+                                   show_error_type=self._error_detail != "generic")
+        approval = None
+        if self._exposed.needs_approval:
+            if ctx is None:
+                return self._error_result("ApprovalDenied", "no client to ask for approval")
+            approval = Approval(ctx, self.name, self._runs)
+        try:
+            result = await self._executor.execute_flow_async(
+                flow.name, arguments, version=flow.version, timeout=self._timeout,
+                plan=self._exposed.plan, observer=reporter, approve=approval)
+        except BaseException:
+            if reporter is not None:
+                reporter.abandon()
+            raise
+        if reporter is not None:
+            await reporter.close()
+        if approval is not None and approval.ask is not None:
+            return InputRequiredToolResult(approval.ask)
         meta = run_meta(result, self._error_detail)
         if not result.success:
             tool_result = self._failure(result)
@@ -164,6 +197,10 @@ class FlowTool(FastMCPTool):
             # The caller's own mistake: always say which field, whatever error_detail says.
             text = f"Invalid arguments for {self.name!r}: {error.detail}"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        if error.type == "ApprovalDenied":
+            # Only what the user was shown when asked: always said in full.
+            text = f"ApprovalDenied: {error.message}"
+            return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return self._error_result(error.type, error.message)
 
     def _error_result(self, error_type: str, message: str) -> ToolResult:
@@ -175,3 +212,10 @@ class FlowTool(FastMCPTool):
         else:
             text = GENERIC_FAILURE
         return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def _request_context() -> Context | None:
+    try:
+        return get_context()
+    except RuntimeError:  # called outside any MCP request (directly, in a test)
+        return None

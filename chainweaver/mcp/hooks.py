@@ -58,12 +58,16 @@ class AuthorizationDecision:
 
 @dataclass(frozen=True)
 class AuditEvent:
-    """One audit record. ``phase`` is ``"decision"`` (the gate's verdict) or
-    ``"completed"`` (an allowed request finished). Content is never recorded: only
-    the SHA-256 and UTF-8 byte length of the returned text."""
+    """One audit record. ``phase`` is ``"decision"`` (the gate's verdict),
+    ``"completed"`` (an allowed request finished: ``outcome`` ``"ok"``, ``"error"`` or
+    ``"cancelled"`` by the client) or ``"approval"`` (the user's answer when a flow run
+    asked for approval: ``decision`` allowed or denied, ``reason`` the answer, e.g.
+    ``accept``, ``decline``, ``cancel``, ``no_answer``, ``unavailable``; ``step_id`` the
+    step that needs it). Content is never recorded: only the SHA-256 and UTF-8 byte
+    length of the returned text."""
 
     timestamp: float
-    phase: Literal["decision", "completed"]
+    phase: Literal["decision", "completed", "approval"]
     kind: RequestKind
     name: str
     flow_name: str | None
@@ -72,10 +76,11 @@ class AuditEvent:
     decision: Literal["allowed", "denied"]
     reason: str
     duration_ms: float | None = None
-    outcome: Literal["ok", "error"] | None = None
+    outcome: Literal["ok", "error", "cancelled"] | None = None
     error_type: str | None = None
     result_sha256: str | None = None
     result_length: int | None = None
+    step_id: str | None = None
 
 
 Authenticator = Callable[[GateContext], "CallerIdentity | None | Awaitable[CallerIdentity | None]"]

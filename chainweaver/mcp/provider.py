@@ -30,6 +30,7 @@ from .config import ErrorDetail
 from .exposure import INDEX_URI, ExposedFlow, Exposure, PromptEntry
 from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
+from .runs import RunSettings
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
 
 
@@ -65,6 +66,7 @@ class FlowProvider(Provider):
         error_detail: ErrorDetail = "full",
         flow_timeout: float | None = None,
         owner: str = "",
+        runs: RunSettings | None = None,
     ) -> None:
         super().__init__()
         self.exposure = exposure
@@ -72,6 +74,7 @@ class FlowProvider(Provider):
         self.owner = owner
         self.error_detail = error_detail
         self.flow_timeout = flow_timeout
+        self.runs = runs or RunSettings()
         self._cache: dict[tuple[str, str], Any] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
 
@@ -102,7 +105,8 @@ class FlowProvider(Provider):
 
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
         return self._cached("tool", exposed.tool_name, lambda: FlowTool.build(
-            exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout))
+            exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
+            runs=self.runs))
 
     async def _list_tools(self) -> Sequence[Tool]:
         return [self._tool(exposed) for exposed in self.exposure.tools.values()]

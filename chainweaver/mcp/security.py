@@ -15,7 +15,10 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal
+
+import anyio
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
@@ -38,6 +41,22 @@ from .hooks import (
 from .prompts import malformed_prompt_request, refuse_malformed
 
 logger = logging.getLogger("chainweaver.mcp.security")
+
+# The tool call the gate admitted, while it runs: a flow run audits its approval
+# decisions with the caller the gate established (see audit_approval).
+_ADMITTED_CALL: ContextVar[tuple[SecurityGate, GateContext, CallerIdentity] | None] = \
+    ContextVar("chainweaver_admitted_call", default=None)
+
+
+async def audit_approval(step_id: str, answer: str) -> None:
+    """Audit a run's approval decision (``answer``: accept, decline, cancel, ...)."""
+    admitted = _ADMITTED_CALL.get()
+    if admitted is None:
+        return  # no gate hooks: there is no audit to write to
+    gate, request, caller = admitted
+    await gate._audit(request, caller, "allowed" if answer == "accept" else "denied",
+                      answer, phase="approval", step_id=step_id)
+
 
 class GateRefused(Exception):
     def __init__(self, reason: str, caller: CallerIdentity | None = None) -> None:
@@ -151,12 +170,22 @@ class SecurityGate(Middleware):
         await self._audit(gate, caller, "allowed", "ok")
 
         started = time.perf_counter()
+        token = _ADMITTED_CALL.set((self, gate, caller)) if kind == "tool" else None
         try:
             result = await call_next(context)
+        except asyncio.CancelledError:
+            # The client cancelled the request: shielded, so an async hook still runs.
+            with anyio.CancelScope(shield=True):
+                await self._audit(gate, caller, "allowed", "ok", started=started,
+                                  outcome="cancelled")
+            raise
         except Exception as error:
             await self._audit(gate, caller, "allowed", "ok", started=started,
                               outcome="error", error_type=type(error).__name__)
             raise
+        finally:
+            if token is not None:
+                _ADMITTED_CALL.reset(token)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
@@ -242,16 +271,18 @@ class SecurityGate(Middleware):
         reason: str,
         *,
         started: float | None = None,
-        outcome: Literal["ok", "error"] | None = None,
+        outcome: Literal["ok", "error", "cancelled"] | None = None,
         error_type: str | None = None,
         result_sha256: str | None = None,
         result_length: int | None = None,
+        phase: Literal["approval"] | None = None,
+        step_id: str | None = None,
     ) -> None:
         if self.audit_hook is None:
             return
         event = AuditEvent(
             timestamp=time.time(),
-            phase="decision" if started is None else "completed",
+            phase=phase or ("decision" if started is None else "completed"),
             kind=gate.kind,
             name=gate.name,
             flow_name=gate.flow_name,
@@ -264,6 +295,7 @@ class SecurityGate(Middleware):
             error_type=error_type,
             result_sha256=result_sha256,
             result_length=result_length,
+            step_id=step_id,
         )
         try:
             value = self.audit_hook(event)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -20,15 +21,18 @@ from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
 from .composition import MountedGate, gate_lifespan
 from .config import (
+    ApprovalMode,
     ExposurePolicy,
     SecurityConfig,
     ServingConfig,
     check_bool,
+    check_seconds,
     check_text,
 )
 from .exposure import INDEX_URI, Exposure, FlowExposure
 from .http_guard import HostOriginRules
 from .provider import FlowProvider
+from .runs import RunSettings
 from .security import SecurityGate
 
 logger = logging.getLogger("chainweaver.mcp")
@@ -57,6 +61,8 @@ class FlowServer:
         name: str = "chainweaver",
         version: str | None = None,
         instructions: str | None = None,
+        approval: ApprovalMode | None = None,
+        approval_timeout: float = 300.0,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
@@ -64,6 +70,9 @@ class FlowServer:
         check_bool("expose_schemas", expose_schemas)
         check_bool("expose_prompts", expose_prompts)
         policy = _config("policy", policy, ExposurePolicy)
+        if approval is not None:  # the shortcut for the policy's setting
+            policy = dataclasses.replace(policy, approval=approval)
+        approval_timeout = check_seconds("approval_timeout", approval_timeout)  # type: ignore[assignment]
         security = _config("security", security, SecurityConfig)
         serving = _config("serving", serving, ServingConfig)
         check_text("name", name)
@@ -88,7 +97,9 @@ class FlowServer:
         owner = secrets.token_hex(8)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
-                                      flow_timeout=serving.flow_timeout, owner=owner)
+                                      flow_timeout=serving.flow_timeout, owner=owner,
+                                      runs=RunSettings(policy.approval == "elicit",
+                                                       approval_timeout))
         self._gate = SecurityGate(self._exposure, security, owner=owner)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
