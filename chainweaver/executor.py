@@ -27,6 +27,15 @@ from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
+from .run_events import (
+    Approver,
+    Cancellation,
+    RunCancelled,
+    RunObserver,
+    approval_request,
+    ask_approval,
+    notify,
+)
 from .runner import (
     CALL,
     SLEEP,
@@ -37,15 +46,6 @@ from .runner import (
     StepRecord,
     run_plain_step,
     run_step,
-)
-from .run_events import (
-    Approver,
-    Cancellation,
-    RunCancelled,
-    RunObserver,
-    approval_request,
-    ask_approval,
-    notify,
 )
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool

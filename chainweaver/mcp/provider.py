@@ -30,8 +30,8 @@ from .config import ErrorDetail
 from .exposure import INDEX_URI, ExposedFlow, Exposure, PromptEntry
 from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
-from .runs import RunSettings
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
+from .runs import RunSettings
 
 
 def _version_ok(version: VersionSpec | None, exposed: ExposedFlow | None) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 import mcp_types
 from fastmcp.server.context import Context
 from mcp.server.connection import allowed_log_levels
+from mcp_types import LoggingLevel
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
@@ -65,7 +66,8 @@ def wants_progress(ctx: Context) -> bool:
     if ctx.is_background_task:
         return True
     rc = ctx.request_context
-    return rc is not None and bool(rc.meta) and rc.meta.get("progressToken") is not None
+    meta = rc.meta if rc is not None else None
+    return meta is not None and meta.get("progressToken") is not None
 
 
 def wants_logs(ctx: Context) -> bool:
@@ -97,12 +99,12 @@ class RunReporter(RunObserver):
         self._finished = 0
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
-        self._queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
         self._sender = asyncio.ensure_future(self._send_all())
 
     # Observer side (any thread) -------------------------------------------
 
-    def _put(self, item: tuple[str, Any] | None) -> None:
+    def _put(self, item: tuple[Any, ...] | None) -> None:
         if threading.get_ident() == self._thread:
             self._queue.put_nowait(item)
         else:
@@ -157,7 +159,8 @@ class RunReporter(RunObserver):
             except Exception as error:  # a client that went away must not break the run
                 logger.debug("could not send a run notification: %s", type(error).__name__)
 
-    async def _send(self, item: tuple[str, Any]) -> None:
+    async def _send(self, item: tuple[Any, ...]) -> None:
+        level: LoggingLevel
         if item[0] == "log":
             if self._logs:
                 level, message = item[1]

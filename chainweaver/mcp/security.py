@@ -19,7 +19,6 @@ from contextvars import ContextVar
 from typing import Any, Literal
 
 import anyio
-
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import Middleware, MiddlewareContext
