@@ -363,6 +363,13 @@ class FlowExecutor:
         except RunCancelled:
             abandoned.set()
             return _reported(outcome.cancelled(state, started), observer)
+        except asyncio.CancelledError:
+            # The task awaiting the run was cancelled: no result, but the observer
+            # still learns which steps were cancelled.
+            abandoned.set()
+            if observer is not None:
+                outcome.cancelled(state, started)
+            raise
         finally:
             abandoned.set()
         return _reported(outcome.finish(state, started), observer)

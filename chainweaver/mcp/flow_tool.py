@@ -8,7 +8,9 @@ the flow reports progress and log messages and may ask for approval (``runs.py``
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
 import pydantic_core
@@ -24,6 +26,8 @@ from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
 from .runs import Approval, RunReporter, RunSettings, wants_logs, wants_progress
+
+logger = logging.getLogger("chainweaver.mcp")
 
 GENERIC_FAILURE = "The flow failed. Ask the server operator to check its logs."
 
@@ -156,9 +160,11 @@ class FlowTool(FastMCPTool):
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
                 plan=self._exposed.plan, observer=reporter, approve=approval)
-        except BaseException:
+        except BaseException as error:
             if reporter is not None:
                 reporter.abandon()
+            if isinstance(error, asyncio.CancelledError):
+                logger.info("a call of %r was cancelled by the client", self.name)
             raise
         if reporter is not None:
             await reporter.close()
@@ -166,7 +172,7 @@ class FlowTool(FastMCPTool):
             return InputRequiredToolResult(approval.ask)
         meta = run_meta(result, self._error_detail)
         if not result.success:
-            tool_result = self._failure(result)
+            tool_result = self._failure(result, approval.outcome if approval else "none")
         else:
             try:
                 tool_result = self._success(result)
@@ -190,7 +196,7 @@ class FlowTool(FastMCPTool):
         return ToolResult(content=[TextContent(type="text", text=text)],
                           structured_content=output)
 
-    def _failure(self, result: ExecutionResult) -> ToolResult:
+    def _failure(self, result: ExecutionResult, answer: str = "none") -> ToolResult:
         error = result.error
         assert error is not None
         if error.type == "InputValidationError" and error.step_id is None:
@@ -198,8 +204,8 @@ class FlowTool(FastMCPTool):
             text = f"Invalid arguments for {self.name!r}: {error.detail}"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         if error.type == "ApprovalDenied":
-            # Only what the user was shown when asked: always said in full.
-            text = f"ApprovalDenied: {error.message}"
+            # Only what the user was shown when asked (and the answer): always in full.
+            text = f"ApprovalDenied: {error.message} (answer: {answer})"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return self._error_result(error.type, error.message)
 
