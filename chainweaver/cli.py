@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                         help="FastMCP's log level while serving (logs go to stderr)")
     _add_server_options(common)
+    _add_run_options(common)
     _add_http_options(common)
 
     parser = argparse.ArgumentParser(
@@ -113,6 +114,16 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--instructions-file", metavar="FILE",
                        help="read the instructions from a UTF-8 text file (not with "
                             "--instructions)")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How a run talks to its client: approval at run time."""
+    group = parser.add_argument_group("runs")
+    group.add_argument("--approval", choices=("exclude", "elicit"),
+                       help="flows that require approval: exclude them (default), or "
+                            "publish them and ask the user before each run (elicit)")
+    group.add_argument("--approval-timeout", type=_seconds, metavar="SECONDS",
+                       help="how long to wait for the user's answer (default: 300)")
 
 
 def _add_http_options(parser: argparse.ArgumentParser) -> None:
@@ -226,7 +237,9 @@ def format_table(server: Any) -> str:
     lines = [f"Exposed: {len(exposed)} of {len(report)} flows"]
     if exposed:
         lines += _table([("FLOW", "VERSION", "TOOL", "RESOURCE", "PROMPTS")] + [
-            (e.flow_name, e.version, e.tool_name or "-", ", ".join(e.resource_uris) or "-",
+            (e.flow_name, e.version,
+             f"{e.tool_name} (asks approval)" if e.needs_approval else e.tool_name or "-",
+             ", ".join(e.resource_uris) or "-",
              ", ".join(e.prompt_names) or "-") for e in exposed])
     lines += ["", f"Excluded: {len(excluded)} of {len(report)} flows"]
     if excluded:

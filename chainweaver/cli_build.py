@@ -243,6 +243,7 @@ def build_server(args: argparse.Namespace) -> Built:
                                   allowed_hosts=args.allowed_host,
                                   allowed_origins=args.allowed_origin),
             instructions=instructions,
+            **_given(approval=args.approval, approval_timeout=args.approval_timeout),
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
