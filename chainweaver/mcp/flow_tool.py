@@ -25,7 +25,7 @@ from ..executor import ExecutionResult, FlowExecutor, StepRecord
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
-from .runs import Approval, RunReporter, RunSettings, wants_logs, wants_progress
+from .runs import Approval, RunReporter, RunSettings, log_levels, wants_progress
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -147,10 +147,11 @@ class FlowTool(FastMCPTool):
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
         reporter = None
-        if ctx is not None and (wants_progress(ctx) or wants_logs(ctx)):
-            reporter = RunReporter(ctx, self.name, progress=wants_progress(ctx),
-                                   logs=wants_logs(ctx),
-                                   show_error_type=self._error_detail != "generic")
+        if ctx is not None:
+            progress, levels = wants_progress(ctx), log_levels(ctx)
+            if progress or levels:
+                reporter = RunReporter(ctx, self.name, progress=progress, levels=levels,
+                                       show_error_type=self._error_detail != "generic")
         approval = None
         if self._exposed.needs_approval:
             if ctx is None:

@@ -20,9 +20,8 @@ import json
 import logging
 import secrets
 import threading
-import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import mcp_types
 from fastmcp.server.context import Context
@@ -37,15 +36,10 @@ from .security import audit_approval
 
 logger = logging.getLogger("chainweaver.mcp.runs")
 
-# 2026-07-28 deprecates log messages, and FastMCP warns on every one it sends; a run
-# sends them on both eras by design (the client opts in per request), so the warning
-# tells an operator nothing.
-warnings.filterwarnings("ignore", message="The logging capability is deprecated",
-                        module=r"fastmcp\.server\.context")
-
 LOGGER_NAME = "chainweaver"
 APPROVAL_KEY = "chainweaver_approval"  # the input request's key on 2026-07-28
 _RUN_LEVELS = ("info", "warning", "error")  # the levels a run logs at
+_LEVELS: tuple[str, ...] = get_args(LoggingLevel)  # by severity, lowest first
 
 
 @dataclass(frozen=True)
@@ -70,15 +64,32 @@ def wants_progress(ctx: Context) -> bool:
     return meta is not None and meta.get("progressToken") is not None
 
 
-def wants_logs(ctx: Context) -> bool:
-    """Whether any of a run's log levels can reach the client of this request."""
+def log_levels(ctx: Context) -> frozenset[str]:
+    """The levels of a run's log messages that may reach the client of this request."""
     rc = ctx.request_context
     if rc is None or ctx.is_background_task:
-        return False  # a task has no channel for log messages
-    if rc.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return True  # FastMCP applies the level the client set with logging/setLevel
-    allowed = allowed_log_levels(rc.protocol_version, rc.meta)
-    return any(level in allowed for level in _RUN_LEVELS)
+        return frozenset()  # a task has no channel for log messages
+    if rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        allowed = allowed_log_levels(rc.protocol_version, rc.meta)
+    else:
+        minimum = client_log_level(ctx)
+        allowed = frozenset(_LEVELS if minimum is None else _LEVELS[_LEVELS.index(minimum):])
+    return allowed.intersection(_RUN_LEVELS)
+
+
+def client_log_level(ctx: Context) -> str | None:
+    """The level a 2025-11-25 client set with ``logging/setLevel`` (else the server's).
+
+    FastMCP keeps it in a private map keyed by its own session key; read here only
+    (tests/mcp/test_runs.py checks that setLevel is honoured). A run sends its messages
+    through the session, not ``ctx.log``, which also echoes each one to the server's
+    own log: that echo cost more than the notifications themselves.
+    """
+    from fastmcp.server.context import _log_level_session_key
+
+    levels = getattr(ctx.fastmcp, "_client_log_levels", {})
+    level = levels.get(_log_level_session_key(ctx.session))
+    return level if level is not None else ctx.fastmcp.client_log_level
 
 
 class RunReporter(RunObserver):
@@ -88,12 +99,12 @@ class RunReporter(RunObserver):
     counts finished steps, so progress only ever increases.
     """
 
-    def __init__(self, ctx: Context, tool_name: str, *, progress: bool, logs: bool,
-                 show_error_type: bool) -> None:
+    def __init__(self, ctx: Context, tool_name: str, *, progress: bool,
+                 levels: frozenset[str], show_error_type: bool) -> None:
         self._ctx = ctx
         self._name = tool_name
         self._progress = progress
-        self._logs = logs
+        self._levels = levels
         self._show_error_type = show_error_type
         self._total = 0
         self._finished = 0
@@ -112,26 +123,25 @@ class RunReporter(RunObserver):
 
     def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
         self._total = total_steps
-        self._put(("log", ("info", f"flow {self._name!r} started: {total_steps} step(s)")))
 
     def step_started(self, record: StepRecord) -> None:
-        self._put(("log", ("info", f"step {record.step_id!r} started")))
+        if "info" in self._levels:
+            self._put(("log", "info", f"step {record.step_id!r} started"))
 
     def step_retrying(self, record: StepRecord, error: ErrorInfo) -> None:
-        self._put(("log", ("warning", f"step {record.step_id!r} attempt {record.attempts} "
-                                      f"failed{self._error(error)}; retrying")))
+        if "warning" in self._levels:
+            self._put(("log", "warning", f"step {record.step_id!r} attempt {record.attempts} "
+                                         f"failed{self._error(error)}; retrying"))
 
     def step_finished(self, record: StepRecord) -> None:
         self._put(("step", record.step_id, record.status, record.error))
 
     def run_finished(self, result: ExecutionResult) -> None:
-        if not self._total:
-            return  # it never started (invalid input, not approved): the result says why
-        if result.success:
-            self._put(("log", ("info", f"flow {self._name!r} completed")))
-        elif result.error is not None:
-            self._put(("log", ("error", f"flow {self._name!r} failed"
-                                        f"{self._error(result.error)}")))
+        # Only a failure after the start: an invalid input or a refused approval is the
+        # result's to say, and a completed run's last step said it already.
+        if self._total and not result.success and "error" in self._levels:
+            self._put(("log", "error", f"flow {self._name!r} failed"
+                                       f"{self._error(result.error)}"))
 
     def _error(self, error: ErrorInfo | None) -> str:
         if error is None or not self._show_error_type:
@@ -160,22 +170,27 @@ class RunReporter(RunObserver):
                 logger.debug("could not send a run notification: %s", type(error).__name__)
 
     async def _send(self, item: tuple[Any, ...]) -> None:
-        level: LoggingLevel
         if item[0] == "log":
-            if self._logs:
-                level, message = item[1]
-                await self._ctx.log(message, level, logger_name=LOGGER_NAME)
+            await self._log(item[1], item[2])
             return
         _, step_id, status, error = item
         self._finished += 1
         message = f"step {step_id!r} {status}"
-        if self._logs:
-            level = "error" if status == "failed" else \
-                "warning" if status == "cancelled" else "info"
-            await self._ctx.log(f"{message}{self._error(error)}", level,
-                                logger_name=LOGGER_NAME)
+        level: LoggingLevel = "error" if status == "failed" else \
+            "warning" if status == "cancelled" else "info"
+        if level in self._levels:
+            await self._log(level, f"{message}{self._error(error)}")
         if self._progress:
             await self._ctx.report_progress(self._finished, self._total or None, message)
+
+    async def _log(self, level: LoggingLevel, message: str) -> None:
+        # The levels were checked against what the client asked for (log_levels); sent
+        # on this request's stream, in the shape ctx.log sends ({"msg", "extra"}).
+        ctx = self._ctx
+        notification = mcp_types.LoggingMessageNotification(
+            params=mcp_types.LoggingMessageNotificationParams(
+                level=level, logger=LOGGER_NAME, data={"msg": message, "extra": None}))
+        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
 
 
 # ------------------------------------------------------------------ approval

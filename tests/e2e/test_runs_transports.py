@@ -110,8 +110,8 @@ async def test_progress_and_logs_per_step(transport: str, mode: str, tmp_path: P
     assert result.structured_content == {"stage": 3}
     assert [(p, t) for p, t, _ in seen.progress] == [(1, 3), (2, 3), (3, 3)]
     assert seen.progress[-1][2] == "step 'finish' completed"
-    assert seen.logs[0] == "flow 'test_tool_with_progress' started: 3 step(s)"
-    assert seen.logs[-1] == "flow 'test_tool_with_progress' completed"
+    assert seen.logs[0] == "step 'load' started"
+    assert seen.logs[-1] == "step 'finish' completed" and len(seen.logs) == 6
 
 
 @pytest.mark.anyio
