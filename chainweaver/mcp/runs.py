@@ -70,7 +70,7 @@ def log_levels(ctx: Context) -> frozenset[str]:
     if rc is None or ctx.is_background_task:
         return frozenset()  # a task has no channel for log messages
     if rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        allowed = allowed_log_levels(rc.protocol_version, rc.meta)
+        allowed: frozenset[str] = frozenset(allowed_log_levels(rc.protocol_version, rc.meta))
     else:
         minimum = client_log_level(ctx)
         allowed = frozenset(_LEVELS if minimum is None else _LEVELS[_LEVELS.index(minimum):])
