@@ -420,3 +420,67 @@ def test_approval_state_is_bound_to_flow_version_and_step() -> None:
     stranger = Approval.__new__(Approval)
     stranger._settings = RunSettings(approval=True)  # another server's secret
     assert not stranger._verify(state, request)
+
+
+@pytest.mark.anyio
+async def test_a_retry_without_an_answer_or_with_a_bad_one_refuses() -> None:
+    server, audit = build_server(approval="elicit")
+    call = {"name": "pay", "arguments": ORDER}
+    async with Client(server.fastmcp, elicitation_handler=Seen().on_elicit) as client:
+        state = (await raw_call(client, call))["requestState"]
+        silent = await raw_call(client, {**call, "requestState": state})
+        odd = await raw_call(client, {**call, "requestState": state, "inputResponses": {
+            APPROVAL_KEY: {"action": "accept", "content": {"approve": "maybe"}}}})
+    assert silent["isError"] and "(answer: no_answer)" in silent["content"][0]["text"]
+    assert odd["isError"] and "(answer: decline)" in odd["content"][0]["text"]
+    assert CHARGED == []
+    assert [e.reason for e in audit if e.phase == "approval"] == ["no_answer", "decline"]
+
+
+@pytest.mark.anyio
+async def test_an_elicitation_that_fails_refuses() -> None:
+    server, _ = build_server(approval="elicit")
+
+    async def fail(*args: Any) -> Any:
+        raise RuntimeError("the client cannot show it")
+
+    async with Client(server.fastmcp, mode="legacy", elicitation_handler=fail) as client:
+        result = await client.call_tool("pay", ORDER, raise_on_error=False)
+    assert result.is_error and "(answer: no_answer)" in result.content[0].text
+    assert CHARGED == []
+
+
+@pytest.mark.anyio
+async def test_approval_without_gate_hooks_still_asks() -> None:
+    executor = FlowExecutor(FlowRegistry())
+    for t in (validate, charge):
+        executor.register_tool(t)
+    executor.registry.register_flow(Flow("pay", "charges", [FlowStep("validate"),
+                                                            FlowStep("charge")]))
+    CHARGED.clear()
+    server = FlowServer(executor, approval="elicit",
+                        policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"]))
+    seen = Seen({"approve": True})
+    async with seen.client(server, "auto") as client:
+        assert (await client.call_tool("pay", ORDER)).is_error is False
+    assert CHARGED == [100] and len(seen.asked) == 1
+
+
+@pytest.mark.anyio
+async def test_run_outside_a_request_cannot_be_approved() -> None:
+    server, _ = build_server(approval="elicit")
+    tool_ = await server.fastmcp.get_tool("pay")
+    result = await tool_.run(ORDER)
+    assert result.is_error and "ApprovalDenied" in result.content[0].text
+    assert CHARGED == []
+    plain = await (await server.fastmcp.get_tool("checkout")).run(ORDER)
+    assert plain.structured_content == {"card": SECRET, "cents": 101, "stage": 3}
+
+
+def test_bad_approval_settings_are_refused() -> None:
+    from chainweaver import ExposureConfigError
+
+    with pytest.raises(ExposureConfigError, match="approval must be one of"):
+        ExposurePolicy(approval="ask")  # type: ignore[arg-type]
+    with pytest.raises(ExposureConfigError, match="approval_timeout"):
+        build_server(approval="elicit", approval_timeout=0)
