@@ -137,8 +137,12 @@ async def test_approval(transport: str, mode: str, approve: bool, tmp_path: Path
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("transport", ["stdio", "http"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("transport", "mode"), [
+    (transport, mode) for transport in TRANSPORTS for mode in MODES
+    # 2025-11-25 over stateless HTTP: notifications/cancelled arrives as a request of its
+    # own that no session ties to the running call, so it cannot reach it (documented in
+    # docs/mcp-server.md). On 2026-07-28 the client closes the call's own stream.
+    if (transport, mode) != ("http-stateless", "legacy")])
 async def test_cancellation_reaches_the_running_step(transport: str, mode: str,
                                                      tmp_path: Path,
                                                      http_servers: dict[str, HttpServer]
