@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import anyio
 import pytest
 from fastmcp import Client
 
@@ -32,7 +33,8 @@ def test_json_blocks_parse() -> None:
 
 @pytest.mark.anyio
 async def test_python_examples_run_and_behave_as_described() -> None:
-    namespace = run_python_blocks()
+    # In a worker thread: a block may run its own event loop (asyncio.run).
+    namespace = await anyio.to_thread.run_sync(run_python_blocks)
     server = namespace["server"]
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("hello", {"name": "Ada"})

@@ -139,3 +139,13 @@ def test_bench_startup_quick_prints_every_figure() -> None:
         for row in rows:
             assert len(re.findall(FIGURE, row)) >= 4, row  # best, median, in gc, first
         assert sum("no freeze / this:" in row for row in rows) == 6, block
+
+
+def test_bench_runs_prints_both_sides_and_the_ratio() -> None:
+    completed = run_script("benchmarks/bench_runs.py", "--repeats", "1", "--number", "20")
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    for line in ("off (no progress token, no log level)",
+                 "on  (3 progress + 6 log notifications)"):
+        assert re.search(re.escape(line) + r": best " + FIGURE, out), out
+    assert re.search(r"ratio on/off: best \d+\.\d+x, median of paired chunks \d+\.\d+x", out)
