@@ -199,6 +199,12 @@ class ServingConfig:
     ``freeze_gc=True`` calls ``gc.freeze()`` once the server is built, so the garbage
     collector stops re-scanning the catalogue on every list (see ``docs/mcp-server.md``,
     "Start-up cost"). Objects alive then are never collected.
+
+    ``request_state_keys`` (secrets of at least 32 bytes; the first seals, all unseal)
+    protect the state a 2026-07-28 client echoes when it answers an approval question
+    (and an approval inside a background task). Without them each process uses a key of
+    its own, so the answer must reach the process that asked: give every replica and
+    worker the same keys when there are several.
     """
 
     flow_timeout: float | None = None
@@ -206,6 +212,7 @@ class ServingConfig:
     allowed_hosts: Iterable[str] | None = None
     allowed_origins: Iterable[str] | None = None
     freeze_gc: bool = False
+    request_state_keys: Iterable[str | bytes] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
@@ -216,6 +223,22 @@ class ServingConfig:
                            _header_values("allowed_hosts", self.allowed_hosts, _HOST))
         object.__setattr__(self, "allowed_origins",
                            _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
+        object.__setattr__(self, "request_state_keys", _state_keys(self.request_state_keys))
+
+
+def _state_keys(value: object) -> tuple[bytes, ...] | None:
+    """Request-state keys as bytes: a non-empty list of secrets of 32 bytes or more."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ExposureConfigError(f"request_state_keys takes a list of secrets, got "
+                                  f"{type(value).__name__}")
+    keys = [key.encode() if isinstance(key, str) else key for key in value]
+    if not keys or not all(isinstance(key, bytes) and len(key) >= 32 for key in keys):
+        # Never echo the value: it is a secret.
+        raise ExposureConfigError("request_state_keys must list secrets of at least 32 "
+                                  "bytes each (e.g. secrets.token_hex(32))")
+    return tuple(keys)
 
 
 # A host name, IPv4 address or bracketed IPv6 address, with an optional port or ":*".

@@ -48,8 +48,20 @@ class RunSettings:
 
     approval: bool = False  # ask the user before a run whose steps need approval
     approval_timeout: float = 300.0  # seconds to wait for an elicitation answer
-    # Signs the approval state handed to 2026-07-28 clients (the SDK also seals it).
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    # Sign the approval state handed to 2026-07-28 clients (the SDK also seals it): the
+    # first signs, any verifies. Derived from the server's request-state keys when it
+    # has them (replicas and workers then agree), else random per process.
+    secrets: tuple[bytes, ...] = field(default_factory=lambda: (secrets.token_bytes(32),),
+                                       repr=False)
+
+    @classmethod
+    def build(cls, approval: bool, approval_timeout: float,
+              keys: tuple[bytes, ...] | None) -> RunSettings:
+        if not keys:
+            return cls(approval, approval_timeout)
+        derived = tuple(hashlib.sha256(b"chainweaver/approval-state:" + key).digest()
+                        for key in keys)
+        return cls(approval, approval_timeout, derived)
 
 
 # ------------------------------------------------------------------ reporting
@@ -312,7 +324,8 @@ class Approval:
 
     def _verify(self, state: str, request: ApprovalRequest) -> bool:
         body, _, signature = state.rpartition("|")
-        if not hmac.compare_digest(signature, self._sign(body)):
+        if not any(hmac.compare_digest(signature, self._sign(body, secret))
+                   for secret in self._settings.secrets):
             return False
         try:
             flow, version, step, _ = json.loads(body)
@@ -321,6 +334,6 @@ class Approval:
         return [flow, version, step] == [request.flow_name, request.flow_version,
                                          request.step_id]
 
-    def _sign(self, body: str) -> str:
-        return hmac.new(self._settings.secret, body.encode("utf-8"), hashlib.sha256
-                        ).hexdigest()
+    def _sign(self, body: str, secret: bytes | None = None) -> str:
+        key = self._settings.secrets[0] if secret is None else secret
+        return hmac.new(key, body.encode("utf-8"), hashlib.sha256).hexdigest()

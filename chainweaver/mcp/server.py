@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
+from mcp.server.request_state import RequestStateSecurity
 
 from .. import __version__
 from ..errors import ExposureConfigError
@@ -95,11 +96,13 @@ class FlowServer:
                                   expose_prompts=expose_prompts, server_prompts=prompts)
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
+        keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout, owner=owner,
-                                      runs=RunSettings(policy.approval == "elicit",
-                                                       approval_timeout))
+                                      runs=RunSettings.build(
+                                          policy.approval == "elicit", approval_timeout,
+                                          keys))
         self._gate = SecurityGate(self._exposure, security, owner=owner)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
@@ -117,6 +120,9 @@ class FlowServer:
             list_page_size=serving.page_size,
             # Marks requests that arrive through this server's own transport.
             lifespan=gate_lifespan(self._gate),
+            # None: FastMCP seals request state under a key of this process's own.
+            request_state_security=None if keys is None else RequestStateSecurity(
+                keys=list(keys), audience=name),
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)

@@ -484,3 +484,38 @@ def test_bad_approval_settings_are_refused() -> None:
         ExposurePolicy(approval="ask")  # type: ignore[arg-type]
     with pytest.raises(ExposureConfigError, match="approval_timeout"):
         build_server(approval="elicit", approval_timeout=0)
+
+
+@pytest.mark.anyio
+async def test_replicas_sharing_request_state_keys_accept_each_others_answers() -> None:
+    """What stateless replicas behind a load balancer need: the question asked by one
+    server, answered on another. Without shared keys the other server refuses."""
+    from chainweaver.mcp import ServingConfig
+
+    keys = ["k" * 32, "an older key that still unseals...."]
+    shared = ServingConfig(request_state_keys=keys)
+    asking, _ = build_server(approval="elicit", serving=shared)
+    answering, audit = build_server(approval="elicit", serving=shared)
+    stranger, _ = build_server(approval="elicit")
+    call = {"name": "pay", "arguments": ORDER}
+    async with Client(asking.fastmcp, elicitation_handler=Seen().on_elicit) as client:
+        state = (await raw_call(client, call))["requestState"]
+    retry = {**call, "inputResponses": ACCEPT, "requestState": state}
+    async with Client(stranger.fastmcp) as client:
+        with pytest.raises(MCPError) as caught:
+            await raw_call(client, retry)
+        assert caught.value.error.code == -32602
+    async with Client(answering.fastmcp) as client:
+        done = await raw_call(client, retry)
+    assert done.get("isError") is False and CHARGED == [100]
+    assert [e.reason for e in audit if e.phase == "approval"] == ["accept"]
+
+
+@pytest.mark.parametrize("keys", ["k" * 40, ["short"], [], [b"x" * 31], [42]])
+def test_bad_request_state_keys_are_refused_without_echoing_them(keys: Any) -> None:
+    from chainweaver import ExposureConfigError
+    from chainweaver.mcp import ServingConfig
+
+    with pytest.raises(ExposureConfigError, match="request_state_keys") as caught:
+        ServingConfig(request_state_keys=keys)
+    assert "short" not in str(caught.value) and "kkkk" not in str(caught.value)
