@@ -307,3 +307,22 @@ def test_a_flow_declaring_approval_asks_before_its_first_step(
     executor.registry.register_flow(Flow("outer", "sub-flow", [FlowStep(flow="paying")]))
     inner = approval_request(executor.plan(executor.registry.get_flow("outer")))
     assert inner is not None and inner.step_id == "paying" and inner.reason == "moves money"
+
+
+def test_a_dag_gives_the_same_result_records_and_step_events_in_both_lanes(
+        executor: FlowExecutor) -> None:
+    executor.registry.register_flow(Flow("diamond", "two branches and a join", [
+        FlowStep("add_one", id="a"),
+        FlowStep("double", id="left", after=["a"]),
+        FlowStep("add_one", id="right", after=["a"], output_mapping={"m": "n"}),
+        FlowStep("double", id="join", after=["left", "right"])]))
+    sync, asynchronous = Recorder(), Recorder()
+    first = executor.execute_flow("diamond", {"n": 1}, observer=sync)
+    second = asyncio.run(executor.execute_flow_async("diamond", {"n": 1},
+                                                     observer=asynchronous))
+    assert first.success and first.final_output == second.final_output
+    assert [(r.step_id, r.status, r.outputs) for r in first.steps] == \
+        [(r.step_id, r.status, r.outputs) for r in second.steps]
+    # Branches may finish in any order in the async lane: the same events, as a set.
+    assert sorted(map(str, sync.events)) == sorted(map(str, asynchronous.events))
+    assert ("finished", "join", "completed") in sync.events
