@@ -25,7 +25,7 @@ from ..executor import ExecutionResult, FlowExecutor, StepRecord
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
-from .runs import Approval, RunReporter, RunSettings, log_levels, wants_progress
+from .runs import Approval, RunReporter, RunSettings
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -146,12 +146,8 @@ class FlowTool(FastMCPTool):
             # Called as tools/call does (run(arguments)), the default is the dependency
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
-        reporter = None
-        if ctx is not None:
-            progress, levels = wants_progress(ctx), log_levels(ctx)
-            if progress or levels:
-                reporter = RunReporter(ctx, self.name, progress=progress, levels=levels,
-                                       show_error_type=self._error_detail != "generic")
+        reporter = None if ctx is None else RunReporter.wanted(
+            ctx, self.name, show_error_type=self._error_detail != "generic")
         approval = None
         if self._exposed.needs_approval:
             if ctx is None:

@@ -125,6 +125,16 @@ class RunReporter(RunObserver):
         self._queue: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
         self._sender = asyncio.ensure_future(self._send_all())
 
+    @classmethod
+    def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool
+               ) -> RunReporter | None:
+        """A reporter for this request, or None when the client asked for nothing."""
+        progress, levels = wants_progress(ctx), log_levels(ctx)
+        if not (progress or levels):
+            return None
+        return cls(ctx, tool_name, progress=progress, levels=levels,
+                   show_error_type=show_error_type)
+
     # Observer side (any thread) -------------------------------------------
 
     def _put(self, item: tuple[Any, ...] | None) -> None:
