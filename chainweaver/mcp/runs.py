@@ -84,13 +84,17 @@ def log_levels(ctx: Context) -> frozenset[str]:
     if rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
         allowed: frozenset[str] = frozenset(allowed_log_levels(rc.protocol_version, rc.meta))
     else:
+        # Only a client that asked: one that never set a level (a plain script posting
+        # requests) gets its results without a stream of messages in front of them.
         minimum = client_log_level(ctx)
-        allowed = frozenset(_LEVELS if minimum is None else _LEVELS[_LEVELS.index(minimum):])
+        allowed = frozenset() if minimum is None else frozenset(
+            _LEVELS[_LEVELS.index(minimum):])
     return allowed.intersection(_RUN_LEVELS)
 
 
 def client_log_level(ctx: Context) -> str | None:
-    """The level a 2025-11-25 client set with ``logging/setLevel`` (else the server's).
+    """The level a 2025-11-25 client set with ``logging/setLevel`` (else the server's
+    ``client_log_level``, if the operator set one; else None).
 
     FastMCP keeps it in a private map keyed by its own session key; read here only
     (tests/mcp/test_runs.py checks that setLevel is honoured). A run sends its messages

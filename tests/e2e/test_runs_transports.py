@@ -106,6 +106,8 @@ async def test_progress_and_logs_per_step(transport: str, mode: str, tmp_path: P
                                           http_servers: dict[str, HttpServer]) -> None:
     seen = Seen()
     async with connect(transport, mode, seen, http_servers, tmp_path / "s.log") as client:
+        if mode == "legacy":
+            await client.set_logging_level("debug")  # 2026-07-28 asks per request
         result = await client.call_tool("test_tool_with_progress", {})
     assert result.structured_content == {"stage": 3}
     assert [(p, t) for p, t, _ in seen.progress] == [(1, 3), (2, 3), (3, 3)]

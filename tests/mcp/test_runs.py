@@ -155,6 +155,8 @@ async def test_logs_say_what_ran_never_values(mode: str) -> None:
     server, _ = build_server()
     seen = Seen()
     async with seen.client(server, mode) as client:
+        if mode == "legacy":
+            await client.set_logging_level("debug")
         await client.call_tool("checkout", ORDER)
         assert seen.logs == [
             ("info", "step 'validate' started"), ("info", "step 'validate' completed"),
@@ -166,6 +168,19 @@ async def test_logs_say_what_ran_never_values(mode: str) -> None:
     assert ("error", "step 'broken' failed (RuntimeError)") in seen.logs
     assert seen.logs[-1] == ("error", "flow 'failing' failed (RuntimeError)")
     assert not any(SECRET in text or "101" in text for _, text in seen.logs)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ERAS)
+async def test_no_logs_unless_the_client_asked(mode: str) -> None:
+    # 2025-11-25: no logging/setLevel; 2026-07-28: a level above all of a run's messages
+    # (a FastMCP client asks for "debug" unless the call's own _meta says otherwise).
+    server, _ = build_server()
+    seen = Seen()
+    meta = None if mode == "legacy" else {LOG_LEVEL_META_KEY: "emergency"}
+    async with seen.client(server, mode) as client:
+        failed = await client.call_tool("failing", ORDER, raise_on_error=False, meta=meta)
+    assert failed.is_error and seen.logs == []
 
 
 @pytest.mark.anyio
