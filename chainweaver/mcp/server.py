@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -12,6 +13,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
+from fastmcp.server.auth import AuthProvider
 
 from .. import __version__
 from ..errors import ExposureConfigError
@@ -30,6 +32,8 @@ from .exposure import INDEX_URI, Exposure, FlowExposure
 from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .security import SecurityGate
+from .tool_forms import add_tool_forms
+from .views import Views, Visibility, VisibleRule, check_visible
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -57,6 +61,10 @@ class FlowServer:
         name: str = "chainweaver",
         version: str | None = None,
         instructions: str | None = None,
+        auth: AuthProvider | None = None,
+        visible: VisibleRule | Visibility | None = None,
+        resources_as_tools: bool = False,
+        prompts_as_tools: bool = False,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
@@ -78,6 +86,14 @@ class FlowServer:
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         if prompts and not expose_prompts:
             raise ExposureConfigError("server-level prompts need expose_prompts=True")
+        security = _with_auth(security, auth)
+        views = Views(check_visible(visible))
+        check_bool("resources_as_tools", resources_as_tools)
+        check_bool("prompts_as_tools", prompts_as_tools)
+        if resources_as_tools and not expose_schemas:
+            raise ExposureConfigError("resources_as_tools needs expose_schemas=True")
+        if prompts_as_tools and not expose_prompts:
+            raise ExposureConfigError("prompts_as_tools needs expose_prompts=True")
         self.executor = executor
         self.policy = policy
         self.security = security
@@ -88,8 +104,9 @@ class FlowServer:
         owner = secrets.token_hex(8)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
-                                      flow_timeout=serving.flow_timeout, owner=owner)
-        self._gate = SecurityGate(self._exposure, security, owner=owner)
+                                      flow_timeout=serving.flow_timeout, owner=owner,
+                                      views=views)
+        self._gate = SecurityGate(self._exposure, security, owner=owner, views=views)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -109,6 +126,8 @@ class FlowServer:
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
+        add_tool_forms(self._fastmcp, self._exposure, resources=resources_as_tools,
+                       prompts=prompts_as_tools)
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
@@ -217,6 +236,16 @@ def _config(setting: str, value: C | None, kind: type[C]) -> C:
         raise ExposureConfigError(
             f"{setting} must be a {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def _with_auth(security: SecurityConfig, auth: AuthProvider | None) -> SecurityConfig:
+    """``FlowServer(auth=...)``: the same setting as ``SecurityConfig(auth=...)``."""
+    if auth is None:
+        return security
+    if security.auth is not None:
+        raise ExposureConfigError("auth is set twice: give it to FlowServer or to "
+                                  "SecurityConfig, not both")
+    return dataclasses.replace(security, auth=auth)
 
 
 def _freeze_gc() -> None:
