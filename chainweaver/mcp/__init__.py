@@ -23,6 +23,7 @@ from .hooks import (
 )
 from .rate_limit import FixedWindowRateLimiter
 from .server import FlowServer
+from .views import Visibility, VisibleRule, visible_claim
 
 __all__ = [
     "GATE_REFUSED",
@@ -43,5 +44,8 @@ __all__ = [
     "RateLimiter",
     "SecurityConfig",
     "ServingConfig",
+    "Visibility",
+    "VisibleRule",
     "schema_uri",
+    "visible_claim",
 ]
