@@ -32,6 +32,7 @@ from .exposure import INDEX_URI, Exposure, FlowExposure
 from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .security import SecurityGate
+from .telemetry import FlowTelemetry
 from .tool_forms import add_tool_forms
 from .views import Views, Visibility, VisibleRule, check_visible
 
@@ -115,7 +116,8 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            middleware=[self._gate],
+            # Spans for admitted flow runs, under FastMCP's own request span.
+            middleware=[self._gate, FlowTelemetry(self._gate)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
