@@ -386,7 +386,8 @@ def _serve_warnings(args: argparse.Namespace) -> list[str]:
         if args.auth_token_file is None and args.auth_jwks_uri is None \
                 and args.auth_public_key is None:
             warnings.append(f"{args.host} is not a loopback address and no "
-                            "--auth-* option is set: anyone who can reach "
+                            "--auth-token-file, --auth-jwks-uri or --auth-public-key is set: "
+                            "anyone who can reach "
                             f"port {args.port} can call the published flows")
     if args.auth_token_file is not None and _readable_by_others(args.auth_token_file):
         warnings.append(f"--auth-token-file {args.auth_token_file} is readable by other "
