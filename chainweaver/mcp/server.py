@@ -34,7 +34,14 @@ from .provider import FlowProvider
 from .security import SecurityGate
 from .telemetry import FlowTelemetry
 from .tool_forms import add_tool_forms
-from .views import Views, Visibility, VisibleRule, check_visible
+from .views import (
+    Views,
+    Visibility,
+    VisibleRule,
+    check_visible,
+    input_schema_lookup,
+    install_input_schema_lookup,
+)
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -130,6 +137,9 @@ class FlowServer:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, self._exposure, resources=resources_as_tools,
                        prompts=prompts_as_tools)
+        install_input_schema_lookup(self._fastmcp, input_schema_lookup(
+            self._fastmcp, self._exposure, views,
+            caller_known=security.authenticator is None))
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.

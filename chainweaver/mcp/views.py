@@ -233,3 +233,41 @@ def check_visible(visible: object) -> VisibleRule | Visibility | None:
                                   f"or a Visibility, got {visible!r}")
     return visible
 
+
+
+def input_schema_lookup(fastmcp: Any, exposure: Any, views: Views, *,
+                        caller_known: bool) -> Callable[[str], Any]:
+    """What the MCP SDK reads to check ``Mcp-Param-*`` headers of a 2026-07-28
+    ``tools/call`` over HTTP: a published tool's input schema, in the view of the
+    token's caller.
+
+    Without it the SDK runs a whole ``tools/list`` through the middleware before every
+    such call (a gated, audited, rate-limited list per call). It runs before any
+    middleware, so it answers ``None`` (no header check, as the SDK does when its list
+    fails) whenever it cannot tell what this caller sees: a flow outside the token
+    caller's view, an ``authenticator`` hook deciding the caller later, or a transform
+    on the server that renames tools.
+    """
+    def lookup(name: str) -> Any:
+        if fastmcp.transforms or (views.active and not caller_known):
+            return None
+        exposed = exposure.tool(name)
+        if exposed is None or (views.active and not views.of(
+                exposure, caller_from_token()).allows(exposed)):
+            return None
+        return exposed.contract.input_schema
+
+    return lookup
+
+
+def install_input_schema_lookup(fastmcp: Any, lookup: Callable[[str], Any]) -> None:
+    """Give FastMCP's low-level MCP server ``lookup`` (see :func:`input_schema_lookup`).
+
+    FastMCP 4.1 has no public way to set it: this is the one place that reaches its
+    private ``_mcp_server``; tests/mcp/test_views.py fails if that changes.
+    """
+    low_level = getattr(fastmcp, "_mcp_server", None)
+    if low_level is None or not hasattr(low_level, "get_tool_input_schema"):
+        raise RuntimeError("FastMCP's low-level server no longer has "
+                           "get_tool_input_schema: check chainweaver.mcp.views")
+    low_level.get_tool_input_schema = lookup

@@ -238,3 +238,21 @@ def test_view_settings_are_checked() -> None:
         FlowServer(build_catalogue(), resources_as_tools=True)
     with pytest.raises(ExposureConfigError, match="needs expose_prompts"):
         FlowServer(build_catalogue(), prompts_as_tools=True)
+
+
+def test_the_sdk_checks_mcp_param_headers_against_the_callers_view_without_a_list() -> None:
+    # FastMCP keeps its low-level server private: if this breaks, so does the lookup
+    # in chainweaver.mcp.views.install_input_schema_lookup.
+    open_server = FlowServer(build_catalogue())
+    lookup = open_server.fastmcp._mcp_server.get_tool_input_schema
+    assert lookup is not None
+    assert lookup("price_quote") == open_server.fastmcp._mcp_server.get_tool_input_schema(
+        "price_quote")
+    assert lookup("price_quote")["properties"]["sku"]["type"] == "string"
+    assert lookup("write_flow") is None and lookup(NEVER) is None
+    # With views: only the token caller's view (anonymous here: no flow at all).
+    viewed = FlowServer(build_catalogue(), visible=visible_claim("teams"))
+    assert viewed.fastmcp._mcp_server.get_tool_input_schema("price_quote") is None
+    # An authenticator decides the caller after this runs: no check rather than a guess.
+    hooked, _, _ = viewing()
+    assert hooked.fastmcp._mcp_server.get_tool_input_schema("price_quote") is None
