@@ -46,6 +46,13 @@ CURRENT_CALLER: ContextVar[CallerIdentity | None] = ContextVar("chainweaver_call
                                                                default=None)
 
 
+# Verified bearer token -> its caller: a token's text fixes its claims, so each is
+# turned into a CallerIdentity once (the transport verifies it on every request).
+_TOKEN_CALLERS: OrderedDict[str, CallerIdentity] = OrderedDict()
+MAX_TOKEN_CALLERS = 4096
+_TOKEN_LOCK = threading.Lock()
+
+
 def caller_from_token() -> CallerIdentity:
     """The caller of the current request, from the token FastMCP's ``auth`` verified.
 
@@ -58,6 +65,16 @@ def caller_from_token() -> CallerIdentity:
         token = None
     if token is None:
         return ANONYMOUS
+    with _TOKEN_LOCK:  # completions run in worker threads
+        caller = _TOKEN_CALLERS.get(token.token)
+        if caller is None:
+            caller = _TOKEN_CALLERS[token.token] = _caller_of(token)
+            if len(_TOKEN_CALLERS) > MAX_TOKEN_CALLERS:
+                _TOKEN_CALLERS.popitem(last=False)
+    return caller
+
+
+def _caller_of(token: Any) -> CallerIdentity:
     claims = dict(token.claims or {})
     subject = token.subject or (claims.get("sub") if isinstance(claims.get("sub"), str)
                                 else None)
@@ -196,6 +213,8 @@ class Views:
         self.visibility = visible
         self._views: weakref.WeakKeyDictionary[Any, OrderedDict[Any, View]] = (
             weakref.WeakKeyDictionary())
+        self._grants: OrderedDict[int, tuple[CallerIdentity, Any, CallerIdentity]] = (
+            OrderedDict())
         self._lock = threading.Lock()
 
     @property
@@ -204,13 +223,26 @@ class Views:
 
     def current(self, snapshot: Any) -> View:
         """The view of ``snapshot`` for the caller of the request being served."""
-        return self.of(snapshot, current_caller())
+        return self.of(snapshot, ANONYMOUS if self.visibility is None else current_caller())
 
     def of(self, snapshot: Any, caller: CallerIdentity) -> View:
         """The view of ``snapshot`` (an exposure snapshot) for ``caller``."""
         visibility = self.visibility
-        key, grant = (None, ANONYMOUS) if visibility is None else visibility.grant(caller)
-        with self._lock:
+        with self._lock:  # completions run in worker threads
+            if visibility is None:
+                key, grant = None, ANONYMOUS
+            else:
+                # The same caller object comes back for every request with the same
+                # token: its grant key is worked out once (held with the caller, so its
+                # id cannot be reused meanwhile).
+                known = self._grants.get(id(caller))
+                if known is not None and known[0] is caller:
+                    key, grant = known[1], known[2]
+                else:
+                    key, grant = visibility.grant(caller)
+                    self._grants[id(caller)] = (caller, key, grant)
+                    if len(self._grants) > MAX_TOKEN_CALLERS:
+                        self._grants.popitem(last=False)
             views = self._views.get(snapshot)
             if views is None:
                 views = self._views[snapshot] = OrderedDict()
