@@ -46,8 +46,8 @@ CURRENT_CALLER: ContextVar[CallerIdentity | None] = ContextVar("chainweaver_call
                                                                default=None)
 
 
-# Verified bearer token -> its caller: a token's text fixes its claims, so each is
-# turned into a CallerIdentity once (the transport verifies it on every request).
+# Verified bearer token -> its caller, built once per token (the transport verifies
+# the token on every request; the cached caller is checked against what it verified).
 _TOKEN_CALLERS: OrderedDict[str, CallerIdentity] = OrderedDict()
 MAX_TOKEN_CALLERS = 4096
 _TOKEN_LOCK = threading.Lock()
@@ -67,7 +67,9 @@ def caller_from_token() -> CallerIdentity:
         return ANONYMOUS
     with _TOKEN_LOCK:  # completions run in worker threads
         caller = _TOKEN_CALLERS.get(token.token)
-        if caller is None:
+        # Two servers' verifiers may read one token string differently (static tokens).
+        if caller is None or caller.client_id != token.client_id or \
+                caller.claims != (token.claims or {}) or caller.scopes != set(token.scopes):
             caller = _TOKEN_CALLERS[token.token] = _caller_of(token)
             if len(_TOKEN_CALLERS) > MAX_TOKEN_CALLERS:
                 _TOKEN_CALLERS.popitem(last=False)

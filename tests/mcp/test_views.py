@@ -256,3 +256,37 @@ def test_the_sdk_checks_mcp_param_headers_against_the_callers_view_without_a_lis
     # An authenticator decides the caller after this runs: no check rather than a guess.
     hooked, _, _ = viewing()
     assert hooked.fastmcp._mcp_server.get_tool_input_schema("price_quote") is None
+
+
+def test_the_verified_token_is_the_caller_when_no_authenticator_decides() -> None:
+    from fastmcp.server.auth import AccessToken
+    from mcp.server.auth.middleware.auth_context import auth_context_var
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+
+    from chainweaver.mcp.views import caller_from_token, current_caller
+
+    assert caller_from_token().id == "anonymous"
+    for client, claims, expected in (
+            ("app", {"sub": "olga", "teams": ["orders-team"]}, "app|olga"),
+            ("app", {"teams": []}, "app"),  # no subject: the client alone
+            ("other-app", {"sub": "olga"}, "other-app|olga")):  # same text, other verifier
+        token = AccessToken(token="tok-1", client_id=client, scopes=["flows"], claims=claims)
+        reset = auth_context_var.set(AuthenticatedUser(token))
+        try:
+            caller = current_caller()
+            assert caller is current_caller()  # built once per token
+        finally:
+            auth_context_var.reset(reset)
+        assert caller.id == expected and caller.client_id == client
+        assert dict(caller.claims) == claims and caller.scopes == {"flows"}
+        assert caller.subject == claims.get("sub")
+
+
+def test_a_flow_named_like_a_tools_only_tool_refuses_to_start() -> None:
+    from chainweaver import Flow, FlowStep
+
+    executor = build_catalogue()
+    executor.registry.register_flow(Flow("read_resource", "Clash.",
+                                         [FlowStep("search_products")]))
+    with pytest.raises(ExposureConfigError, match="read_resource clash"):
+        FlowServer(executor, expose_schemas=True, resources_as_tools=True)
