@@ -389,6 +389,11 @@ def _serve_warnings(args: argparse.Namespace) -> list[str]:
                             "--auth-token-file, --auth-jwks-uri or --auth-public-key is set: "
                             "anyone who can reach "
                             f"port {args.port} can call the published flows")
+    if args.visible_claim is not None and args.auth_jwks_uri is None \
+            and args.auth_public_key is None:
+        # Only a JWT carries claims: token-file and anonymous callers have none.
+        warnings.append(f"--visible-claim {args.visible_claim} without --auth-jwks-uri or "
+                        "--auth-public-key: no caller has the claim, so none sees a flow")
     if args.auth_token_file is not None and _readable_by_others(args.auth_token_file):
         warnings.append(f"--auth-token-file {args.auth_token_file} is readable by other "
                         f"users (chmod 600 {args.auth_token_file})")

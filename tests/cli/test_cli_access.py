@@ -139,3 +139,12 @@ async def test_a_public_key_and_a_visible_claim_give_each_token_its_own_flows(
     assert refused.status_code == 401
     callers = {json.loads(line)["caller_id"] for line in audit.read_text().splitlines()}
     assert callers == {"client-sam|sam", "client-bea|bea"}
+
+
+def test_a_visible_claim_without_tokens_warns_that_nobody_sees_a_flow(
+        capsys: pytest.CaptureFixture[str], served: list[FlowServer]) -> None:
+    code, err = run(capsys, *SERVE, "--visible-claim", "teams")
+    assert code == 0 and len(served) == 1
+    assert err.splitlines()[-1] == (
+        "chainweaver: warning: --visible-claim teams without --auth-jwks-uri or "
+        "--auth-public-key: no caller has the claim, so none sees a flow")
