@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_options(common)
     _add_run_options(common)
     _add_http_options(common)
+    _add_access_options(common)
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
@@ -147,6 +148,39 @@ def _add_http_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--auth-token-file", metavar="FILE",
                        help="require 'Authorization: Bearer TOKEN' with a token listed in "
                             "FILE (one per line; for development)")
+
+
+def _add_access_options(parser: argparse.ArgumentParser) -> None:
+    """Who may call, what each caller sees, how often, and what is recorded."""
+    group = parser.add_argument_group("access: tokens, views, limits, audit")
+    group.add_argument("--auth-jwks-uri", metavar="URL",
+                       help="require a JWT bearer token signed by a key from this JWKS "
+                            "URL (streamable HTTP)")
+    group.add_argument("--auth-public-key", metavar="FILE",
+                       help="require a JWT bearer token signed by the PEM public key in "
+                            "FILE (streamable HTTP)")
+    group.add_argument("--auth-issuer", metavar="ISSUER",
+                       help="the JWT 'iss' the token must carry")
+    group.add_argument("--auth-audience", metavar="AUDIENCE",
+                       help="the JWT 'aud' the token must carry")
+    group.add_argument("--visible-claim", metavar="CLAIM",
+                       help="each caller sees only the flows whose owner its token lists "
+                            "in CLAIM (a list or a space-separated string)")
+    group.add_argument("--rate-limit", type=_positive_int, metavar="N",
+                       help="at most N requests per caller per --rate-window")
+    group.add_argument("--rate-window", type=_seconds, metavar="SECONDS",
+                       help="the rate-limit window (default: 60)")
+    group.add_argument("--rate-limit-redis", metavar="URL",
+                       help="count --rate-limit in this Redis, shared by every replica "
+                            "(needs the tasks extra)")
+    group.add_argument("--audit-log", metavar="FILE",
+                       help="append an audit record per request to FILE (JSON Lines, "
+                            "rotated at 100 MB)")
+    group.add_argument("--resources-as-tools", action="store_true",
+                       help="also publish schema resources as tools (list_resources, "
+                            "read_resource) for tools-only clients")
+    group.add_argument("--prompts-as-tools", action="store_true",
+                       help="also publish prompts as tools (list_prompts, get_prompt)")
 
 
 HTTP_DEFAULTS: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "stateless": False,
@@ -362,10 +396,17 @@ def _serve_warnings(args: argparse.Namespace) -> list[str]:
 
     warnings = []
     if args.transport == "streamable-http" and not is_loopback(args.host):
-        if args.auth_token_file is None:
+        if args.auth_token_file is None and args.auth_jwks_uri is None \
+                and args.auth_public_key is None:
             warnings.append(f"{args.host} is not a loopback address and no "
-                            "--auth-token-file is set: anyone who can reach "
+                            "--auth-token-file, --auth-jwks-uri or --auth-public-key is set: "
+                            "anyone who can reach "
                             f"port {args.port} can call the published flows")
+    if args.visible_claim is not None and args.auth_jwks_uri is None \
+            and args.auth_public_key is None:
+        # Only a JWT carries claims: token-file and anonymous callers have none.
+        warnings.append(f"--visible-claim {args.visible_claim} without --auth-jwks-uri or "
+                        "--auth-public-key: no caller has the claim, so none sees a flow")
     if args.auth_token_file is not None and _readable_by_others(args.auth_token_file):
         warnings.append(f"--auth-token-file {args.auth_token_file} is readable by other "
                         f"users (chmod 600 {args.auth_token_file})")

@@ -212,7 +212,7 @@ def build_server(args: argparse.Namespace) -> Built:
     except ImportError as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
     instructions = _instructions(args)
-    auth = load_token_file(args.auth_token_file) if args.auth_token_file else None
+    access = access_settings(args)
     lifecycles = _values(args.lifecycle, "--lifecycle", FlowLifecycle)
     side_effects = _values(args.side_effects, "--side-effects", SideEffectLevel)
     owners = _values(args.owner, "--owner")
@@ -238,12 +238,14 @@ def build_server(args: argparse.Namespace) -> Built:
                 owners=owners,
                 allow_requires_approval=args.allow_requires_approval,
             ),
-            security=SecurityConfig(auth=auth, **_given(error_detail=args.error_detail)),
+            security=SecurityConfig(**access.security,
+                                    **_given(error_detail=args.error_detail)),
             serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
                                   allowed_hosts=args.allowed_host,
                                   allowed_origins=args.allowed_origin),
             instructions=instructions,
             **_given(approval=args.approval, approval_timeout=args.approval_timeout),
+            **access.server,
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
@@ -306,3 +308,87 @@ def load_token_file(path: str) -> Any:
                            "tokens")
     return StaticTokenVerifier(tokens=tokens)
 
+
+
+class Access(NamedTuple):
+    security: dict[str, Any]  # SecurityConfig settings
+    server: dict[str, Any]  # FlowServer settings
+
+
+def access_settings(args: argparse.Namespace) -> Access:
+    """The --auth-*, --visible-claim, --rate-*, --audit-log and --*-as-tools settings."""
+    from .mcp import FixedWindowRateLimiter, visible_claim
+    from .mcp.audit_log import JsonlAuditLog
+
+    jwt = [flag for flag, value in (("--auth-jwks-uri", args.auth_jwks_uri),
+                                    ("--auth-public-key", args.auth_public_key))
+           if value is not None]
+    claims = [flag for flag, value in (("--auth-issuer", args.auth_issuer),
+                                       ("--auth-audience", args.auth_audience))
+              if value is not None]
+    if args.transport != "streamable-http" and (jwt or claims):
+        raise CommandError(EXIT_USAGE, f"{', '.join(jwt + claims)} only appl"
+                           f"{'ies' if len(jwt + claims) == 1 else 'y'} to --transport "
+                           "streamable-http")
+    if len(jwt) + (args.auth_token_file is not None) > 1:
+        raise CommandError(EXIT_USAGE, "give one of --auth-jwks-uri, --auth-public-key and "
+                           "--auth-token-file")
+    if claims and not jwt:
+        raise CommandError(EXIT_USAGE, f"{', '.join(claims)} need --auth-jwks-uri or "
+                           "--auth-public-key")
+    security: dict[str, Any] = {}
+    if args.auth_token_file is not None:
+        security["auth"] = load_token_file(args.auth_token_file)
+    elif jwt:
+        from fastmcp.server.auth.providers.jwt import JWTVerifier
+
+        key = (None if args.auth_public_key is None
+               else _public_key(args.auth_public_key))
+        try:
+            security["auth"] = JWTVerifier(public_key=key, jwks_uri=args.auth_jwks_uri,
+                                           issuer=args.auth_issuer,
+                                           audience=args.auth_audience)
+        except ValueError as error:
+            raise CommandError(EXIT_INVALID, f"{jwt[0]}: {error}") from None
+    if args.rate_limit is None and (args.rate_window or args.rate_limit_redis):
+        raise CommandError(EXIT_USAGE, "--rate-window and --rate-limit-redis need "
+                           "--rate-limit")
+    if args.rate_limit is not None:
+        window = args.rate_window or 60.0
+        if args.rate_limit_redis is None:
+            security["rate_limiter"] = FixedWindowRateLimiter(args.rate_limit, window)
+        else:
+            try:
+                from .mcp.rate_limit import RedisRateLimiter
+
+                security["rate_limiter"] = RedisRateLimiter(args.rate_limit_redis,
+                                                            args.rate_limit, window)
+            except ImportError:
+                raise CommandError(EXIT_MISSING, "--rate-limit-redis needs the tasks "
+                                   "extra: pip install 'chainweaver[tasks]'") from None
+            except ValueError as error:
+                raise CommandError(EXIT_INVALID, f"--rate-limit-redis: {error}") from None
+    if args.audit_log is not None:
+        try:
+            security["audit_hook"] = JsonlAuditLog(args.audit_log)
+        except OSError as error:
+            raise CommandError(EXIT_MISSING, f"--audit-log {args.audit_log}: cannot be "
+                               f"opened: {error.strerror or error}") from None
+    server: dict[str, Any] = {"resources_as_tools": args.resources_as_tools,
+                              "prompts_as_tools": args.prompts_as_tools}
+    if args.visible_claim is not None:
+        server["visible"] = visible_claim(args.visible_claim)
+    return Access(security, server)
+
+
+def _public_key(path: str) -> str:
+    """The PEM public key in ``path``, checked now: a bad key would refuse every token."""
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    text = _read_text(path, "--auth-public-key")
+    try:
+        load_pem_public_key(text.encode("utf-8"))
+    except (ValueError, TypeError):
+        raise CommandError(EXIT_INVALID, f"--auth-public-key {path}: not a PEM public "
+                           "key") from None
+    return text

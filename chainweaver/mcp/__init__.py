@@ -8,6 +8,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "chainweaver.mcp needs the 'mcp' extra: pip install 'chainweaver[mcp]'"
     ) from error
 
+from .audit_log import JsonlAuditLog
 from .config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
 from .exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
 from .hooks import (
@@ -21,8 +22,9 @@ from .hooks import (
     GateContext,
     RateLimiter,
 )
-from .rate_limit import FixedWindowRateLimiter
+from .rate_limit import FixedWindowRateLimiter, RedisRateLimiter
 from .server import FlowServer
+from .views import Visibility, VisibleRule, visible_claim
 
 __all__ = [
     "GATE_REFUSED",
@@ -40,8 +42,13 @@ __all__ = [
     "FlowExposure",
     "FlowServer",
     "GateContext",
+    "JsonlAuditLog",
     "RateLimiter",
+    "RedisRateLimiter",
     "SecurityConfig",
     "ServingConfig",
+    "Visibility",
+    "VisibleRule",
     "schema_uri",
+    "visible_claim",
 ]

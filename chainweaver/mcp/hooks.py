@@ -9,7 +9,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-RequestKind = Literal["tool", "resource", "prompt"]
+# "list" (tools/list, resources/list, resources/templates/list, prompts/list) and
+# "completion" (completion/complete) are authenticated, rate-limited and audited but
+# never passed to the authorizer: the caller's view already narrows what they show.
+RequestKind = Literal["tool", "resource", "prompt", "list", "completion"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
 GATE_REFUSED = -32001
 # A refusal carries only a reason code, never free text that could leak details.
@@ -18,10 +21,21 @@ REASON_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 @dataclass(frozen=True)
 class CallerIdentity:
-    """Who is calling, as established by the authenticator."""
+    """Who is calling: from the ``authenticator`` hook, or from the bearer token that
+    the server's ``auth`` provider verified (see :func:`caller_from_token`).
+
+    ``subject`` is the token's ``sub``, ``client_id`` the OAuth client, ``scopes`` the
+    granted scopes and ``claims`` every claim of the token.
+    """
 
     id: str
     claims: Mapping[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+    client_id: str | None = None
+    scopes: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scopes", frozenset(self.scopes))
 
 
 ANONYMOUS = CallerIdentity("anonymous")
@@ -89,6 +103,9 @@ AuditHook = Callable[[AuditEvent], Any]
 
 
 class RateLimiter(Protocol):
-    """Admits a request (``True``) or refuses it with ``rate_limited`` (anything else)."""
+    """Admits a request (``True``) or refuses it with ``rate_limited`` (anything else).
 
-    def acquire(self, caller: CallerIdentity, name: str) -> bool: ...
+    ``acquire`` may be a coroutine function (a limiter shared through Redis is).
+    """
+
+    def acquire(self, caller: CallerIdentity, name: str) -> bool | Awaitable[bool]: ...

@@ -38,7 +38,7 @@ from .contract import (
     property_schema,
     show_value,
 )
-from .exposure import ExposedFlow, Exposure
+from .exposure import ExposedFlow
 
 # JSON's number spellings (ASCII digits only; Python's int() and float() would also
 # take "1_000" and other scripts' digits).
@@ -350,9 +350,8 @@ def authored_messages(
     return prompt.render(strings)
 
 
-def guide_messages(exposure: Exposure) -> list[PromptMessage]:
-    """The guide: every exposed flow and when to choose it. Never mentions others."""
-    flows = exposure.exposed_flows
+def guide_messages(flows: list[ExposedFlow]) -> list[PromptMessage]:
+    """The guide: every flow of ``flows`` (one caller's view) and when to choose it."""
     if not flows:
         return [PromptMessage("user", "This server publishes no flows right now.")]
     lines = [

@@ -19,7 +19,7 @@ from pydantic import PrivateAttr
 
 from ..prompts import FlowPrompt, PromptMessage
 from . import prompt_render
-from .exposure import GUIDE_PROMPT_NAME, ExposedFlow, Exposure
+from .exposure import GUIDE_PROMPT_NAME, ExposedFlow
 
 logger = logging.getLogger("chainweaver.mcp.prompts")
 
@@ -97,22 +97,23 @@ class AuthoredPrompt(Prompt):
 class GuidePrompt(Prompt):
     """``chainweaver_guide``: the exposed flows, and when to choose which."""
 
-    _exposure: Exposure = PrivateAttr()
+    _flows: Callable[[], list[ExposedFlow]] = PrivateAttr()
 
     @classmethod
-    def build(cls, exposure: Exposure) -> GuidePrompt:
+    def build(cls, flows: Callable[[], list[ExposedFlow]]) -> GuidePrompt:
+        """The guide to ``flows()`` (the exposed flows one caller's view holds)."""
         prompt = cls(
             name=GUIDE_PROMPT_NAME,
             title="Guide to the published flows",
             description="What each published flow does and when to choose it.",
             arguments=[],
         )
-        prompt._exposure = exposure
+        prompt._flows = flows
         return prompt
 
     async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
         prompt_render.check_argument_names(self.name, arguments, {})
-        return _result(prompt_render.guide_messages(self._exposure), self.description)
+        return _result(prompt_render.guide_messages(self._flows()), self.description)
 
 
 def malformed_prompt_request(params: Mapping[str, Any]) -> str | None:

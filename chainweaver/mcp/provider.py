@@ -32,6 +32,7 @@ from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
 from .runs import RunSettings
+from .views import View, Views
 
 
 def _version_ok(version: VersionSpec | None, exposed: ExposedFlow | None) -> bool:
@@ -55,6 +56,14 @@ def _version_matches(spec: VersionSpec, version: str) -> bool:
         return False
 
 
+def _itself(exposed: ExposedFlow) -> ExposedFlow:
+    return exposed
+
+
+def _entry_flow(entry: PromptEntry) -> ExposedFlow | None:
+    return entry.exposed_flow  # None (the guide, a server prompt): in every view
+
+
 class FlowProvider(Provider):
     """Publishes exactly what the exposure decision allows."""
 
@@ -67,6 +76,7 @@ class FlowProvider(Provider):
         flow_timeout: float | None = None,
         owner: str = "",
         runs: RunSettings | None = None,
+        views: Views | None = None,
     ) -> None:
         super().__init__()
         self.exposure = exposure
@@ -77,6 +87,7 @@ class FlowProvider(Provider):
         self.runs = runs or RunSettings()
         self._cache: dict[tuple[str, str], Any] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
+        self.views = views or Views(None)
 
     def __repr__(self) -> str:
         return f"FlowProvider(prefix={self.exposure.policy.server_prefix!r})"
@@ -89,6 +100,13 @@ class FlowProvider(Provider):
         connecting, or a lookup, does not build the whole catalogue.
         """
         return len(self._cache)
+
+    def view(self) -> View:
+        """The current caller's view of the exposure: every get and list goes through it.
+
+        A flow outside it is answered exactly like a name that never existed.
+        """
+        return self.views.current(self.exposure)
 
     def _cached(self, kind: str, key: str, build: Callable[[], Any]) -> Any:
         component = self._cache.get((kind, key))
@@ -109,11 +127,13 @@ class FlowProvider(Provider):
             runs=self.runs))
 
     async def _list_tools(self) -> Sequence[Tool]:
-        return [self._tool(exposed) for exposed in self.exposure.tools.values()]
+        view = self.view()
+        return [self._tool(exposed)
+                for exposed in view.select(self.exposure.tools.values(), _itself)]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         exposed = self.exposure.tool(name)
-        if exposed is None or not _version_ok(version, exposed):
+        if not self.view().allows(exposed) or not _version_ok(version, exposed):
             return None
         return self._tool(exposed)
 
@@ -123,25 +143,33 @@ class FlowProvider(Provider):
         assert exposed.schema_uri is not None
         return self._cached("resource", exposed.schema_uri, lambda: schema_resource(exposed))
 
-    def _index_resource(self) -> Resource:
-        return self._cached("resource", INDEX_URI, lambda: index_resource(self.exposure))
+    def _index_resource(self, view: View) -> Resource:
+        # The index lists the caller's view: one per view, built when first read.
+        def build() -> Resource:
+            index = index_resource(lambda: view.select(self.exposure.exposed_flows, _itself))
+            stamp_owner(index, self.owner)
+            return index
+
+        return view.cached(INDEX_URI, build)
 
     async def _list_resources(self) -> Sequence[Resource]:
         if not self.exposure.expose_schemas:
             return []
-        return [self._index_resource(),
+        view = self.view()
+        return [self._index_resource(view),
                 *(self._schema_resource(exposed)
-                  for exposed in self.exposure.resources.values())]
+                  for exposed in view.select(self.exposure.resources.values(), _itself))]
 
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
         if not self.exposure.expose_schemas:
             return None
+        view = self.view()
         if uri == INDEX_URI:
-            return self._index_resource()
+            return self._index_resource(view)
         exposed = self.exposure.resource(uri)
-        if exposed is None or not _version_ok(version, exposed):
+        if not view.allows(exposed) or not _version_ok(version, exposed):
             return None
         return self._schema_resource(exposed)
 
@@ -157,24 +185,37 @@ class FlowProvider(Provider):
 
     # ---------------------------------------------------------------- prompts
 
-    def _prompt(self, entry: PromptEntry) -> Prompt:
+    def _prompt(self, entry: PromptEntry, view: View) -> Prompt:
+        if entry.prompt is None and entry.exposed_flow is None:
+            # The guide describes the caller's view: one per view.
+            def guide() -> Prompt:
+                prompt = GuidePrompt.build(
+                    lambda: view.select(self.exposure.exposed_flows, _itself))
+                stamp_owner(prompt, self.owner)
+                return prompt
+
+            return view.cached(entry.name, guide)
+
         def build() -> Prompt:
             if entry.prompt is not None:
                 return AuthoredPrompt.build(entry.name, entry.prompt, entry.exposed_flow)
-            if entry.exposed_flow is not None:
-                return FlowInvocationPrompt.build(entry.exposed_flow)
-            return GuidePrompt.build(self.exposure)
+            assert entry.exposed_flow is not None
+            return FlowInvocationPrompt.build(entry.exposed_flow)
 
         return self._cached("prompt", entry.name, build)
 
     async def _list_prompts(self) -> Sequence[Prompt]:
-        return [self._prompt(entry) for entry in self.exposure.prompts.values()]
+        view = self.view()
+        return [self._prompt(entry, view)
+                for entry in view.select(self.exposure.prompts.values(), _entry_flow)]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
         entry = self.exposure.prompt(name)
-        if entry is None or not _version_ok(version, entry.exposed_flow):
+        view = self.view()
+        if entry is None or not _version_ok(version, entry.exposed_flow) or (
+                entry.exposed_flow is not None and not view.allows(entry.exposed_flow)):
             return None
-        return self._prompt(entry)
+        return self._prompt(entry, view)
 
     # ------------------------------------------------------------------ tasks
 
@@ -216,10 +257,12 @@ class FlowProvider(Provider):
                 return []
             if argument.name != "published_name":
                 return []
-            names = [exposed.tool_name for exposed in self.exposure.resources.values()]
+            names = [exposed.tool_name for exposed in
+                     self.view().select(self.exposure.resources.values(), _itself)]
         else:
             entry = self.exposure.prompt(ref.name)
-            if entry is None:
+            if entry is None or (entry.exposed_flow is not None
+                                 and not self.view().allows(entry.exposed_flow)):
                 return []
             if entry.prompt is not None:
                 return []  # authored arguments are free text

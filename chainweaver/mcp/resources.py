@@ -8,6 +8,7 @@ advertises; ``chainweaver://flows`` indexes every exposed flow.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastmcp.resources.base import Resource, ResourceResult
@@ -15,7 +16,7 @@ from fastmcp.resources.template import ResourceTemplate
 from mcp_types import Annotations
 from pydantic import PrivateAttr
 
-from .exposure import INDEX_URI, ExposedFlow, Exposure, schema_uri
+from .exposure import INDEX_URI, ExposedFlow, schema_uri
 
 TEMPLATE_URI = schema_uri("{published_name}")
 MIME_TYPE = "application/json"
@@ -37,7 +38,8 @@ def schema_document(exposed: ExposedFlow) -> dict[str, Any]:
     }
 
 
-def index_document(exposure: Exposure) -> dict[str, Any]:
+def index_document(flows: Iterable[ExposedFlow]) -> dict[str, Any]:
+    """The index of ``flows`` (what one caller's view holds)."""
     return {
         "flows": [
             {
@@ -50,7 +52,7 @@ def index_document(exposure: Exposure) -> dict[str, Any]:
                 "schema_uri": exposed.schema_uri,
                 "prompts": exposed.prompt_names,
             }
-            for exposed in exposure.exposed_flows
+            for exposed in flows
         ]
     }
 
@@ -100,9 +102,9 @@ def schema_resource(exposed: ExposedFlow) -> JSONDocumentResource:
     )
 
 
-def index_resource(exposure: Exposure) -> JSONDocumentResource:
+def index_resource(flows: Callable[[], Iterable[ExposedFlow]]) -> JSONDocumentResource:
     return JSONDocumentResource.build(
-        lambda: index_document(exposure),
+        lambda: index_document(flows()),
         uri=INDEX_URI,
         name="chainweaver_flows",
         title="Published flows",

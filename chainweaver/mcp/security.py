@@ -1,5 +1,11 @@
 """The security gate: authenticate -> rate-limit -> authorize -> audit, for every
-``tools/call``, ``resources/read`` and ``prompts/get``.
+``tools/call``, ``resources/read`` and ``prompts/get``; authenticate -> rate-limit ->
+audit for the lists (``tools/list``, ``resources/list``, ``resources/templates/list``,
+``prompts/list``) and ``completion/complete``.
+
+The caller it establishes is the one whose view (see :mod:`.views`) the request is
+served from: a flow outside it is, to every later hook, the audit and the client,
+a name that never existed.
 
 A refused request gets a JSON-RPC error carrying only a reason code. Hooks may be
 sync or async; one that raises (or, if async, takes longer than ``hook_timeout``)
@@ -29,7 +35,6 @@ from .composition import ADMITTED_BY, find_component, flow_of, owned_meta, reach
 from .config import SecurityConfig
 from .exposure import ExposedFlow, Exposure
 from .hooks import (
-    ANONYMOUS,
     GATE_REFUSED,
     AuditEvent,
     AuthorizationDecision,
@@ -38,6 +43,7 @@ from .hooks import (
     RequestKind,
 )
 from .prompts import malformed_prompt_request, refuse_malformed
+from .views import CURRENT_CALLER, Views, caller_from_token
 
 logger = logging.getLogger("chainweaver.mcp.security")
 
@@ -83,9 +89,11 @@ def payload_text(kind: RequestKind, result: Any) -> str:
 class SecurityGate(Middleware):
     """FastMCP middleware applying the gate to tools, resources and prompts alike."""
 
-    def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "") -> None:
+    def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "",
+                 views: Views | None = None) -> None:
         self.exposure = exposure
         self.owner = owner  # the mark on every component this server publishes
+        self.views = views or Views(None)
         self.authenticator = config.authenticator
         self.rate_limiter = config.rate_limiter
         self.authorizer = config.authorizer
@@ -105,7 +113,54 @@ class SecurityGate(Middleware):
                 name = params.get("name")
                 return await self._guard("prompt", name if isinstance(name, str) else "",
                                          context, refuse_malformed(problem))
+        if context.method == "completion/complete":
+            return await self._guard_listing("completion", _completion_target(params),
+                                             context, call_next)
         return await call_next(context)
+
+    async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "tools/list", context, call_next)
+
+    async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "resources/list", context, call_next)
+
+    async def on_list_resource_templates(self, context: MiddlewareContext,
+                                         call_next: Any) -> Any:
+        return await self._guard_listing("list", "resources/templates/list", context,
+                                         call_next)
+
+    async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "prompts/list", context, call_next)
+
+    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+                             call_next: Any) -> Any:
+        """Authenticate, rate-limit and audit a list or a completion (never authorized:
+        the caller's view narrows what it shows)."""
+        if (not self.active or ADMITTED_BY.get() is self or CURRENT_CALLER.get() is not None
+                or not reached_directly(self, context)):
+            # Mounted (the parent's own middleware guards its lists), or listed by a tool
+            # the gate admitted already (resources_as_tools / prompts_as_tools).
+            return await call_next(context)
+        gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
+        try:
+            caller = await self._authenticate(gate)
+            await self._limit(gate, caller)
+        except GateRefused as refused:
+            await self._audit(gate, refused.caller, "denied", refused.reason)
+            raise refusal_error(refused.reason) from None
+        await self._audit(gate, caller, "allowed", "ok")
+        started = time.perf_counter()
+        current = CURRENT_CALLER.set(caller)
+        try:
+            result = await call_next(context)
+        except Exception as error:
+            await self._audit(gate, caller, "allowed", "ok", started=started,
+                              outcome="error", error_type=type(error).__name__)
+            raise
+        finally:
+            CURRENT_CALLER.reset(current)
+        await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok")
+        return result
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("tool", context.message.name, context, call_next)
@@ -157,19 +212,36 @@ class SecurityGate(Middleware):
         self, kind: RequestKind, name: str, exposed: ExposedFlow | None,
         context: MiddlewareContext, call_next: Any,
     ) -> Any:
-        """Authenticate, rate-limit, authorize and audit one request for ``exposed``."""
-        gate = GateContext(kind, name, exposed.flow.name if exposed else None,
-                           exposed.flow.version if exposed else None,
-                           get_http_headers(include_all=True))
+        """Authenticate, rate-limit, authorize and audit one request for ``exposed``.
+
+        The authenticator sees the flow as the server publishes it; once the caller is
+        known, a flow outside the caller's view is ``None`` to every later hook and
+        the audit, exactly like a name that never existed.
+        """
+        headers = get_http_headers(include_all=True)
+        gate = _gate_for(kind, name, exposed, headers)
+        # Set: this request runs inside one the gate admitted already (a tool that
+        # resources_as_tools / prompts_as_tools added reads through the server): same
+        # caller, same rate-limit unit; the read itself is still authorized and audited.
+        admitted = CURRENT_CALLER.get()
+        caller: CallerIdentity | None = admitted
         try:
-            caller = await self._admit(gate)
+            if admitted is None:
+                caller = await self._authenticate(gate)
+            assert caller is not None
+            gate = self._in_view(gate, exposed, caller)
+            if admitted is None:
+                await self._limit(gate, caller)
+            await self._authorize(gate, caller)
         except GateRefused as refused:
-            await self._audit(gate, refused.caller, "denied", refused.reason)
+            await self._audit(self._in_view(gate, exposed, refused.caller), refused.caller,
+                              "denied", refused.reason)
             raise refusal_error(refused.reason) from None
         await self._audit(gate, caller, "allowed", "ok")
 
         started = time.perf_counter()
         token = _ADMITTED_CALL.set((self, gate, caller)) if kind == "tool" else None
+        current = CURRENT_CALLER.set(caller)
         try:
             result = await call_next(context)
         except asyncio.CancelledError:
@@ -185,6 +257,7 @@ class SecurityGate(Middleware):
         finally:
             if token is not None:
                 _ADMITTED_CALL.reset(token)
+            CURRENT_CALLER.reset(current)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
@@ -213,17 +286,31 @@ class SecurityGate(Middleware):
                 "runs there. Refusing such requests.", kind, name)
         return refusal_error("unsupported_composition")
 
-    async def _admit(self, gate: GateContext) -> CallerIdentity:
-        caller = ANONYMOUS
-        if self.authenticator is not None:
-            identity = await self._call_hook(self.authenticator, gate, "authenticator_error")
-            if identity is None:
-                raise GateRefused("unauthenticated")
-            if not isinstance(identity, CallerIdentity):
-                logger.warning("authenticator returned %s, not a CallerIdentity",
-                               type(identity).__name__)
-                raise GateRefused("authenticator_error")
-            caller = identity
+    def _in_view(self, gate: GateContext, exposed: ExposedFlow | None,
+                 caller: CallerIdentity | None) -> GateContext:
+        """``gate`` as ``caller`` may know it: no flow when the flow is outside its view
+        (an unauthenticated request is judged by the anonymous caller's view)."""
+        if exposed is None or not self.views.active:
+            return gate
+        view = self.views.of(self.exposure, caller or caller_from_token())
+        if view.allows(exposed):
+            return gate
+        return _gate_for(gate.kind, gate.name, None, gate.headers)
+
+    async def _authenticate(self, gate: GateContext) -> CallerIdentity:
+        """The authenticator's caller; without one, the verified token's (or anonymous)."""
+        if self.authenticator is None:
+            return caller_from_token()
+        identity = await self._call_hook(self.authenticator, gate, "authenticator_error")
+        if identity is None:
+            raise GateRefused("unauthenticated")
+        if not isinstance(identity, CallerIdentity):
+            logger.warning("authenticator returned %s, not a CallerIdentity",
+                           type(identity).__name__)
+            raise GateRefused("authenticator_error")
+        return identity
+
+    async def _limit(self, gate: GateContext, caller: CallerIdentity) -> None:
         limiter = self.rate_limiter
         if limiter is not None:
             allowed = await self._call_hook(
@@ -231,6 +318,8 @@ class SecurityGate(Middleware):
             )
             if allowed is not True:
                 raise GateRefused("rate_limited", caller)
+
+    async def _authorize(self, gate: GateContext, caller: CallerIdentity) -> None:
         if self.authorizer is not None:
             decision = await self._call_hook(
                 self.authorizer, _with_caller(gate, caller), "authorizer_error", caller
@@ -241,7 +330,6 @@ class SecurityGate(Middleware):
                     raise GateRefused(decision.reason, caller)
             elif decision is not True:
                 raise GateRefused("forbidden", caller)
-        return caller
 
     async def _call_hook(
         self,
@@ -302,6 +390,22 @@ class SecurityGate(Middleware):
                 await asyncio.wait_for(value, self.hook_timeout)
         except Exception as error:  # auditing must never break a request
             logger.warning("audit hook failed: %s", type(error).__name__)
+
+
+def _gate_for(kind: RequestKind, name: str, exposed: ExposedFlow | None,
+              headers: Mapping[str, str]) -> GateContext:
+    return GateContext(kind, name, exposed.flow.name if exposed else None,
+                       exposed.flow.version if exposed else None, headers)
+
+
+def _completion_target(params: Any) -> str:
+    """The prompt name or template URI a ``completion/complete`` request refers to."""
+    ref = params.get("ref") if isinstance(params, Mapping) else getattr(params, "ref", None)
+    if isinstance(ref, Mapping):
+        target = ref.get("name", ref.get("uri"))
+    else:
+        target = getattr(ref, "name", None) or getattr(ref, "uri", None)
+    return target if isinstance(target, str) else ""
 
 
 def _with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
+from fastmcp.server.auth import AuthProvider
 from mcp.server.request_state import RequestStateSecurity
 
 from .. import __version__
@@ -35,6 +36,16 @@ from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .runs import RunSettings
 from .security import SecurityGate
+from .telemetry import FlowTelemetry
+from .tool_forms import add_tool_forms
+from .views import (
+    Views,
+    Visibility,
+    VisibleRule,
+    check_visible,
+    input_schema_lookup,
+    install_input_schema_lookup,
+)
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -64,6 +75,10 @@ class FlowServer:
         instructions: str | None = None,
         approval: ApprovalMode | None = None,
         approval_timeout: float = 300.0,
+        auth: AuthProvider | None = None,
+        visible: VisibleRule | Visibility | None = None,
+        resources_as_tools: bool = False,
+        prompts_as_tools: bool = False,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
@@ -88,6 +103,14 @@ class FlowServer:
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         if prompts and not expose_prompts:
             raise ExposureConfigError("server-level prompts need expose_prompts=True")
+        security = _with_auth(security, auth)
+        views = Views(check_visible(visible))
+        check_bool("resources_as_tools", resources_as_tools)
+        check_bool("prompts_as_tools", prompts_as_tools)
+        if resources_as_tools and not expose_schemas:
+            raise ExposureConfigError("resources_as_tools needs expose_schemas=True")
+        if prompts_as_tools and not expose_prompts:
+            raise ExposureConfigError("prompts_as_tools needs expose_prompts=True")
         self.executor = executor
         self.policy = policy
         self.security = security
@@ -102,8 +125,9 @@ class FlowServer:
                                       flow_timeout=serving.flow_timeout, owner=owner,
                                       runs=RunSettings.build(
                                           policy.approval == "elicit", approval_timeout,
-                                          keys))
-        self._gate = SecurityGate(self._exposure, security, owner=owner)
+                                          keys),
+                                      views=views)
+        self._gate = SecurityGate(self._exposure, security, owner=owner, views=views)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -112,7 +136,8 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            middleware=[self._gate],
+            # Spans for admitted flow runs, under FastMCP's own request span.
+            middleware=[self._gate, FlowTelemetry(self._gate)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
@@ -126,6 +151,11 @@ class FlowServer:
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
+        add_tool_forms(self._fastmcp, self._exposure, resources=resources_as_tools,
+                       prompts=prompts_as_tools)
+        install_input_schema_lookup(self._fastmcp, input_schema_lookup(
+            self._fastmcp, self._exposure, views,
+            caller_known=security.authenticator is None))
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
@@ -234,6 +264,16 @@ def _config(setting: str, value: C | None, kind: type[C]) -> C:
         raise ExposureConfigError(
             f"{setting} must be a {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def _with_auth(security: SecurityConfig, auth: AuthProvider | None) -> SecurityConfig:
+    """``FlowServer(auth=...)``: the same setting as ``SecurityConfig(auth=...)``."""
+    if auth is None:
+        return security
+    if security.auth is not None:
+        raise ExposureConfigError("auth is set twice: give it to FlowServer or to "
+                                  "SecurityConfig, not both")
+    return dataclasses.replace(security, auth=auth)
 
 
 def _freeze_gc() -> None:

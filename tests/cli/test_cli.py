@@ -222,8 +222,8 @@ def test_serve_builds_everything_then_serves_with_the_transport_options(
     assert summary[-2] == ("chainweaver: serving 3 tool(s), 0 resource(s), 5 prompt(s) on "
                            "http://0.0.0.0:8123/mcp")
     assert summary[-1] == ("chainweaver: warning: 0.0.0.0 is not a loopback address and no "
-                           "--auth-token-file is set: anyone who can reach port 8123 can call "
-                           "the published flows")
+                           "--auth-token-file, --auth-jwks-uri or --auth-public-key is set: "
+                           "anyone who can reach port 8123 can call the published flows")
 
 
 def test_ctrl_c_stops_serve_with_exit_code_0(capsys: pytest.CaptureFixture,
@@ -386,8 +386,8 @@ def test_a_non_loopback_bind_without_authentication_warns(
     assert code == 0 and len(served) == 1
     warnings = [line for line in err.splitlines() if line.startswith("chainweaver: warning:")]
     expected = [f"chainweaver: warning: {host} is not a loopback address and no "
-                "--auth-token-file is set: anyone who can reach port 8000 can call the "
-                "published flows"]
+                "--auth-token-file, --auth-jwks-uri or --auth-public-key is set: anyone who "
+                "can reach port 8000 can call the published flows"]
     assert warnings == (expected if warned else [])
 
 

@@ -151,9 +151,11 @@ def assert_refused(answers: list[Any], reason: str) -> None:
         assert SECRET not in str(answer)
 
 
-def decisions(events: list[dict[str, Any]]) -> list[tuple]:
+def decisions(events: list[dict[str, Any]], lists: bool = False) -> list[tuple]:
+    """The gate's decisions on calls, reads and renders (and on lists, when asked: a
+    client lists tools on its own after a call, to check structured output)."""
     return [(e["kind"], e["name"], e["caller_id"], e["decision"], e["reason"])
-            for e in events if e["phase"] == "decision"]
+            for e in events if e["phase"] == "decision" and (lists or e["kind"] != "list")]
 
 
 # ------------------------------------------------------------------------ gate
@@ -171,7 +173,8 @@ async def test_a_valid_token_is_served_on_all_three_primitives_and_audited(
     caller = "alice" if mode == "auto" else "erin"
     events = tail.new()
     assert decisions(events) == [(kind, name, caller, "allowed", "ok") for kind, name in KINDS]
-    completed = [(e["kind"], e["outcome"]) for e in events if e["phase"] == "completed"]
+    completed = [(e["kind"], e["outcome"]) for e in events
+                 if e["phase"] == "completed" and e["kind"] != "list"]
     assert completed == [("tool", "ok"), ("resource", "ok"), ("prompt", "ok")]
     assert all("lamp" not in json.dumps(e) for e in events)  # content never audited
 
@@ -188,10 +191,14 @@ async def test_unauthenticated_callers_are_refused_on_all_three_primitives(
     headers = {"Authorization": authorization} if authorization is not None else {}
     async with client(servers["gated"], mode=mode, **headers) as c:
         assert_refused(await call_each_kind(c), "unauthenticated")
+        with pytest.raises(MCPError) as listing:  # lists pass the gate too
+            await c.list_tools()
+        assert_refused([listing.value], "unauthenticated")
         # A refusal does not end the connection.
-        assert "price_quote" in [t.name for t in await c.list_tools()]
-    assert decisions(tail.new()) == [(kind, name, None, "denied", "unauthenticated")
-                                     for kind, name in KINDS]
+        assert_refused(await call_each_kind(c), "unauthenticated")
+    assert decisions(tail.new(), lists=True) == [
+        (kind, name, None, "denied", "unauthenticated")
+        for kind, name in [*KINDS, ("list", "tools/list"), *KINDS]]
 
 
 @pytest.mark.anyio
@@ -211,13 +218,15 @@ async def test_forbidden_callers_are_refused_on_all_three_primitives(
 async def test_rate_limited_callers_are_refused_on_all_three_primitives(servers: dict) -> None:
     tail = AuditTail(servers["audit"])
     async with client(servers["gated"], "carol") as c:
-        allowed = [a for _ in range(2) for a in await call_each_kind(c)][:RATE_LIMIT]
-        assert not any(isinstance(a, MCPError) for a in allowed)
+        assert_served(await call_each_kind(c))
+        await call_each_kind(c)
         assert_refused(await call_each_kind(c), "rate_limited")
-    events = decisions(tail.new())
-    # Two rounds of three: the sixth request already exceeds the budget of five.
+    events = decisions(tail.new(), lists=True)
+    # Every gated request spends the budget of five, the client's own tools/list too;
+    # once it is spent, everything is refused.
     assert [e[3:] for e in events] == [("allowed", "ok")] * RATE_LIMIT + [
-        ("denied", "rate_limited")] * 4
+        ("denied", "rate_limited")] * (len(events) - RATE_LIMIT)
+    assert ("list", "tools/list", "carol", "allowed", "ok") in events
     assert {e[2] for e in events} == {"carol"}
     assert [e[0] for e in events[-3:]] == ["tool", "resource", "prompt"]
 
@@ -252,7 +261,8 @@ async def test_a_slow_or_failing_hook_never_crashes_the_server_or_leaks(
         expected_caller = None if hook == "authenticator" else caller
         assert decisions(tail.new()) == [(kind, name, expected_caller, "denied",
                                           f"{hook}_error") for kind, name in KINDS]
-    async with client(servers["gated"], "alice") as c:  # still serving
+    # Still serving (the same caller, whose budget this test leaves room in).
+    async with client(servers["gated"], caller) as c:
         assert "price_quote" in [t.name for t in await c.list_tools()]
 
 

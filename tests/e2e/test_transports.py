@@ -187,8 +187,11 @@ async def test_streamable_http_refuses_a_wrong_token(
             await client.call_tool("price_quote", {"sku": "S"})
         assert caught.value.error.code == GATE_REFUSED
         assert caught.value.error.data == {"reason": "unauthenticated"}
-        # A refused call does not end the session.
-        assert sorted(t.name for t in await client.list_tools()) == sorted(EXPOSED)
+        # Lists pass the gate too; a refusal does not end the session.
+        for _ in range(2):
+            with pytest.raises(MCPError) as listing:
+                await client.list_tools()
+            assert listing.value.error.data == {"reason": "unauthenticated"}
     denied = [e for e in read_audit(audit)
               if e["decision"] == "denied" and e["name"] == "price_quote"]
     assert denied and all(e["caller_id"] is None for e in denied)

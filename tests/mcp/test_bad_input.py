@@ -143,7 +143,8 @@ async def test_an_output_that_cannot_be_sent_is_an_error_result_not_an_internal_
         assert result.content[0].text.startswith("OutputSerializationError: ")
         assert (await client.call_tool("inspect_tree", {"tree": {}})).content[0].text == (
             '{"keys": []}')
-    outcomes = [(e.name, e.outcome) for e in events if e.phase == "completed"]
+    outcomes = [(e.name, e.outcome) for e in events
+                if e.phase == "completed" and e.kind == "tool"]
     assert outcomes == [("echo_broken", "error"), ("inspect_tree", "ok")]
 
 

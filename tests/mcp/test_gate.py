@@ -72,6 +72,11 @@ def assert_only_reason(error: MCPError, reason: str) -> None:
     assert error.error.data == {"reason": reason}
 
 
+def flow_events(events: list[AuditEvent]) -> list[AuditEvent]:
+    """The events of calls, reads and renders (not of the lists a client makes itself)."""
+    return [event for event in events if event.kind not in ("list", "completion")]
+
+
 def event_text(event: AuditEvent) -> str:
     return " ".join(str(value) for value in dataclasses.asdict(event).values())
 
@@ -89,8 +94,8 @@ async def test_an_allowed_call_is_audited_with_a_hash_of_the_result_never_its_co
     text = result.content[0].text
     assert SECRET_QUERY in text  # the output echoes the argument...
 
-    decision, completed = events
-    for event in events:
+    decision, completed = flow_events(events)
+    for event in flow_events(events):
         assert started <= event.timestamp <= finished
         assert (event.kind, event.name) == ("tool", "product_search")
         assert (event.flow_name, event.flow_version) == ("product_search", "1.0.0")
@@ -138,11 +143,16 @@ async def test_a_refused_call_is_audited_once_as_denied() -> None:
 
 
 @pytest.mark.anyio
-async def test_list_requests_are_not_audited() -> None:
+async def test_list_requests_are_audited_without_a_flow_or_a_result_hash() -> None:
     server, events = server_with(authenticator=Caller("alice"))
     async with Client(server.fastmcp) as client:
         await client.list_tools()
-    assert events == []
+    decision, completed = events
+    for event in events:
+        assert (event.kind, event.name, event.caller_id) == ("list", "tools/list", "alice")
+        assert event.flow_name is None and event.result_sha256 is None
+    assert (decision.phase, completed.phase, completed.outcome) == (
+        "decision", "completed", "ok")
 
 
 @pytest.mark.anyio
@@ -172,7 +182,7 @@ async def test_a_broken_audit_hook_never_breaks_a_call(flavour: str) -> None:
         assert result.structured_content == {"sku": "SKU-1", "total_cents": 1998}
         failed = await client.call_tool("failing_flow", {"query": "x"}, raise_on_error=False)
         assert failed.is_error
-    assert [e.phase for e in attempts] == ["decision", "completed"] * 2
+    assert [e.phase for e in flow_events(attempts)] == ["decision", "completed"] * 2
 
 
 @pytest.mark.anyio
@@ -186,7 +196,7 @@ async def test_an_async_audit_hook_receives_every_event() -> None:
     server = FlowServer(build_catalogue(), security=SecurityConfig(audit_hook=hook))
     async with Client(server.fastmcp) as client:
         await client.call_tool("price_quote", {"sku": "SKU-1"})
-    assert [e.phase for e in events] == ["decision", "completed"]
+    assert [e.phase for e in flow_events(events)] == ["decision", "completed"]
 
 
 # --------------------------------------------------------------- authenticator
@@ -198,7 +208,7 @@ async def test_the_authenticator_sees_the_request_context() -> None:
     server, _ = server_with(authenticator=caller)
     async with Client(server.fastmcp) as client:
         await client.call_tool("order_status", {"order_id": "A-3"})
-    (ctx,) = caller.seen
+    (ctx,) = [ctx for ctx in caller.seen if ctx.kind == "tool"]
     assert (ctx.kind, ctx.name) == ("tool", "order_status")
     assert (ctx.flow_name, ctx.flow_version) == ("order_status", "2.1.0")
     assert dict(ctx.headers) == {}  # in memory there is no HTTP request
@@ -266,9 +276,10 @@ async def test_async_authenticators_are_awaited_and_bounded_by_hook_timeout() ->
 async def test_rate_limit_per_caller_per_window_with_an_injected_clock() -> None:
     clock = FakeClock()
     caller = Caller("alice")
-    limiter = FixedWindowRateLimiter(2, window_seconds=10, clock=clock)
+    limiter = FixedWindowRateLimiter(3, window_seconds=10, clock=clock)
     server, events = server_with(authenticator=caller, rate_limiter=limiter)
     async with Client(server.fastmcp) as client:
+        await client.list_tools()  # lists count too (the client would list on its own)
         for _ in range(2):
             await client.call_tool("price_quote", {"sku": "S"})
         error = await refusal(client, "product_search", {"query": "q"})
@@ -313,13 +324,15 @@ async def test_the_gate_runs_in_order_and_stops_at_the_first_refusal() -> None:
         authorized.append(ctx)
         return True
 
-    limiter = FixedWindowRateLimiter(1, window_seconds=60, clock=FakeClock())
+    limiter = FixedWindowRateLimiter(2, window_seconds=60, clock=FakeClock())
     server, _ = server_with(authenticator=caller, rate_limiter=limiter, authorizer=authorizer)
     async with Client(server.fastmcp) as client:
         # Refused by authentication: the rate budget is untouched, the authorizer not asked.
         await refusal(client, "price_quote", {"sku": "S"})
         assert authorized == []
         caller.identity = "alice"
+        await client.list_tools()  # a list takes a unit of the budget, never the authorizer
+        assert authorized == []
         await client.call_tool("price_quote", {"sku": "S"})
         assert len(authorized) == 1
         # Refused by the limiter: the authorizer is not asked.

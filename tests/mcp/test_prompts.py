@@ -378,7 +378,10 @@ async def test_prompts_get_is_audited_with_a_hash_of_the_rendered_messages() -> 
     server = prompting(security=SecurityConfig(audit_hook=events.append))
     async with Client(server.fastmcp) as client:
         await client.list_prompts()
-        assert events == []  # prompts/list is not audited
+        # prompts/list is audited without a flow or a hash
+        assert [(e.kind, e.name, e.flow_name, e.result_sha256) for e in events] == [
+            ("list", "prompts/list", None, None)] * 2
+        events.clear()
         compare = await client.get_prompt("product_search__compare",
                                           {"first": SECRET, "second": "b"})
         guide = await client.get_prompt(GUIDE)

@@ -336,13 +336,17 @@ async def test_a_version_other_than_the_exposed_one_is_not_found() -> None:
 
 
 @pytest.mark.anyio
-async def test_reads_are_audited_with_a_hash_and_length_lists_are_not() -> None:
+async def test_reads_are_audited_with_a_hash_and_length_lists_without() -> None:
     events: list[AuditEvent] = []
     server = exposing(security=SecurityConfig(audit_hook=events.append))
     async with Client(server.fastmcp) as client:
         await client.list_resources()
         await client.list_resource_templates()
-        assert events == []
+        assert [(e.kind, e.name, e.result_sha256) for e in events] == [
+            ("list", "resources/list", None), ("list", "resources/list", None),
+            ("list", "resources/templates/list", None),
+            ("list", "resources/templates/list", None)]
+        events.clear()
         texts = {uri: await read_text(client, uri)
                  for uri in (INDEX, schema_uri("order_status"))}
     completed = [e for e in events if e.phase == "completed"]

@@ -1,0 +1,307 @@
+"""Per-caller views: the exposure snapshot narrowed to the flows one caller may see.
+
+``FlowServer(visible=...)`` takes a rule ``(caller, flow) -> bool``. A caller sees an
+exposed flow only when the rule answers exactly ``True``; everywhere else (lists,
+gets, completions, the index, the guide, tasks) the flow answers like a name that
+never existed.
+
+The rule is not called per request. Its answers are cached per *grant set*: the
+caller's scopes plus the values of the claims the rule declares it reads
+(:class:`Visibility`), per exposure snapshot. So that a cached answer can never be
+one meant for somebody else, the rule receives only that grant set: a
+:class:`CallerIdentity` whose ``id`` is ``"grant"``, with the caller's ``scopes`` and
+just the declared ``claims`` (no subject, no client id, no other claim). Declare
+``claims=("sub",)`` to make the view per subject.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeGuard, TypeVar
+
+from fastmcp.server.dependencies import get_access_token
+
+from ..errors import ExposureConfigError
+from ..flows import Flow
+from .decision import ExposedFlow
+from .hooks import ANONYMOUS, CallerIdentity
+
+logger = logging.getLogger("chainweaver.mcp.views")
+
+VisibleRule = Callable[[CallerIdentity, Flow], bool]
+# Grant sets remembered per snapshot; the least recently used is dropped beyond this.
+MAX_GRANT_SETS = 1024
+T = TypeVar("T")
+
+# The caller the security gate established for the request being served (set while
+# the request runs; unset: the caller comes from the verified bearer token, if any).
+CURRENT_CALLER: ContextVar[CallerIdentity | None] = ContextVar("chainweaver_caller",
+                                                               default=None)
+
+
+# Verified bearer token -> its caller, built once per token (the transport verifies
+# the token on every request; the cached caller is checked against what it verified).
+_TOKEN_CALLERS: OrderedDict[str, CallerIdentity] = OrderedDict()
+MAX_TOKEN_CALLERS = 4096
+_TOKEN_LOCK = threading.Lock()
+
+
+def caller_from_token() -> CallerIdentity:
+    """The caller of the current request, from the token FastMCP's ``auth`` verified.
+
+    ``id`` is ``client_id|subject`` (how FastMCP scopes background tasks), or the
+    client id alone when the token has no subject. No token: :data:`ANONYMOUS`.
+    """
+    try:
+        token = get_access_token()
+    except RuntimeError:  # pragma: no cover - no request context at all
+        token = None
+    if token is None:
+        return ANONYMOUS
+    with _TOKEN_LOCK:  # completions run in worker threads
+        caller = _TOKEN_CALLERS.get(token.token)
+        # Two servers' verifiers may read one token string differently (static tokens).
+        if caller is None or caller.client_id != token.client_id or \
+                caller.claims != (token.claims or {}) or caller.scopes != set(token.scopes):
+            caller = _TOKEN_CALLERS[token.token] = _caller_of(token)
+            if len(_TOKEN_CALLERS) > MAX_TOKEN_CALLERS:
+                _TOKEN_CALLERS.popitem(last=False)
+    return caller
+
+
+def _caller_of(token: Any) -> CallerIdentity:
+    claims = dict(token.claims or {})
+    subject = token.subject or (claims.get("sub") if isinstance(claims.get("sub"), str)
+                                else None)
+    identity = f"{token.client_id}|{subject}" if subject else token.client_id
+    return CallerIdentity(identity, claims, subject=subject, client_id=token.client_id,
+                          scopes=frozenset(token.scopes))
+
+
+def current_caller() -> CallerIdentity:
+    """The caller of the request being served: the gate's, else the token's."""
+    caller = CURRENT_CALLER.get()
+    return caller if caller is not None else caller_from_token()
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """A view rule and the claims it reads (the rest of the token is withheld from it).
+
+    ``rule(caller, flow)`` must depend only on ``caller.scopes``, the claims named in
+    ``claims`` and the flow: its answers are cached under exactly those.
+    """
+
+    rule: VisibleRule
+    claims: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not callable(self.rule):
+            raise ExposureConfigError(f"visible must be callable, got {self.rule!r}")
+        claims = self.claims
+        if isinstance(claims, str) or not all(isinstance(c, str) and c for c in claims):
+            raise ExposureConfigError(f"Visibility claims must be a list of claim names, got "
+                                      f"{claims!r}")
+        object.__setattr__(self, "claims", tuple(claims))
+
+    def grant(self, caller: CallerIdentity) -> tuple[Any, CallerIdentity]:
+        """The cache key for ``caller``, and the identity the rule is shown."""
+        claims = {name: caller.claims[name] for name in self.claims if name in caller.claims}
+        key = (caller.scopes, tuple((name, _frozen(value)) for name, value in claims.items()))
+        return key, CallerIdentity("grant", claims, scopes=caller.scopes)
+
+
+def visible_claim(claim: str) -> Visibility:
+    """A flow is visible when the token's ``claim`` lists the flow's governance owner.
+
+    The claim may be a list of strings or one space-separated string. A flow with no
+    owner is visible to nobody under this rule.
+    """
+    if not isinstance(claim, str) or not claim.strip():
+        raise ExposureConfigError(f"visible_claim needs a claim name, got {claim!r}")
+
+    def owner_listed(caller: CallerIdentity, flow: Flow) -> bool:
+        owner = flow.governance.owner
+        return owner is not None and owner in _claim_values(caller.claims.get(claim))
+
+    owner_listed.__name__ = f"owner_in_{claim}"
+    return Visibility(owner_listed, (claim,))
+
+
+def _claim_values(value: Any) -> frozenset[str]:
+    if isinstance(value, str):
+        return frozenset(value.split())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return frozenset(item for item in value if isinstance(item, str))
+    return frozenset()
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for a claim value (claims are JSON)."""
+    try:
+        return json.dumps(value, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class View:
+    """One grant set's view of one exposure snapshot."""
+
+    def __init__(self, rule: VisibleRule | None, grant: CallerIdentity) -> None:
+        self._rule = rule
+        self._grant = grant
+        self._answers: dict[tuple[str, str], bool] = {}
+        self._cache: dict[str, Any] = {}
+
+    @property
+    def restricted(self) -> bool:
+        """Whether a rule narrows this view (False: every exposed flow is visible)."""
+        return self._rule is not None
+
+    def allows(self, exposed: ExposedFlow | None) -> TypeGuard[ExposedFlow]:
+        """Whether this view holds ``exposed`` (None, a name that resolves to no flow: no)."""
+        if exposed is None:
+            return False
+        if self._rule is None:
+            return True
+        flow = exposed.flow
+        key = (flow.name, flow.version)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._ask(flow)
+            self._answers[key] = answer
+        return answer
+
+    def select(self, flows: Iterable[T], flow_of: Callable[[T], ExposedFlow | None]
+               ) -> list[T]:
+        """The items of ``flows`` whose flow this view holds (``flow_of`` None: kept)."""
+        if self._rule is None:
+            return list(flows)
+        return [item for item in flows
+                if (exposed := flow_of(item)) is None or self.allows(exposed)]
+
+    def cached(self, key: str, build: Callable[[], T]) -> T:
+        """Something derived from this view alone (a list, the index), built once."""
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache.setdefault(key, build())
+        return value
+
+    def _ask(self, flow: Flow) -> bool:
+        assert self._rule is not None
+        try:
+            answer = self._rule(self._grant, flow)
+        except Exception as error:  # a broken rule hides the flow; never breaks a request
+            logger.warning("visible rule %s raised %s for flow %r: hidden",
+                           getattr(self._rule, "__name__", "rule"), type(error).__name__,
+                           flow.name)
+            return False
+        return answer is True  # only an explicit yes shows a flow
+
+
+class Views:
+    """The server's view rule, and the views it produced, per snapshot and grant set."""
+
+    def __init__(self, visible: VisibleRule | Visibility | None) -> None:
+        if visible is not None and not isinstance(visible, Visibility):
+            visible = Visibility(visible)
+        self.visibility = visible
+        self._views: weakref.WeakKeyDictionary[Any, OrderedDict[Any, View]] = (
+            weakref.WeakKeyDictionary())
+        self._grants: OrderedDict[int, tuple[CallerIdentity, Any, CallerIdentity]] = (
+            OrderedDict())
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.visibility is not None
+
+    def current(self, snapshot: Any) -> View:
+        """The view of ``snapshot`` for the caller of the request being served."""
+        return self.of(snapshot, ANONYMOUS if self.visibility is None else current_caller())
+
+    def of(self, snapshot: Any, caller: CallerIdentity) -> View:
+        """The view of ``snapshot`` (an exposure snapshot) for ``caller``."""
+        visibility = self.visibility
+        with self._lock:  # completions run in worker threads
+            if visibility is None:
+                key, grant = None, ANONYMOUS
+            else:
+                # The same caller object comes back for every request with the same
+                # token: its grant key is worked out once (held with the caller, so its
+                # id cannot be reused meanwhile).
+                known = self._grants.get(id(caller))
+                if known is not None and known[0] is caller:
+                    key, grant = known[1], known[2]
+                else:
+                    key, grant = visibility.grant(caller)
+                    self._grants[id(caller)] = (caller, key, grant)
+                    if len(self._grants) > MAX_TOKEN_CALLERS:
+                        self._grants.popitem(last=False)
+            views = self._views.get(snapshot)
+            if views is None:
+                views = self._views[snapshot] = OrderedDict()
+            view = views.get(key)
+            if view is None:
+                view = views[key] = View(visibility.rule if visibility else None, grant)
+                if len(views) > MAX_GRANT_SETS:
+                    views.popitem(last=False)
+            else:
+                views.move_to_end(key)
+            return view
+
+
+def check_visible(visible: object) -> VisibleRule | Visibility | None:
+    """``FlowServer(visible=...)``: None, a callable or a :class:`Visibility`."""
+    if visible is None or isinstance(visible, Visibility):
+        return visible
+    if not callable(visible):
+        raise ExposureConfigError(f"visible must be None, a callable (caller, flow) -> bool "
+                                  f"or a Visibility, got {visible!r}")
+    return visible
+
+
+
+def input_schema_lookup(fastmcp: Any, exposure: Any, views: Views, *,
+                        caller_known: bool) -> Callable[[str], Any]:
+    """What the MCP SDK reads to check ``Mcp-Param-*`` headers of a 2026-07-28
+    ``tools/call`` over HTTP: a published tool's input schema, in the view of the
+    token's caller.
+
+    Without it the SDK runs a whole ``tools/list`` through the middleware before every
+    such call (a gated, audited, rate-limited list per call). It runs before any
+    middleware, so it answers ``None`` (no header check, as the SDK does when its list
+    fails) whenever it cannot tell what this caller sees: a flow outside the token
+    caller's view, an ``authenticator`` hook deciding the caller later, or a transform
+    on the server that renames tools.
+    """
+    def lookup(name: str) -> Any:
+        if fastmcp.transforms or (views.active and not caller_known):
+            return None
+        exposed = exposure.tool(name)
+        if exposed is None or (views.active and not views.of(
+                exposure, caller_from_token()).allows(exposed)):
+            return None
+        return exposed.contract.input_schema
+
+    return lookup
+
+
+def install_input_schema_lookup(fastmcp: Any, lookup: Callable[[str], Any]) -> None:
+    """Give FastMCP's low-level MCP server ``lookup`` (see :func:`input_schema_lookup`).
+
+    FastMCP 4.1 has no public way to set it: this is the one place that reaches its
+    private ``_mcp_server``; tests/mcp/test_views.py fails if that changes.
+    """
+    low_level = getattr(fastmcp, "_mcp_server", None)
+    if low_level is None or not hasattr(low_level, "get_tool_input_schema"):
+        raise RuntimeError("FastMCP's low-level server no longer has "
+                           "get_tool_input_schema: check chainweaver.mcp.views")
+    low_level.get_tool_input_schema = lookup
