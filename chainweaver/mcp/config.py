@@ -191,6 +191,10 @@ class ServingConfig:
     ``freeze_gc=True`` calls ``gc.freeze()`` once the server is built, so the garbage
     collector stops re-scanning the catalogue on every list (see ``docs/mcp-server.md``,
     "Start-up cost"). Objects alive then are never collected.
+
+    ``change_debounce`` (seconds) is how long the server waits after a registry change
+    before telling clients, so a burst of changes is one notification
+    (``docs/live-governance.md``).
     """
 
     flow_timeout: float | None = None
@@ -198,12 +202,15 @@ class ServingConfig:
     allowed_hosts: Iterable[str] | None = None
     allowed_origins: Iterable[str] | None = None
     freeze_gc: bool = False
+    change_debounce: float = 0.05
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)
         check_bool("freeze_gc", self.freeze_gc)
+        object.__setattr__(self, "change_debounce",
+                           check_seconds("change_debounce", self.change_debounce))
         object.__setattr__(self, "allowed_hosts",
                            _header_values("allowed_hosts", self.allowed_hosts, _HOST))
         object.__setattr__(self, "allowed_origins",

@@ -10,7 +10,7 @@ keeps construction linear and cheap and lookups O(1). Server start builds none:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import mcp_types
 from fastmcp.prompts.base import Prompt
@@ -27,7 +27,7 @@ from ..versions import version_key
 from . import prompt_render
 from .composition import stamp_owner
 from .config import ErrorDetail
-from .exposure import INDEX_URI, ExposedFlow, Exposure, PromptEntry
+from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure, PromptEntry
 from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
@@ -55,11 +55,15 @@ def _version_matches(spec: VersionSpec, version: str) -> bool:
 
 
 class FlowProvider(Provider):
-    """Publishes exactly what the exposure decision allows."""
+    """Publishes exactly what the exposure decision allows.
+
+    ``exposure`` is the server's live reference: every read answers from the snapshot
+    the current request pinned at entry, so one request never mixes two snapshots.
+    """
 
     def __init__(
         self,
-        exposure: Exposure,
+        exposure: LiveExposure,
         executor: FlowExecutor,
         *,
         error_detail: ErrorDetail = "full",
@@ -72,7 +76,8 @@ class FlowProvider(Provider):
         self.owner = owner
         self.error_detail = error_detail
         self.flow_timeout = flow_timeout
-        self._cache: dict[tuple[str, str], Any] = {}
+        # (kind, name) -> (what the component was built from, the component)
+        self._cache: dict[tuple[str, str], tuple[object, Any]] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
 
     def __repr__(self) -> str:
@@ -87,12 +92,15 @@ class FlowProvider(Provider):
         """
         return len(self._cache)
 
-    def _cached(self, kind: str, key: str, build: Callable[[], Any]) -> Any:
-        component = self._cache.get((kind, key))
-        if component is None:
-            component = build()
-            stamp_owner(component, self.owner)
-            self._cache[(kind, key)] = component
+    def _cached(self, kind: str, key: str, source: object, build: Callable[[], Any]) -> Any:
+        # A name may be published from another exposed flow after a change: a
+        # component is reused only for the very decision it was built from.
+        cached = self._cache.get((kind, key))
+        if cached is not None and cached[0] is source:
+            return cached[1]
+        component = build()
+        stamp_owner(component, self.owner)
+        self._cache[(kind, key)] = (source, component)
         return component
 
     # Each request resolves its name through the exposure once; lists walk the
@@ -101,7 +109,7 @@ class FlowProvider(Provider):
     # ------------------------------------------------------------------ tools
 
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
-        return self._cached("tool", exposed.tool_name, lambda: FlowTool.build(
+        return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout))
 
     async def _list_tools(self) -> Sequence[Tool]:
@@ -117,10 +125,13 @@ class FlowProvider(Provider):
 
     def _schema_resource(self, exposed: ExposedFlow) -> Resource:
         assert exposed.schema_uri is not None
-        return self._cached("resource", exposed.schema_uri, lambda: schema_resource(exposed))
+        return self._cached("resource", exposed.schema_uri, exposed,
+                            lambda: schema_resource(exposed))
 
     def _index_resource(self) -> Resource:
-        return self._cached("resource", INDEX_URI, lambda: index_resource(self.exposure))
+        # Built once over the live reference: a read renders the pinned snapshot.
+        return self._cached("resource", INDEX_URI, self.exposure,
+                            lambda: index_resource(cast(Exposure, self.exposure)))
 
     async def _list_resources(self) -> Sequence[Resource]:
         if not self.exposure.expose_schemas:
@@ -159,9 +170,11 @@ class FlowProvider(Provider):
                 return AuthoredPrompt.build(entry.name, entry.prompt, entry.exposed_flow)
             if entry.exposed_flow is not None:
                 return FlowInvocationPrompt.build(entry.exposed_flow)
-            return GuidePrompt.build(self.exposure)
+            return GuidePrompt.build(cast(Exposure, self.exposure))  # renders the pinned one
 
-        return self._cached("prompt", entry.name, build)
+        source: object = next((s for s in (entry.exposed_flow, entry.prompt)
+                               if s is not None), self.exposure)
+        return self._cached("prompt", entry.name, source, build)
 
     async def _list_prompts(self) -> Sequence[Prompt]:
         return [self._prompt(entry) for entry in self.exposure.prompts.values()]

@@ -7,7 +7,10 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast
 
 import anyio
@@ -26,8 +29,9 @@ from .config import (
     check_bool,
     check_text,
 )
-from .exposure import INDEX_URI, Exposure, FlowExposure
+from .exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from .http_guard import HostOriginRules
+from .notifications import ChangeNotifier, LiveMiddleware
 from .provider import FlowProvider
 from .security import SecurityGate
 
@@ -39,9 +43,12 @@ Transport = Literal["stdio", "streamable-http"]
 class FlowServer:
     """An MCP server publishing a :class:`FlowExecutor`'s flows under one governance filter.
 
-    Every decision about what is published is made once, at construction
-    (:meth:`exposure_report` shows it); a flow it excludes is absent from every
-    primitive. Bad configuration raises :class:`ExposureConfigError` here, not later.
+    What is published is decided from the executor's registry into an immutable
+    snapshot (:meth:`exposure_report` shows it); a flow it excludes is absent from
+    every primitive. The server follows the registry: each change builds a new
+    snapshot, swapped in before the change returns, and clients are told what changed
+    (see ``docs/live-governance.md``). Bad configuration raises
+    :class:`ExposureConfigError` here, not later.
     """
 
     def __init__(
@@ -82,14 +89,20 @@ class FlowServer:
         self.policy = policy
         self.security = security
         self.serving = serving
-        self._exposure = Exposure(executor, policy, expose_schemas=expose_schemas,
-                                  expose_prompts=expose_prompts, server_prompts=prompts)
+        self._server_prompts = prompts
+        self._exposure = LiveExposure(Exposure(
+            executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
+            server_prompts=prompts))
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout, owner=owner)
-        self._gate = SecurityGate(self._exposure, security, owner=owner)
+        # The gate reads the live reference like a snapshot: the request's pinned one.
+        self._gate = SecurityGate(cast(Exposure, self._exposure), security, owner=owner)
+        self._notifier = ChangeNotifier(self._exposure,
+                                        debounce=cast(float, serving.change_debounce))
+        self._live = LiveMiddleware(self._exposure, self._notifier)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -98,22 +111,48 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            middleware=[self._gate],
+            middleware=[self._live, self._gate],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
             mask_error_details=security.error_detail != "full",
             list_page_size=serving.page_size,
             # Marks requests that arrive through this server's own transport.
-            lifespan=gate_lifespan(self._gate),
+            lifespan=_serving_lifespan(gate_lifespan(self._gate), self._notifier),
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
+        self._notifier.install(self._fastmcp, resources=expose_schemas)
+        self._swap_lock = threading.Lock()
+        self._unsubscribe = executor.registry.subscribe(_follower(self))
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
             self._exposure.catalogue  # noqa: B018
             _freeze_gc()
+
+    def _follow_registry(self) -> None:
+        """Swap in a snapshot of the registry as it is now (called on every change).
+
+        Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
+        request starting afterwards sees the old snapshot. Building is cheap: flows
+        are judged when first needed, unchanged ones carried over. A snapshot that
+        cannot be built (a name collision) raises, and the registry refuses the change.
+        """
+        with self._swap_lock:
+            latest = self._exposure.latest
+            state = self.executor.registry.state()
+            if state.sequence <= latest.sequence:
+                return
+            self._exposure.swap(Exposure(
+                self.executor, self.policy, expose_schemas=latest.expose_schemas,
+                expose_prompts=latest.expose_prompts, server_prompts=self._server_prompts,
+                state=state, previous=latest))
+        self._notifier.changed()
+
+    def close(self) -> None:
+        """Stop following the executor's registry (the snapshot in use stays)."""
+        self._unsubscribe()
 
     @property
     def fastmcp(self) -> FastMCP:
@@ -133,6 +172,7 @@ class FlowServer:
         if namespace is not None and not (isinstance(namespace, str)
                                           and NAME_PATTERN.fullmatch(namespace)):
             raise ExposureConfigError(f"namespace {namespace!r} is not a valid name part")
+        parent.add_middleware(self._live)
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
 
@@ -208,6 +248,31 @@ class FlowServer:
 
 
 C = TypeVar("C")
+
+
+def _follower(server: FlowServer) -> Callable[[object], None]:
+    """A registry listener that does not keep ``server`` alive."""
+    ref = weakref.ref(server)
+
+    def follow(change: object) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._follow_registry()
+
+    return follow
+
+
+def _serving_lifespan(
+    inner: Callable[[FastMCP], Any], notifier: ChangeNotifier
+) -> Callable[[FastMCP], Any]:
+    """``inner`` (the gate's lifespan) with change notifications delivered meanwhile."""
+
+    @asynccontextmanager
+    async def lifespan(server: FastMCP) -> AsyncIterator[Any]:
+        async with inner(server) as state, notifier.running():
+            yield state
+
+    return lifespan
 
 
 def _config(setting: str, value: C | None, kind: type[C]) -> C:

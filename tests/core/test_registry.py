@@ -107,14 +107,14 @@ def test_exception_hierarchy() -> None:
 def test_the_registry_can_be_read_as_it_stood_at_an_earlier_registration() -> None:
     registry = FlowRegistry()
     first = registry.register_flow(Flow("a", "A.", [FlowStep("t")], version="1.0.0"))
-    then = registry.sequence
+    then = registry.state()
     registry.register_flow(Flow("a", "A.", [FlowStep("t")], version="2.0.0"))
     registry.register_flow(Flow("b", "B.", [FlowStep("t")], version="0.5.0"))
     # An older version registered later is not visible at the earlier point either.
     registry.register_flow(Flow("a", "A.", [FlowStep("t")], version="0.1.0"))
-    assert registry.sequence == then + 3
-    assert registry.get_flow_as_of("a", then) is first
-    assert registry.get_flow_as_of("b", then) is None
-    assert registry.names_as_of(then) == ["a"]
-    assert registry.names_as_of(registry.sequence) == ["a", "b"]
-    assert registry.get_flow_as_of("a", registry.sequence).version == "2.0.0"
+    assert registry.sequence == then.sequence + 3
+    assert then.latest("a") is first
+    assert then.latest("b") is None
+    assert then.names() == ["a"]
+    assert registry.state().names() == ["a", "b"]
+    assert registry.state().latest("a").version == "2.0.0"

@@ -1,0 +1,290 @@
+"""Following registry changes while serving: snapshots per request, and telling clients.
+
+:class:`LiveMiddleware` runs first for every request: it pins the current exposure
+snapshot for the whole request, refuses a list cursor issued by an older snapshot
+(-32602, "list again"), and remembers 2025-11-25 sessions. :class:`ChangeNotifier`
+learns of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs
+the snapshot clients last heard about against the newest, and tells each client what
+changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
+``notifications/resources/updated`` for subscribed schema resources. On 2026-07-28 it
+serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus per
+stream); on 2025-11-25 it sends on each live session (stateful HTTP, stdio, memory).
+Stateless HTTP has no channel back to the client: nothing is sent there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types
+from fastmcp import FastMCP
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp import MCPError
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
+from .fastmcp_seams import low_level_server, raw_params
+
+logger = logging.getLogger("chainweaver.mcp.notifications")
+
+LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
+                          "prompts/list"})
+LIST_AGAIN = ("the published list changed since this cursor was issued; "
+              "list again from the start")
+
+
+@dataclass(frozen=True)
+class ViewChange:
+    """What changed in one client's view between two snapshots."""
+
+    tools: bool = False
+    resources: bool = False
+    prompts: bool = False
+    updated: frozenset[str] = field(default_factory=frozenset)  # resource URIs
+
+    def __bool__(self) -> bool:
+        return self.tools or self.resources or self.prompts or bool(self.updated)
+
+
+def _same_flow(a: ExposedFlow, b: ExposedFlow) -> bool:
+    """Whether two exposed flows publish the same thing (names, version, contract)."""
+    if a is b:
+        return True
+    fa, fb = a.flow, b.flow
+    return (fa.version == fb.version and fa.title == fb.title
+            and fa.description == fb.description and a.forced == b.forced
+            and a.contract.input_schema == b.contract.input_schema
+            and a.contract.output_schema == b.contract.output_schema
+            and a.prompt_names == b.prompt_names
+            and dict(a.authored_prompts) == dict(b.authored_prompts))
+
+
+def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    if old.keys() != new.keys():
+        return True
+    return any(not _same_entry(old[key], new[key]) for key in new)
+
+
+def _same_entry(a: Any, b: Any) -> bool:
+    if isinstance(a, ExposedFlow):
+        return _same_flow(a, b)
+    if a.exposed_flow is None or b.exposed_flow is None:  # prompt entries
+        return a.exposed_flow is b.exposed_flow and a.prompt is b.prompt
+    return a.prompt == b.prompt and _same_flow(a.exposed_flow, b.exposed_flow)
+
+
+def view_changes(old: Exposure, new: Exposure, subscriber: object) -> ViewChange:
+    """What ``subscriber`` (a session) sees change from ``old`` to ``new``.
+
+    Every subscriber sees the whole snapshot today; a per-caller view narrows both
+    snapshots for ``subscriber`` here.
+    """
+    tools = _differs(old.tools, new.tools)
+    resources = new.expose_schemas and old.resources.keys() != new.resources.keys()
+    updated: set[str] = set()
+    if new.expose_schemas:
+        updated = {uri for uri, exposed in new.resources.items()
+                   if uri in old.resources and not _same_flow(old.resources[uri], exposed)}
+        if tools or resources or updated:
+            updated.add(INDEX_URI)
+    prompts = new.expose_prompts and _differs(old.prompts, new.prompts)
+    return ViewChange(tools, resources, prompts, frozenset(updated))
+
+
+class ChangeNotifier:
+    """Tells connected clients what changed after each snapshot swap (debounced)."""
+
+    def __init__(self, live: LiveExposure, *, debounce: float = 0.05) -> None:
+        self.live = live
+        self.debounce = debounce
+        self._notified = live.latest  # the snapshot clients were last told about
+        # 2025-11-25 sessions -> the resource URIs each subscribed to
+        self._sessions: weakref.WeakKeyDictionary[ServerSession, set[str]] = (
+            weakref.WeakKeyDictionary())
+        # 2026-07-28 listen streams: bus -> the session it serves
+        self._streams: dict[InMemorySubscriptionBus, tuple[ListenHandler, ServerSession]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: asyncio.Task[None] | None = None
+
+    # -------------------------------------------------------------- wiring
+
+    def install(self, server: FastMCP, *, resources: bool) -> None:
+        """Serve ``subscriptions/listen`` (and, with schema resources, subscribe)."""
+        low = low_level_server(server)
+        low.add_request_handler("subscriptions/listen",
+                                mcp_types.SubscriptionsListenRequestParams, self._listen)
+        if resources:
+            low.add_request_handler("resources/subscribe",
+                                    mcp_types.SubscribeRequestParams, self._subscribe)
+            low.add_request_handler("resources/unsubscribe",
+                                    mcp_types.UnsubscribeRequestParams, self._unsubscribe)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """While serving: changes are delivered on this event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._notified = self.live.latest
+        try:
+            yield
+        finally:
+            self._loop = None
+            for handler, _ in list(self._streams.values()):
+                handler.close()
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
+
+    def remember(self, session: ServerSession, protocol_version: str) -> None:
+        """Keep a 2025-11-25 session to notify (weakly: a closed one goes away)."""
+        if protocol_version not in MODERN_PROTOCOL_VERSIONS and session not in self._sessions:
+            self._sessions[session] = set()
+
+    @property
+    def listeners(self) -> int:
+        """How many sessions and listen streams would be told of a change now."""
+        return len(self._sessions) + len(self._streams)
+
+    # ------------------------------------------------------- change -> clients
+
+    def changed(self) -> None:
+        """A new snapshot was swapped in (any thread): schedule one debounced notice."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._schedule)
+        except RuntimeError:  # the loop closed in between
+            pass
+
+    def _schedule(self) -> None:
+        if self._pending is None and self._loop is not None:
+            self._pending = self._loop.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(self.debounce)
+        self._pending = None  # a change from now on schedules another notice
+        old, new = self._notified, self.live.latest
+        if new is old:
+            return
+        try:
+            # Deciding every flow is the expensive part: off the event loop.
+            await anyio.to_thread.run_sync(lambda: (old.catalogue, new.catalogue))
+        except Exception:
+            logger.exception("could not compare snapshots; clients are not told this time")
+            return
+        self._notified = new
+        for session, uris in list(self._sessions.items()):
+            change = view_changes(old, new, session)
+            if change and not await self._send_legacy(session, change, uris):
+                self._sessions.pop(session, None)
+        for bus, (_, session) in list(self._streams.items()):
+            change = view_changes(old, new, session)
+            for event in _events(change):
+                await bus.publish(event)
+
+    async def _send_legacy(self, session: ServerSession, change: ViewChange,
+                           uris: set[str]) -> bool:
+        try:
+            if change.tools:
+                await session.send_tool_list_changed()
+            if change.resources:
+                await session.send_resource_list_changed()
+            if change.prompts:
+                await session.send_prompt_list_changed()
+            for uri in sorted(change.updated & uris):
+                await session.send_resource_updated(uri)
+        except Exception:  # a closed session: forget it
+            logger.debug("dropping a session that cannot be notified", exc_info=True)
+            return False
+        return True
+
+    # --------------------------------------------------------- request handlers
+
+    async def _listen(self, ctx: Any, params: mcp_types.SubscriptionsListenRequestParams
+                      ) -> mcp_types.SubscriptionsListenResult:
+        bus = InMemorySubscriptionBus()
+        handler = ListenHandler(bus)
+        self._streams[bus] = (handler, ctx.session)
+        try:
+            result: mcp_types.SubscriptionsListenResult = await handler(ctx, params)
+            return result
+        finally:
+            self._streams.pop(bus, None)
+
+    async def _subscribe(self, ctx: Any, params: mcp_types.SubscribeRequestParams
+                         ) -> mcp_types.EmptyResult:
+        # Any URI may be subscribed to (a hidden one simply never fires): the answer
+        # says nothing about what exists.
+        self._sessions.setdefault(ctx.session, set()).add(str(params.uri))
+        return mcp_types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: Any, params: mcp_types.UnsubscribeRequestParams
+                           ) -> mcp_types.EmptyResult:
+        self._sessions.get(ctx.session, set()).discard(str(params.uri))
+        return mcp_types.EmptyResult()
+
+
+def _events(change: ViewChange) -> list[ServerEvent]:
+    events: list[ServerEvent] = []
+    if change.tools:
+        events.append(ToolsListChanged())
+    if change.resources:
+        events.append(ResourcesListChanged())
+    if change.prompts:
+        events.append(PromptsListChanged())
+    events.extend(ResourceUpdated(uri=uri) for uri in sorted(change.updated))
+    return events
+
+
+class LiveMiddleware(Middleware):
+    """First in the chain: one snapshot per request, stale cursors refused, sessions kept."""
+
+    def __init__(self, live: LiveExposure, notifier: ChangeNotifier) -> None:
+        self.live = live
+        self.notifier = notifier
+        # session -> list method -> sequence of the snapshot that served its last page
+        self._pages: weakref.WeakKeyDictionary[ServerSession, dict[str, int]] = (
+            weakref.WeakKeyDictionary())
+
+    async def on_message(self, context: MiddlewareContext, call_next: Any) -> Any:
+        with self.live.pinned() as snapshot:
+            request = context.fastmcp_context.request_context if context.fastmcp_context \
+                else None
+            if request is not None:
+                self.notifier.remember(request.session, request.protocol_version)
+                if context.method in LIST_METHODS:
+                    self._check_cursor(context, request.session, snapshot.sequence)
+            return await call_next(context)
+
+    def _check_cursor(self, context: MiddlewareContext, session: ServerSession,
+                      sequence: int) -> None:
+        """A page continues the listing it belongs to, or the client lists again.
+
+        Pages are numbered by offset, so a cursor from an older snapshot would mix
+        two lists. A session remembers which snapshot served its listing; a session
+        that never listed (stateless HTTP: a new one per request) is served from the
+        current snapshot.
+        """
+        params = raw_params(context) or {}
+        method = context.method or ""
+        pages = self._pages.setdefault(session, {})
+        if params.get("cursor") is not None and pages.get(method, sequence) != sequence:
+            raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
+        pages[method] = sequence
