@@ -557,7 +557,7 @@ async def test_a_server_follows_registrations_made_after_it_was_built() -> None:
     assert not called.is_error and called.content[0].text == '{"text": "x"}'
     assert "late_flow" in listed
     assert listed["order_status"].meta["chainweaver"]["version"] == "9.0.0"
-    assert status.structured_content == {"text": "A-1"}
+    assert status.content[0].text == '{"text": "A-1"}'
     assert [e.flow_name for e in server.exposure_report()].count("late_flow") == 1
     # A snapshot of the registry before the changes still answers as it stood then.
     old = Exposure(executor, ExposurePolicy(), state=before)
