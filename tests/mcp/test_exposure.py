@@ -520,7 +520,6 @@ async def test_flow_whose_schema_is_not_valid_json_is_excluded() -> None:
 
 @pytest.mark.parametrize("prefix", ["", "shop", "a__b"])
 def test_lookups_judge_one_flow_and_agree_with_the_whole_catalogue(prefix: str) -> None:
-    from chainweaver.mcp.exposure import Exposure
 
     def fresh() -> Exposure:
         return Exposure(build_catalogue(), ExposurePolicy(server_prefix=prefix),
