@@ -2,7 +2,8 @@
 
 :class:`LiveMiddleware` runs first for every request: it pins the current exposure
 snapshot for the whole request, refuses a list cursor issued by an older snapshot
-(-32602, "list again"), and remembers 2025-11-25 sessions. :class:`ChangeNotifier`
+(-32602, "list again": cursors carry the snapshot's sequence), and remembers
+2025-11-25 sessions. :class:`ChangeNotifier`
 learns of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs
 the snapshot clients last heard about against the newest, and tells each client what
 changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
@@ -16,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import mcp_types
 from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_context, get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
 from mcp.server.session import ServerSession
@@ -40,7 +41,7 @@ from mcp.server.subscriptions import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
-from .fastmcp_seams import low_level_server, raw_params
+from .fastmcp_seams import low_level_server
 
 logger = logging.getLogger("chainweaver.mcp.notifications")
 
@@ -108,17 +109,27 @@ def view_changes(old: Exposure, new: Exposure, subscriber: object) -> ViewChange
     return ViewChange(tools, resources, prompts, frozenset(updated))
 
 
+@dataclass
+class _Session:
+    """A 2025-11-25 session to notify: its latest session object, its subscriptions."""
+
+    session: ServerSession
+    uris: set[str] = field(default_factory=set)
+
+
 class ChangeNotifier:
     """Tells connected clients what changed after each snapshot swap (debounced)."""
+
+    # Sessions are kept by id until a send to one fails; a cap bounds the memory
+    # sessions that closed without a change since take.
+    max_sessions = 10_000
 
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05) -> None:
         self.live = live
         self.debounce = debounce
         self._notified = live.latest  # the snapshot clients were last told about
-        # 2025-11-25 sessions -> the resource URIs each subscribed to
-        self._sessions: weakref.WeakKeyDictionary[ServerSession, set[str]] = (
-            weakref.WeakKeyDictionary())
-        # 2026-07-28 listen streams: bus -> the session it serves
+        self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
+        # 2026-07-28 listen streams: bus -> its handler and the session it serves
         self._streams: dict[InMemorySubscriptionBus, tuple[ListenHandler, ServerSession]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
@@ -126,7 +137,8 @@ class ChangeNotifier:
     # -------------------------------------------------------------- wiring
 
     def install(self, server: FastMCP, *, resources: bool) -> None:
-        """Serve ``subscriptions/listen`` (and, with schema resources, subscribe)."""
+        """Serve ``subscriptions/listen`` (and, with schema resources, subscribe), and
+        make list cursors name the snapshot that issued them."""
         low = low_level_server(server)
         low.add_request_handler("subscriptions/listen",
                                 mcp_types.SubscriptionsListenRequestParams, self._listen)
@@ -135,6 +147,11 @@ class ChangeNotifier:
                                     mcp_types.SubscribeRequestParams, self._subscribe)
             low.add_request_handler("resources/unsubscribe",
                                     mcp_types.UnsubscribeRequestParams, self._unsubscribe)
+        for method in LIST_METHODS:
+            entry = low.get_request_handler(method)
+            if entry is not None:
+                low.add_request_handler(method, entry.params_type,
+                                        paged_on_snapshot(self.live, entry.handler))
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -151,10 +168,16 @@ class ChangeNotifier:
                 self._pending.cancel()
                 self._pending = None
 
-    def remember(self, session: ServerSession, protocol_version: str) -> None:
-        """Keep a 2025-11-25 session to notify (weakly: a closed one goes away)."""
-        if protocol_version not in MODERN_PROTOCOL_VERSIONS and session not in self._sessions:
-            self._sessions[session] = set()
+    def remember(self, session_id: str, session: ServerSession) -> _Session:
+        """Keep a 2025-11-25 session to notify (its newest session object)."""
+        known = self._sessions.pop(session_id, None)
+        if known is None:
+            known = _Session(session)
+            while len(self._sessions) >= self.max_sessions:
+                del self._sessions[next(iter(self._sessions))]  # the least recent
+        known.session = session
+        self._sessions[session_id] = known  # most recent last
+        return known
 
     @property
     def listeners(self) -> int:
@@ -190,30 +213,13 @@ class ChangeNotifier:
             logger.exception("could not compare snapshots; clients are not told this time")
             return
         self._notified = new
-        for session, uris in list(self._sessions.items()):
-            change = view_changes(old, new, session)
-            if change and not await self._send_legacy(session, change, uris):
-                self._sessions.pop(session, None)
+        for session_id, known in list(self._sessions.items()):
+            change = view_changes(old, new, known.session)
+            if change and not await _send_legacy(known, change):
+                self._sessions.pop(session_id, None)
         for bus, (_, session) in list(self._streams.items()):
-            change = view_changes(old, new, session)
-            for event in _events(change):
+            for event in _events(view_changes(old, new, session)):
                 await bus.publish(event)
-
-    async def _send_legacy(self, session: ServerSession, change: ViewChange,
-                           uris: set[str]) -> bool:
-        try:
-            if change.tools:
-                await session.send_tool_list_changed()
-            if change.resources:
-                await session.send_resource_list_changed()
-            if change.prompts:
-                await session.send_prompt_list_changed()
-            for uri in sorted(change.updated & uris):
-                await session.send_resource_updated(uri)
-        except Exception:  # a closed session: forget it
-            logger.debug("dropping a session that cannot be notified", exc_info=True)
-            return False
-        return True
 
     # --------------------------------------------------------- request handlers
 
@@ -232,13 +238,94 @@ class ChangeNotifier:
                          ) -> mcp_types.EmptyResult:
         # Any URI may be subscribed to (a hidden one simply never fires): the answer
         # says nothing about what exists.
-        self._sessions.setdefault(ctx.session, set()).add(str(params.uri))
+        known = self._current_session(ctx)
+        if known is not None:
+            known.uris.add(str(params.uri))
         return mcp_types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Any, params: mcp_types.UnsubscribeRequestParams
                            ) -> mcp_types.EmptyResult:
-        self._sessions.get(ctx.session, set()).discard(str(params.uri))
+        known = self._current_session(ctx)
+        if known is not None:
+            known.uris.discard(str(params.uri))
         return mcp_types.EmptyResult()
+
+    def _current_session(self, ctx: Any) -> _Session | None:
+        session_id = notifiable_session_id()
+        return None if session_id is None else self.remember(session_id, ctx.session)
+
+
+async def _send_legacy(known: _Session, change: ViewChange) -> bool:
+    session = known.session
+    try:
+        if change.tools:
+            await session.send_tool_list_changed()
+        if change.resources:
+            await session.send_resource_list_changed()
+        if change.prompts:
+            await session.send_prompt_list_changed()
+        for uri in sorted(change.updated & known.uris):
+            await session.send_resource_updated(uri)
+    except Exception:  # a closed session: forget it
+        logger.debug("dropping a session that cannot be notified", exc_info=True)
+        return False
+    return True
+
+
+def notifiable_session_id() -> str | None:
+    """The current request's session id, when the server can notify that session.
+
+    2025-11-25 only (2026-07-28 clients listen), and not over stateless HTTP, where
+    a request carries no session and nothing can reach the client afterwards.
+    """
+    try:
+        context = get_context()
+        request = context.request_context
+        if request is None or request.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return None
+        session_id = context.session_id
+    except RuntimeError:
+        return None
+    try:
+        http = get_http_request()
+    except RuntimeError:
+        return session_id  # stdio or in memory: one session per connection
+    return session_id if http.headers.get("mcp-session-id") else None
+
+
+def paged_on_snapshot(live: LiveExposure, handler: Callable[..., Awaitable[Any]]
+                      ) -> Callable[..., Awaitable[Any]]:
+    """Wrap a list handler: the request pins one snapshot, its cursors carry it.
+
+    FastMCP numbers pages by offset, so a cursor from an older snapshot would mix two
+    lists: such a cursor is refused with -32602 and the client lists again.
+    """
+
+    async def paged(ctx: Any, params: Any) -> Any:
+        with live.pinned() as snapshot:
+            if params is not None and params.cursor is not None:
+                params = params.model_copy(
+                    update={"cursor": _inner_cursor(params.cursor, snapshot.sequence)})
+            result = await handler(ctx, params)
+            if getattr(result, "next_cursor", None) is not None:
+                result = result.model_copy(update={"next_cursor": _outer_cursor(
+                    snapshot.sequence, result.next_cursor)})
+            return result
+
+    return paged
+
+
+def _outer_cursor(sequence: int, inner: str) -> str:
+    return f"{sequence}.{inner}"
+
+
+def _inner_cursor(cursor: str, sequence: int) -> str:
+    issued, dot, inner = cursor.partition(".")
+    if not dot or not issued.isdigit():
+        raise MCPError(code=mcp_types.INVALID_PARAMS, message="Invalid cursor")
+    if int(issued) != sequence:
+        raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
+    return inner
 
 
 def _events(change: ViewChange) -> list[ServerEvent]:
@@ -254,37 +341,17 @@ def _events(change: ViewChange) -> list[ServerEvent]:
 
 
 class LiveMiddleware(Middleware):
-    """First in the chain: one snapshot per request, stale cursors refused, sessions kept."""
+    """First in the chain: one snapshot per request, and 2025-11-25 sessions kept."""
 
     def __init__(self, live: LiveExposure, notifier: ChangeNotifier) -> None:
         self.live = live
         self.notifier = notifier
-        # session -> list method -> sequence of the snapshot that served its last page
-        self._pages: weakref.WeakKeyDictionary[ServerSession, dict[str, int]] = (
-            weakref.WeakKeyDictionary())
 
     async def on_message(self, context: MiddlewareContext, call_next: Any) -> Any:
-        with self.live.pinned() as snapshot:
+        with self.live.pinned():
             request = context.fastmcp_context.request_context if context.fastmcp_context \
                 else None
-            if request is not None:
-                self.notifier.remember(request.session, request.protocol_version)
-                if context.method in LIST_METHODS:
-                    self._check_cursor(context, request.session, snapshot.sequence)
+            session_id = notifiable_session_id() if request is not None else None
+            if request is not None and session_id is not None:
+                self.notifier.remember(session_id, request.session)
             return await call_next(context)
-
-    def _check_cursor(self, context: MiddlewareContext, session: ServerSession,
-                      sequence: int) -> None:
-        """A page continues the listing it belongs to, or the client lists again.
-
-        Pages are numbered by offset, so a cursor from an older snapshot would mix
-        two lists. A session remembers which snapshot served its listing; a session
-        that never listed (stateless HTTP: a new one per request) is served from the
-        current snapshot.
-        """
-        params = raw_params(context) or {}
-        method = context.method or ""
-        pages = self._pages.setdefault(session, {})
-        if params.get("cursor") is not None and pages.get(method, sequence) != sequence:
-            raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
-        pages[method] = sequence
