@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("serve", parents=[common], help="serve flows over MCP",
-                        description="Serve the flows the policy allows over MCP.")
+    serve = commands.add_parser("serve", parents=[common], help="serve flows over MCP",
+                                description="Serve the flows the policy allows over MCP.")
+    _add_watch_options(serve)
     inspect = commands.add_parser(
         "inspect", parents=[common], help="show what serve would publish",
         description="Print the exposure decision and exit. Takes every serve option "
@@ -113,6 +114,16 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--instructions-file", metavar="FILE",
                        help="read the instructions from a UTF-8 text file (not with "
                             "--instructions)")
+
+
+def _add_watch_options(parser: argparse.ArgumentParser) -> None:
+    """``serve --watch``: follow edits of the flow files while serving."""
+    group = parser.add_argument_group("live reload")
+    group.add_argument("--watch", action="store_true",
+                       help="reload flow files when they change; a bad edit keeps the "
+                            "last good flows serving and is logged")
+    group.add_argument("--watch-interval", type=_seconds, default=1.0, metavar="SECONDS",
+                       help="how often --watch looks at the files (default: 1)")
 
 
 def _add_http_options(parser: argparse.ArgumentParser) -> None:

@@ -68,6 +68,9 @@ class FlowExposure:
     resource_uris: tuple[str, ...] = ()
     prompt_names: tuple[str, ...] = ()
     overridden_prompts: tuple[str, ...] = ()
+    # Set when the flow's file was edited but the edit could not be loaded: what is
+    # described here is the last good version, and this says why (``serve --watch``).
+    stale: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,7 @@ class FlowExposure:
             "resource_uris": list(self.resource_uris),
             "prompt_names": list(self.prompt_names),
             "overridden_prompts": list(self.overridden_prompts),
+            "stale": self.stale,
         }
 
 

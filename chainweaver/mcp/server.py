@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -21,6 +22,7 @@ from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
 from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
+from ..watch import FlowFileWatcher
 from .composition import MountedGate, gate_lifespan
 from .config import (
     ExposurePolicy,
@@ -124,6 +126,7 @@ class FlowServer:
             self._fastmcp.add_completion_handler(self._provider.complete)
         self._notifier.install(self._fastmcp, resources=expose_schemas)
         self._swap_lock = threading.Lock()
+        self._watcher: FlowFileWatcher | None = None
         self._unsubscribe = executor.registry.subscribe(_follower(self))
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
@@ -151,8 +154,19 @@ class FlowServer:
         self._notifier.changed()
 
     def close(self) -> None:
-        """Stop following the executor's registry (the snapshot in use stays)."""
+        """Stop following the executor's registry (the snapshot in use stays), and stop
+        the file watcher, if any."""
         self._unsubscribe()
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    def watch(self, watcher: FlowFileWatcher) -> None:
+        """Start ``watcher`` (it changes this server's registry as flow files change);
+        :meth:`exposure_report` then says which flows' files have edits not served."""
+        if watcher.registry is not self.executor.registry:
+            raise ExposureConfigError("the watcher must change this server's registry")
+        self._watcher = watcher
+        watcher.start()
 
     @property
     def fastmcp(self) -> FastMCP:
@@ -194,8 +208,14 @@ class FlowServer:
         return sorted(self._exposure.prompts)
 
     def exposure_report(self) -> list[FlowExposure]:
-        """One entry per registered flow name: exposed or not, and why."""
-        return list(self._exposure.report)
+        """One entry per registered flow name: exposed or not, and why (and, under a
+        file watcher, ``stale`` when the flow's file holds an edit that is not served)."""
+        report = list(self._exposure.report)
+        stale = self._watcher.stale_flows() if self._watcher is not None else {}
+        if stale:
+            report = [dataclasses.replace(entry, stale=stale[entry.flow_name])
+                      if entry.flow_name in stale else entry for entry in report]
+        return report
 
     def serve(
         self,
