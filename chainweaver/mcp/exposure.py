@@ -295,8 +295,9 @@ class LiveExposure:
 
     def __init__(self, exposure: Exposure) -> None:
         self._latest = exposure
-        # One variable per holder: several servers may share a process (mounting).
-        self._pinned: ContextVar[Exposure | None] = ContextVar(
+        # (the request that pinned, its snapshot). One variable per holder: several
+        # servers may share a process (mounting).
+        self._pinned: ContextVar[tuple[object, Exposure] | None] = ContextVar(
             "chainweaver_snapshot", default=None)
 
     @property
@@ -309,22 +310,28 @@ class LiveExposure:
         self._latest = exposure  # one reference assignment: atomic for readers
 
     @contextmanager
-    def pinned(self) -> Iterator[Exposure]:
-        """Pin the snapshot current now for the code inside (one request)."""
-        current = self._pinned.get()
-        if current is not None:  # nested (a mounted server's chain): keep the outer pin
-            yield current
+    def pinned(self, request: object) -> Iterator[Exposure]:
+        """Pin the snapshot current now for ``request`` (any object naming one request).
+
+        Pinning again for the same request keeps its snapshot. A task started inside a
+        request inherits the pin, so a pin made for another request never counts.
+        """
+        held = self._pinned.get()
+        if held is not None and held[0] is request:
+            yield held[1]
             return
-        token = self._pinned.set(self._latest)
+        snapshot = self._latest
+        token = self._pinned.set((request, snapshot))
         try:
-            yield self._latest
+            yield snapshot
         finally:
             self._pinned.reset(token)
 
     @property
     def current(self) -> Exposure:
         """The snapshot this request pinned, else the latest."""
-        return self._pinned.get() or self._latest
+        held = self._pinned.get()
+        return held[1] if held is not None else self._latest
 
     # Exposure's reading API, answered from the current snapshot.
 

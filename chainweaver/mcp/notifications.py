@@ -302,7 +302,7 @@ def paged_on_snapshot(live: LiveExposure, handler: Callable[..., Awaitable[Any]]
     """
 
     async def paged(ctx: Any, params: Any) -> Any:
-        with live.pinned() as snapshot:
+        with live.pinned(ctx.session) as snapshot:
             if params is not None and params.cursor is not None:
                 params = params.model_copy(
                     update={"cursor": _inner_cursor(params.cursor, snapshot.sequence)})
@@ -348,9 +348,10 @@ class LiveMiddleware(Middleware):
         self.notifier = notifier
 
     async def on_message(self, context: MiddlewareContext, call_next: Any) -> Any:
-        with self.live.pinned():
-            request = context.fastmcp_context.request_context if context.fastmcp_context \
-                else None
+        request = context.fastmcp_context.request_context if context.fastmcp_context \
+            else None
+        # The SDK builds one session object per request: it names the request.
+        with self.live.pinned(request.session if request is not None else object()):
             session_id = notifiable_session_id() if request is not None else None
             if request is not None and session_id is not None:
                 self.notifier.remember(session_id, request.session)

@@ -150,12 +150,16 @@ async def test_a_run_in_progress_finishes_after_its_flow_is_retired() -> None:
 def test_a_pinned_snapshot_answers_to_the_end_of_the_request() -> None:
     executor = build_catalogue()
     live = LiveExposure(Exposure(executor, ExposurePolicy()))
-    with live.pinned() as pinned:
+    request, other = object(), object()
+    with live.pinned(request) as pinned:
         executor.registry.set_lifecycle("product_search", "archived")
         live.swap(Exposure(executor, ExposurePolicy(), previous=live.latest))
         assert live.current is pinned and live.tool("product_search") is not None
-        with live.pinned() as nested:  # a nested pin keeps the request's snapshot
-            assert nested is pinned
+        with live.pinned(request) as again:  # the same request keeps its snapshot
+            assert again is pinned
+        with live.pinned(other) as inherited:  # a task of another request does not
+            assert inherited is live.latest and live.tool("product_search") is None
+        assert live.current is pinned
     assert live.current is live.latest is not pinned
     assert live.tool("product_search") is None
     assert live.sequence == executor.registry.sequence
