@@ -41,7 +41,7 @@ from mcp.server.subscriptions import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
-from .fastmcp_seams import low_level_server
+from .fastmcp_seams import low_level_server, on_connection_close
 
 logger = logging.getLogger("chainweaver.mcp.notifications")
 
@@ -169,15 +169,20 @@ class ChangeNotifier:
                 self._pending = None
 
     def remember(self, session_id: str, session: ServerSession) -> _Session:
-        """Keep a 2025-11-25 session to notify (its newest session object)."""
+        """Keep a 2025-11-25 session to notify (its newest session object) until its
+        connection ends."""
         known = self._sessions.pop(session_id, None)
         if known is None:
             known = _Session(session)
+            on_connection_close(session, lambda: self._forget(session_id))
             while len(self._sessions) >= self.max_sessions:
                 del self._sessions[next(iter(self._sessions))]  # the least recent
         known.session = session
         self._sessions[session_id] = known  # most recent last
         return known
+
+    def _forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
 
     @property
     def listeners(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import mcp_types
 import pytest
 from fastmcp import Client, FastMCP
+from fastmcp.server.dependencies import get_context
 from mcp import MCPError
 from mcp.client.subscriptions import listen
 from support.catalogue import build_catalogue
@@ -35,7 +36,7 @@ from chainweaver import (
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig, schema_uri
 from chainweaver.mcp.exposure import Exposure, LiveExposure
-from chainweaver.mcp.fastmcp_seams import low_level_server
+from chainweaver.mcp.fastmcp_seams import low_level_server, on_connection_close
 from chainweaver.mcp.notifications import LIST_AGAIN
 
 pytestmark = [pytest.mark.anyio,
@@ -328,9 +329,68 @@ def test_a_server_that_is_gone_stops_following() -> None:
     executor.registry.set_lifecycle("price_quote", "archived")  # no server to follow
 
 
-def test_the_fastmcp_seam_still_exists() -> None:
-    # chainweaver.mcp.fastmcp_seams reaches FastMCP's low-level server through a
-    # private attribute: this fails loudly when FastMCP moves it.
-    low = low_level_server(FastMCP("seam"))
+async def test_the_fastmcp_seams_still_exist() -> None:
+    # chainweaver.mcp.fastmcp_seams reaches FastMCP's low-level server and the SDK
+    # session's connection through private attributes: this fails loudly when they move.
+    server = FastMCP("seam")
+    low = low_level_server(server)
     assert low.get_request_handler("tools/list") is not None
     assert callable(low.add_request_handler)
+    closed: list[bool] = []
+
+    @server.tool
+    def probe() -> str:
+        """Register a callback on this request's connection."""
+        session = get_context().request_context.session
+        return str(on_connection_close(session, lambda: closed.append(True)))
+
+    async with Client(server, mode="legacy") as client:
+        assert (await client.call_tool("probe")).content[0].text == "True"
+        assert closed == []
+    assert closed == [True]
+    assert on_connection_close(object(), lambda: None) is False
+
+
+async def test_sessions_that_went_away_are_forgotten() -> None:
+    executor = build_catalogue()
+    server = FlowServer(executor)
+    notifier = server._notifier  # how many sessions it keeps is not public API
+    async with Client(server.fastmcp, mode="legacy") as kept:
+        await kept.list_tools()
+        for _ in range(3):
+            async with Client(server.fastmcp, mode="legacy") as gone:
+                await gone.list_tools()
+                assert notifier.listeners == 2
+        assert notifier.listeners == 1  # each forgotten when its connection ended
+        notifier.max_sessions = 1
+        async with Client(server.fastmcp, mode="legacy") as newer:
+            await newer.list_tools()
+            assert notifier.listeners == 1  # capped: the least recent is dropped
+    assert notifier.listeners == 0
+
+
+def test_a_server_reports_flows_whose_file_edit_is_not_served(tmp_path: Any) -> None:
+    from chainweaver.files import load_flows_by_file
+    from chainweaver.watch import FlowFileWatcher
+
+    executor = build_catalogue()
+    path = tmp_path / "late.flow.json"
+    path.write_text('{"name": "late", "description": "Late.", '
+                    '"steps": [{"tool": "search_products"}]}')
+    loaded = load_flows_by_file(path, tools=executor.tools)
+    executor.registry.register_flow(loaded[path])
+    server = FlowServer(executor)
+    with pytest.raises(ExposureConfigError, match="this server's registry"):
+        server.watch(FlowFileWatcher(FlowRegistry(), path))
+    watcher = FlowFileWatcher(executor.registry, path, tools=executor.tools,
+                              interval=3600, loaded=loaded)
+    server.watch(watcher)
+    try:
+        path.write_text('{"name": "late", broken')
+        assert watcher.check() is False
+        report = {entry.flow_name: entry for entry in server.exposure_report()}
+        assert "invalid JSON" in (report["late"].stale or "")
+        assert report["late"].to_dict()["stale"] == report["late"].stale
+        assert report["order_status"].stale is None
+    finally:
+        server.close()
