@@ -10,6 +10,7 @@ from the same memoised decisions, so they always agree.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 import threading
@@ -119,6 +120,12 @@ class Exposure:
         # The previous snapshot's decisions, to carry over (a copy: a snapshot never
         # keeps the one before it alive). Dropped once every flow is decided.
         self._carry = dict(previous._decisions) if previous is not None else {}
+        # The previous snapshot's catalogue (when it had one), to patch instead of
+        # redoing: (its registry state, its catalogue, its flows with sub-flow steps).
+        self._base: tuple[RegistryState, Catalogue, frozenset[str]] | None = None
+        if previous is not None and previous._catalogue is not None:
+            self._base = (previous._state, previous._catalogue, previous._nested)
+        self._nested: frozenset[str] = frozenset()  # known once every flow is decided
         # flow name -> (the flow judged, its decision); None: not registered
         self._decisions: dict[str, tuple[Flow, FlowDecision] | None] = {}
         self._catalogue: Catalogue | None = None
@@ -167,8 +174,7 @@ class Exposure:
         other flows' lifecycles, so it is judged again.
         """
         memo = self._carry.get(flow.name)
-        if memo is None or memo[0] is not flow or any(s.flow is not None
-                                                     for s in flow.steps):
+        if memo is None or memo[0] is not flow or _has_sub_flow(flow):
             return None
         return memo[1]
 
@@ -230,19 +236,72 @@ class Exposure:
 
     @_cyclic_gc_paused
     def _decide_all(self) -> Catalogue:
+        catalogue = self._patched() if self._base is not None else self._decided_afresh()
+        self._carry, self._base = {}, None
+        return catalogue
+
+    def _decided_afresh(self) -> Catalogue:
         catalogue = Catalogue()
+        nested = []
         for name in sorted(self._state.flows):
             decided = self.decision(name)
             assert decided is not None
             catalogue.report.append(decided.report)
             if decided.exposed is not None:
                 _add(catalogue, decided.exposed)
-        self._carry = {}
+            if _has_sub_flow(self._state.flows[name][-1]):
+                nested.append(name)
+        self._nested = frozenset(nested)
         if self.expose_prompts:
             for prompt in self._server_prompts.values():
                 catalogue.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
             catalogue.prompts.setdefault(GUIDE_PROMPT_NAME,
                                          PromptEntry(GUIDE_PROMPT_NAME, None, None))
+        return catalogue
+
+    def _patched(self) -> Catalogue:
+        """The previous catalogue with the flows that changed decided again.
+
+        Changed: a name whose versions are not the same tuple (a registration, a
+        lifecycle move, a removal), and every flow with a sub-flow step. Entries that
+        (re)appear come after the others in lists; the report stays sorted by name.
+        """
+        assert self._base is not None
+        state, previous, nested_before = self._base
+        flows, before = self._state.flows, state.flows
+        changed = {name for name, versions in flows.items() if before.get(name) is not versions}
+        changed.update(name for name in before if name not in flows)
+        changed.update(nested_before)
+        # The decisions about unchanged flows stand: memoise them here too, so the
+        # snapshot after this one can patch in turn.
+        decisions = dict(self._carry)
+        for name in changed:
+            decisions.pop(name, None)
+        decisions.update(self._decisions)
+        self._decisions = decisions
+        catalogue = Catalogue(list(previous.report), dict(previous.tools),
+                              dict(previous.resources), dict(previous.prompts))
+        report = catalogue.report
+        for name in changed:
+            memo = self._carry.get(name)
+            if memo is not None and memo[1].exposed is not None:
+                _remove(catalogue, memo[1].exposed)
+            index = bisect.bisect_left(report, name, key=_flow_name)
+            if index < len(report) and report[index].flow_name == name:
+                del report[index]
+        nested = set(nested_before)
+        for name in sorted(changed):
+            nested.discard(name)
+            if name not in flows:
+                continue
+            decided = self.decision(name)
+            assert decided is not None
+            bisect.insort(report, decided.report, key=_flow_name)
+            if decided.exposed is not None:
+                _add(catalogue, decided.exposed)
+            if _has_sub_flow(flows[name][-1]):
+                nested.add(name)
+        self._nested = frozenset(nested)
         return catalogue
 
     @property
@@ -264,6 +323,23 @@ class Exposure:
     @property
     def exposed_flows(self) -> list[ExposedFlow]:
         return list(self.catalogue.tools.values())
+
+
+def _has_sub_flow(flow: Flow) -> bool:
+    return any(step.flow is not None for step in flow.steps)
+
+
+def _flow_name(entry: FlowExposure) -> str:
+    return entry.flow_name
+
+
+def _remove(catalogue: Catalogue, exposed: ExposedFlow) -> None:
+    """Take an exposed flow's names out of the catalogue (see :func:`_add`)."""
+    catalogue.tools.pop(exposed.tool_name, None)
+    if exposed.schema_uri is not None:
+        catalogue.resources.pop(exposed.schema_uri, None)
+    for prompt_name in exposed.prompt_names:
+        catalogue.prompts.pop(prompt_name, None)
 
 
 def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:

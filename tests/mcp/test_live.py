@@ -394,3 +394,37 @@ def test_a_server_reports_flows_whose_file_edit_is_not_served(tmp_path: Any) -> 
         assert report["order_status"].stale is None
     finally:
         server.close()
+
+
+def test_a_patched_catalogue_equals_one_decided_afresh() -> None:
+    executor = build_catalogue()
+    registry = executor.registry
+    registry.register_flow(Flow("wrapper", "Runs product_search.",
+                                [FlowStep(flow="product_search")]))
+    options: dict[str, Any] = {"expose_schemas": True, "expose_prompts": True}
+    snapshot = Exposure(executor, ExposurePolicy(), **options)
+    snapshot.catalogue  # noqa: B018 - the base the next snapshot patches
+    changes: list[Callable[[], Any]] = [
+        lambda: registry.set_lifecycle("product_search", "archived"),  # wrapper follows
+        lambda: registry.unregister("price_quote"),
+        lambda: registry.register_flow(Flow("price_quote", "Back.", [FlowStep("quote_price")])),
+        lambda: registry.set_lifecycle("draft_report", "reviewed"),
+        lambda: registry.set_lifecycle("draft_report", "active"),
+        lambda: registry.register_flow(dataclasses.replace(
+            registry.get_flow("order_status"), version="9.0.0")),
+        lambda: registry.unregister("order_status", "9.0.0"),
+    ]
+    for change in changes:
+        change()
+        snapshot = Exposure(executor, ExposurePolicy(), previous=snapshot, **options)
+        patched = snapshot.catalogue
+        fresh = Exposure(executor, ExposurePolicy(), **options).catalogue
+        assert patched.report == fresh.report
+        for kind in ("tools", "resources"):
+            assert {k: v.flow for k, v in getattr(patched, kind).items()} == \
+                {k: v.flow for k, v in getattr(fresh, kind).items()}
+        assert {k: (v.exposed_flow and v.exposed_flow.flow, v.prompt)
+                for k, v in patched.prompts.items()} == \
+            {k: (v.exposed_flow and v.exposed_flow.flow, v.prompt)
+             for k, v in fresh.prompts.items()}
+    assert "wrapper" not in snapshot.tools and "draft_report" in snapshot.tools
