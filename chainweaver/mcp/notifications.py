@@ -211,19 +211,25 @@ class ChangeNotifier:
         old, new = self._notified, self.live.latest
         if new is old:
             return
+        sessions = list(self._sessions.items())
+        streams = list(self._streams.items())
+
+        def compare() -> tuple[list[ViewChange], list[ViewChange]]:
+            # Deciding every flow and comparing views visit the catalogue: off the loop.
+            return ([view_changes(old, new, known.session) for _, known in sessions],
+                    [view_changes(old, new, session) for _, (_, session) in streams])
+
         try:
-            # Deciding every flow is the expensive part: off the event loop.
-            await anyio.to_thread.run_sync(lambda: (old.catalogue, new.catalogue))
+            legacy, listening = await anyio.to_thread.run_sync(compare)
         except Exception:
             logger.exception("could not compare snapshots; clients are not told this time")
             return
         self._notified = new
-        for session_id, known in list(self._sessions.items()):
-            change = view_changes(old, new, known.session)
+        for (session_id, known), change in zip(sessions, legacy, strict=True):
             if change and not await _send_legacy(known, change):
                 self._sessions.pop(session_id, None)
-        for bus, (_, session) in list(self._streams.items()):
-            for event in _events(view_changes(old, new, session)):
+        for (bus, _), change in zip(streams, listening, strict=True):
+            for event in _events(change):
                 await bus.publish(event)
 
     # --------------------------------------------------------- request handlers
