@@ -216,6 +216,9 @@ class ChangeNotifier:
 
         def compare() -> tuple[list[ViewChange], list[ViewChange]]:
             # Deciding every flow and comparing views visit the catalogue: off the loop.
+            # The new catalogue is built even with nobody to tell: lists need it, and
+            # the next snapshot patches it.
+            new.catalogue  # noqa: B018
             return ([view_changes(old, new, known.session) for _, known in sessions],
                     [view_changes(old, new, session) for _, (_, session) in streams])
 
