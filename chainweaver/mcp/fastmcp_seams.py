@@ -34,3 +34,8 @@ def on_connection_close(session: Any, callback: Callable[[], None]) -> bool:
         return False
     stack.callback(callback)
     return True
+
+
+def forget_request_handler(server: FastMCP, method: str) -> None:
+    """Stop serving ``method`` (the SDK has no public way to remove a handler)."""
+    low_level_server(server)._request_handlers.pop(method, None)

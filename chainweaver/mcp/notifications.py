@@ -28,6 +28,7 @@ from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context, get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
+from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
@@ -41,7 +42,7 @@ from mcp.server.subscriptions import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
-from .fastmcp_seams import low_level_server, on_connection_close
+from .fastmcp_seams import forget_request_handler, low_level_server, on_connection_close
 
 logger = logging.getLogger("chainweaver.mcp.notifications")
 
@@ -152,6 +153,13 @@ class ChangeNotifier:
             if entry is not None:
                 low.add_request_handler(method, entry.params_type,
                                         paged_on_snapshot(self.live, entry.handler))
+
+    def without_back_channel(self, server: FastMCP) -> None:
+        """Serving stateless HTTP: 2025-11-25 sessions cannot be notified, so do not
+        advertise ``listChanged`` or ``resources.subscribe`` to them."""
+        low_level_server(server).notification_options = NotificationOptions()
+        for method in ("resources/subscribe", "resources/unsubscribe"):
+            forget_request_handler(server, method)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -254,6 +254,8 @@ class FlowServer:
             hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
             origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
             guard = HostOriginRules.for_bind(host, port, hosts, origins)
+            if stateless:
+                self._notifier.without_back_channel(self._fastmcp)
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
                 stateless_http=stateless, log_level=log_level,

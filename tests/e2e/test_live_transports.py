@@ -130,6 +130,10 @@ async def test_an_edited_flow_file_goes_live_and_clients_are_told(
 async def test_stateless_http_clients_follow_on_their_next_request(tmp_path: Path) -> None:
     HEARD.methods.clear()
     async with watched_server(tmp_path, "stateless-http", "legacy") as (client, flows, _):
+        capabilities = client.server_capabilities
+        assert not capabilities.tools.list_changed
+        assert not (capabilities.prompts and capabilities.prompts.list_changed)
+        assert not capabilities.resources.list_changed and not capabilities.resources.subscribe
         assert "order_total" in await tool_names(client)
         archive(flows, "order_total")
         await until(lambda: _absent(client, "order_total"))

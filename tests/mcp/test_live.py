@@ -36,7 +36,11 @@ from chainweaver import (
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig, schema_uri
 from chainweaver.mcp.exposure import Exposure, LiveExposure
-from chainweaver.mcp.fastmcp_seams import low_level_server, on_connection_close
+from chainweaver.mcp.fastmcp_seams import (
+    forget_request_handler,
+    low_level_server,
+    on_connection_close,
+)
 from chainweaver.mcp.notifications import LIST_AGAIN
 
 pytestmark = [pytest.mark.anyio,
@@ -349,6 +353,8 @@ async def test_the_fastmcp_seams_still_exist() -> None:
         assert closed == []
     assert closed == [True]
     assert on_connection_close(object(), lambda: None) is False
+    forget_request_handler(server, "tools/list")
+    assert low.get_request_handler("tools/list") is None
 
 
 async def test_sessions_that_went_away_are_forgotten() -> None:
