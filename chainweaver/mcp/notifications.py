@@ -368,6 +368,7 @@ class LiveMiddleware(Middleware):
     def __init__(self, live: LiveExposure, notifier: ChangeNotifier) -> None:
         self.live = live
         self.notifier = notifier
+        self.keep_alive: object = None  # what must live as long as this server serves
 
     async def on_message(self, context: MiddlewareContext, call_next: Any) -> Any:
         request = context.fastmcp_context.request_context if context.fastmcp_context \

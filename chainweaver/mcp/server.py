@@ -91,7 +91,6 @@ class FlowServer:
         self.policy = policy
         self.security = security
         self.serving = serving
-        self._server_prompts = prompts
         self._exposure = LiveExposure(Exposure(
             executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
             server_prompts=prompts))
@@ -125,33 +124,17 @@ class FlowServer:
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
         self._notifier.install(self._fastmcp, resources=expose_schemas)
-        self._swap_lock = threading.Lock()
         self._watcher: FlowFileWatcher | None = None
-        self._unsubscribe = executor.registry.subscribe(_follower(self))
+        # Followed as long as anything serves: the FastMCP server (through its
+        # middleware) keeps the follower alive, the registry only refers to it weakly.
+        follower = _Follower(executor, policy, prompts, self._exposure, self._notifier)
+        self._live.keep_alive = follower
+        self._unsubscribe = executor.registry.subscribe(_weakly(follower))
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
             self._exposure.catalogue  # noqa: B018
             _freeze_gc()
-
-    def _follow_registry(self) -> None:
-        """Swap in a snapshot of the registry as it is now (called on every change).
-
-        Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
-        request starting afterwards sees the old snapshot. Building is cheap: flows
-        are judged when first needed, unchanged ones carried over. A snapshot that
-        cannot be built (a name collision) raises, and the registry refuses the change.
-        """
-        with self._swap_lock:
-            latest = self._exposure.latest
-            state = self.executor.registry.state()
-            if state.sequence <= latest.sequence:
-                return
-            self._exposure.swap(Exposure(
-                self.executor, self.policy, expose_schemas=latest.expose_schemas,
-                expose_prompts=latest.expose_prompts, server_prompts=self._server_prompts,
-                state=state, previous=latest))
-        self._notifier.changed()
 
     def close(self) -> None:
         """Stop following the executor's registry (the snapshot in use stays), and stop
@@ -272,14 +255,47 @@ class FlowServer:
 C = TypeVar("C")
 
 
-def _follower(server: FlowServer) -> Callable[[object], None]:
-    """A registry listener that does not keep ``server`` alive."""
-    ref = weakref.ref(server)
+class _Follower:
+    """Swaps a new snapshot in for every registry change (a registry listener)."""
+
+    def __init__(self, executor: FlowExecutor, policy: ExposurePolicy,
+                 prompts: Sequence[FlowPrompt], live: LiveExposure,
+                 notifier: ChangeNotifier) -> None:
+        self.executor = executor
+        self.policy = policy
+        self.prompts = prompts
+        self.live = live
+        self.notifier = notifier
+        self._lock = threading.Lock()
+
+    def __call__(self, change: object = None) -> None:
+        """Swap in a snapshot of the registry as it is now.
+
+        Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
+        request starting afterwards sees the old snapshot. Building is cheap: flows
+        are judged when first needed, unchanged ones carried over. A snapshot that
+        cannot be built (a name collision) raises, and the registry refuses the change.
+        """
+        with self._lock:
+            latest = self.live.latest
+            state = self.executor.registry.state()
+            if state.sequence <= latest.sequence:
+                return
+            self.live.swap(Exposure(
+                self.executor, self.policy, expose_schemas=latest.expose_schemas,
+                expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
+                state=state, previous=latest))
+        self.notifier.changed()
+
+
+def _weakly(follower: _Follower) -> Callable[[object], None]:
+    """A registry listener that does not keep ``follower`` alive."""
+    ref = weakref.ref(follower)
 
     def follow(change: object) -> None:
         alive = ref()
         if alive is not None:
-            alive._follow_registry()
+            alive(change)
 
     return follow
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -434,3 +435,12 @@ def test_a_patched_catalogue_equals_one_decided_afresh() -> None:
             {k: (v.exposed_flow and v.exposed_flow.flow, v.prompt)
              for k, v in fresh.prompts.items()}
     assert "wrapper" not in snapshot.tools and "draft_report" in snapshot.tools
+
+
+async def test_a_server_kept_only_through_its_fastmcp_still_follows() -> None:
+    executor = build_catalogue()
+    served = FlowServer(executor).fastmcp  # the FlowServer itself is dropped
+    gc.collect()
+    executor.registry.set_lifecycle("product_search", "archived")
+    async with Client(served) as client:
+        assert "product_search" not in {t.name for t in await client.list_tools()}
