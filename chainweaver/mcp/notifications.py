@@ -1,11 +1,11 @@
 """Following registry changes while serving: snapshots per request, and telling clients.
 
 :class:`LiveMiddleware` runs first for every request: it pins the current exposure
-snapshot for the whole request, refuses a list cursor issued by an older snapshot
-(-32602, "list again": cursors carry the snapshot's sequence), and remembers
-2025-11-25 sessions. :class:`ChangeNotifier`
-learns of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs
-the snapshot clients last heard about against the newest, and tells each client what
+snapshot for the whole request and remembers 2025-11-25 sessions. List handlers are
+wrapped (:func:`paged_on_snapshot`) so a cursor carries the snapshot's sequence and
+one from an older snapshot gets -32602 "list again". :class:`ChangeNotifier` learns
+of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs the
+snapshot clients last heard about against the newest, and tells each client what
 changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
 ``notifications/resources/updated`` for subscribed schema resources. On 2026-07-28 it
 serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus per
@@ -121,8 +121,8 @@ class _Session:
 class ChangeNotifier:
     """Tells connected clients what changed after each snapshot swap (debounced)."""
 
-    # Sessions are kept by id until a send to one fails; a cap bounds the memory
-    # sessions that closed without a change since take.
+    # Sessions are kept by id until their connection ends (or a send fails); the cap
+    # bounds what sessions whose end is never reported could take.
     max_sessions = 10_000
 
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05) -> None:
