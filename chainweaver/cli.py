@@ -76,14 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="FastMCP's log level while serving (logs go to stderr)")
     _add_server_options(common)
     _add_http_options(common)
+    _add_watch_options(common)
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve = commands.add_parser("serve", parents=[common], help="serve flows over MCP",
-                                description="Serve the flows the policy allows over MCP.")
-    _add_watch_options(serve)
+    commands.add_parser("serve", parents=[common], help="serve flows over MCP",
+                        description="Serve the flows the policy allows over MCP.")
     inspect = commands.add_parser(
         "inspect", parents=[common], help="show what serve would publish",
         description="Print the exposure decision and exit. Takes every serve option "
@@ -117,8 +117,9 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_watch_options(parser: argparse.ArgumentParser) -> None:
-    """``serve --watch``: follow edits of the flow files while serving."""
-    group = parser.add_argument_group("live reload")
+    """``serve --watch``: follow edits of the flow files while serving (``inspect``
+    accepts and ignores them, as it takes every serve option)."""
+    group = parser.add_argument_group("live reload (serve)")
     group.add_argument("--watch", action="store_true",
                        help="reload flow files when they change; a bad edit keeps the "
                             "last good flows serving and is logged")

@@ -254,7 +254,7 @@ def build_server(args: argparse.Namespace) -> Built:
 
 def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> None:
     """``serve --watch``: reload the flow files as they change, while serving."""
-    if not getattr(args, "watch", False):
+    if args.command != "serve" or not args.watch:
         return
     from .watch import FlowFileWatcher
 
