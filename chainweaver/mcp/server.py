@@ -130,6 +130,7 @@ class FlowServer:
         follower = _Follower(executor, policy, prompts, self._exposure, self._notifier)
         self._live.keep_alive = follower
         self._unsubscribe = executor.registry.subscribe(_weakly(follower))
+        follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
