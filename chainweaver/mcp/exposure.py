@@ -14,7 +14,7 @@ import bisect
 import functools
 import gc
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -117,9 +117,10 @@ class Exposure:
             if unknown:
                 raise ExposureConfigError(
                     f"flow_names names unregistered flow(s): {', '.join(unknown)}")
-        # The previous snapshot's decisions, to carry over (a copy: a snapshot never
-        # keeps the one before it alive). Dropped once every flow is decided.
-        self._carry = dict(previous._decisions) if previous is not None else {}
+        # The previous snapshot's decisions, to carry over (its dict, not itself: a
+        # snapshot never keeps the one before it alive). Dropped once every flow is
+        # decided. Only entries about the very same flow object are used.
+        self._carry = previous._decisions if previous is not None else {}
         # The previous snapshot's catalogue (when it had one), to patch instead of
         # redoing: (its registry state, its catalogue, its flows with sub-flow steps).
         self._base: tuple[RegistryState, Catalogue, frozenset[str]] | None = None
@@ -130,7 +131,8 @@ class Exposure:
         self._decisions: dict[str, tuple[Flow, FlowDecision] | None] = {}
         self._catalogue: Catalogue | None = None
         self._lock = threading.Lock()
-        if self._names_may_collide():
+        self._may_collide = self._names_may_collide(previous)
+        if self._may_collide:
             self.catalogue  # noqa: B018 - judge every flow now, so a collision fails here
 
     @property
@@ -138,7 +140,7 @@ class Exposure:
         """The registry sequence this snapshot was built for."""
         return self._state.sequence
 
-    def _names_may_collide(self) -> bool:
+    def _names_may_collide(self, previous: Exposure | None) -> bool:
         # Published names are tool_name, tool_name + "__" + prompt, the guide's and the
         # operator's prompts': they can only clash through a flow name holding "__", a
         # tool name too long to publish, or a flow published as the guide.
@@ -146,7 +148,12 @@ class Exposure:
         longest = 64 - (len(prefix) + 2 if prefix else 0)
         if not prefix and GUIDE_PROMPT_NAME in self._state:
             return True
-        return any("__" in name or len(name) > longest for name in self._state.flows)
+        names: Iterable[str] = self._state.flows
+        if previous is not None:  # only names it has not seen can change its answer
+            if previous._may_collide:
+                return True
+            names = self._state.flows.keys() - previous._state.flows.keys()
+        return any("__" in name or len(name) > longest for name in names)
 
     # ------------------------------------------------------------- one flow
 
