@@ -125,9 +125,13 @@ class ChangeNotifier:
     # bounds what sessions whose end is never reported could take.
     max_sessions = 10_000
 
-    def __init__(self, live: LiveExposure, *, debounce: float = 0.05) -> None:
+    def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
+                 on_rebuilt: Callable[[Exposure], None] | None = None) -> None:
+        """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
+        catalogue is built (the provider forgets components it no longer needs)."""
         self.live = live
         self.debounce = debounce
+        self.on_rebuilt = on_rebuilt
         self._notified = live.latest  # the snapshot clients were last told about
         self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
         # 2026-07-28 listen streams: bus -> its handler and the session it serves
@@ -227,6 +231,8 @@ class ChangeNotifier:
             # The new catalogue is built even with nobody to tell: lists need it, and
             # the next snapshot patches it.
             new.catalogue  # noqa: B018
+            if self.on_rebuilt is not None:
+                self.on_rebuilt(new)
             return ([view_changes(old, new, known.session) for _, known in sessions],
                     [view_changes(old, new, session) for _, (_, session) in streams])
 

@@ -92,6 +92,17 @@ class FlowProvider(Provider):
         """
         return len(self._cache)
 
+    def forget_unpublished(self, exposure: Exposure) -> None:
+        """Drop the components of flows ``exposure`` no longer publishes as they were
+        (after a snapshot swap; safe from any thread). A request still on an older
+        snapshot rebuilds what it needs."""
+        published = {id(exposed) for exposed in exposure.tools.values()}
+        for key, entry in list(self._cache.items()):
+            source = entry[0]
+            if isinstance(source, ExposedFlow) and id(source) not in published:
+                if self._cache.get(key) is entry:
+                    self._cache.pop(key, None)
+
     def _cached(self, kind: str, key: str, source: object, build: Callable[[], Any]) -> Any:
         # A name may be published from another exposed flow after a change: a
         # component is reused only for the very decision it was built from.

@@ -102,7 +102,8 @@ class FlowServer:
         # The gate reads the live reference like a snapshot: the request's pinned one.
         self._gate = SecurityGate(cast(Exposure, self._exposure), security, owner=owner)
         self._notifier = ChangeNotifier(self._exposure,
-                                        debounce=cast(float, serving.change_debounce))
+                                        debounce=cast(float, serving.change_debounce),
+                                        on_rebuilt=self._provider.forget_unpublished)
         self._live = LiveMiddleware(self._exposure, self._notifier)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.

@@ -444,3 +444,26 @@ async def test_a_server_kept_only_through_its_fastmcp_still_follows() -> None:
     executor.registry.set_lifecycle("product_search", "archived")
     async with Client(served) as client:
         assert "product_search" not in {t.name for t in await client.list_tools()}
+
+
+async def test_components_of_retired_flows_are_forgotten() -> None:
+    executor = build_catalogue()
+    server = serving(executor)
+    provider = server._provider  # how many components it keeps is not public API
+    async with Client(server.fastmcp) as client:
+        await client.list_tools()
+        await client.list_resources()
+        await client.list_prompts()
+        built = provider.components_built
+        retired = server.exposure_report()
+        names = {e.flow_name: e for e in retired}["product_search"]
+        # Its tool, its schema resource, its invocation and authored prompts.
+        own = 2 + len(names.prompt_names)
+        executor.registry.unregister("product_search")
+        for _ in range(200):  # bounded: the notifier rebuilds, then the cache shrinks
+            if provider.components_built < built:
+                break
+            await asyncio.sleep(0.025)
+        assert own == 5 and provider.components_built == built - own
+        assert "order_status" in {t.name for t in await client.list_tools()}
+        assert provider.components_built == built - own  # the others stayed cached
