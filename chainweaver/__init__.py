@@ -24,7 +24,7 @@ from .executor import ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
-from .registry import FlowRegistry
+from .registry import FlowRegistry, RegistryChange, RegistryState
 from .safety import SideEffectLevel, ToolSafetyContract, merge_safety_contracts
 from .tools import Tool, tool
 
@@ -46,6 +46,8 @@ __all__ = [
     "FlowNotFoundError",
     "FlowPrompt",
     "FlowRegistry",
+    "RegistryChange",
+    "RegistryState",
     "FlowStep",
     "FlowValidationError",
     "FlowVersionNotFoundError",

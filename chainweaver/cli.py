@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(common)
     _add_http_options(common)
     _add_access_options(common)
+    _add_watch_options(common)
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
@@ -125,6 +126,17 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                             "publish them and ask the user before each run (elicit)")
     group.add_argument("--approval-timeout", type=_seconds, metavar="SECONDS",
                        help="how long to wait for the user's answer (default: 300)")
+
+
+def _add_watch_options(parser: argparse.ArgumentParser) -> None:
+    """``serve --watch``: follow edits of the flow files while serving (``inspect``
+    accepts and ignores them, as it takes every serve option)."""
+    group = parser.add_argument_group("live reload (serve)")
+    group.add_argument("--watch", action="store_true",
+                       help="reload flow files when they change; a bad edit keeps the "
+                            "last good flows serving and is logged")
+    group.add_argument("--watch-interval", type=_seconds, default=1.0, metavar="SECONDS",
+                       help="how often --watch looks at the files (default: 1)")
 
 
 def _add_http_options(parser: argparse.ArgumentParser) -> None:

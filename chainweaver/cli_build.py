@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from .errors import DuplicateToolError
 from .executor import FlowExecutor
-from .files import find_flow_files, load_flows
+from .files import find_flow_files, load_flows_by_file
 from .flows import FlowLifecycle
 from .registry import FlowRegistry
 from .safety import SideEffectLevel
@@ -223,7 +223,8 @@ def build_server(args: argparse.Namespace) -> Built:
     executor = FlowExecutor(registry)
     register_tools(executor, args.tools)
     files = find_flow_files(args.paths)
-    for flow in load_flows(files, tools=executor.tools):
+    loaded = load_flows_by_file(files, tools=executor.tools)
+    for flow in loaded.values():
         registry.register_flow(flow)
     with _quiet_exposure_log():
         server = FlowServer(
@@ -250,7 +251,25 @@ def build_server(args: argparse.Namespace) -> Built:
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
         server.exposure_report()
+    _watch(args, server, loaded)
     return Built(server, len(files), len(executor.tools))
+
+
+def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> None:
+    """``serve --watch``: reload the flow files as they change, while serving."""
+    if args.command != "serve" or not args.watch:
+        return
+    from .watch import FlowFileWatcher
+
+    logger = logging.getLogger("chainweaver.watch")
+    if not logger.handlers:  # reloads and bad edits are reported on stderr
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("chainweaver: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    server.watch(FlowFileWatcher(server.executor.registry, args.paths,
+                                 tools=server.executor.tools,
+                                 interval=args.watch_interval, loaded=loaded))
 
 
 def _given(**settings: Any) -> dict[str, Any]:

@@ -497,7 +497,13 @@ def load_flows(paths: PathLike | Iterable[PathLike], *,
     mapping is checked too. Two files defining the same flow name and version are an
     error. Register the result with ``FlowRegistry.register_flow``.
     """
-    flows: list[Flow] = []
+    return list(load_flows_by_file(paths, tools=tools).values())
+
+
+def load_flows_by_file(paths: PathLike | Iterable[PathLike], *,
+                       tools: Mapping[str, Tool] | None = None) -> dict[Path, Flow]:
+    """Like :func:`load_flows`, keyed by the file each flow came from."""
+    flows: dict[Path, Flow] = {}
     defined: dict[tuple[str, tuple], Path] = {}
     for path in find_flow_files(paths):
         flow = load_flow_file(path)
@@ -508,5 +514,5 @@ def load_flows(paths: PathLike | Iterable[PathLike], *,
         defined[key] = path
         if tools is not None:
             _check_tools(path, flow, tools)
-        flows.append(flow)
+        flows[path] = flow
     return flows

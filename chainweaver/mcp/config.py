@@ -205,6 +205,10 @@ class ServingConfig:
     (and an approval inside a background task). Without them each process uses a key of
     its own, so the answer must reach the process that asked: give every replica and
     worker the same keys when there are several.
+
+    ``change_debounce`` (seconds) is how long the server waits after a registry change
+    before telling clients, so a burst of changes is one notification
+    (``docs/live-governance.md``).
     """
 
     flow_timeout: float | None = None
@@ -213,12 +217,15 @@ class ServingConfig:
     allowed_origins: Iterable[str] | None = None
     freeze_gc: bool = False
     request_state_keys: Iterable[str | bytes] | None = None
+    change_debounce: float = 0.05
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)
         check_bool("freeze_gc", self.freeze_gc)
+        object.__setattr__(self, "change_debounce",
+                           check_seconds("change_debounce", self.change_debounce))
         object.__setattr__(self, "allowed_hosts",
                            _header_values("allowed_hosts", self.allowed_hosts, _HOST))
         object.__setattr__(self, "allowed_origins",

@@ -72,6 +72,9 @@ class FlowExposure:
     prompt_names: tuple[str, ...] = ()
     overridden_prompts: tuple[str, ...] = ()
     needs_approval: bool = False  # each call asks the user first
+    # Set when the flow's file was edited but the edit could not be loaded: what is
+    # described here is the last good version, and this says why (``serve --watch``).
+    stale: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class FlowExposure:
             "prompt_names": list(self.prompt_names),
             "overridden_prompts": list(self.overridden_prompts),
             "needs_approval": self.needs_approval,
+            "stale": self.stale,
         }
 
 

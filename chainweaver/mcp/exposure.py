@@ -10,16 +10,21 @@ from the same memoised decisions, so they always agree.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
+from ..flows import Flow
 from ..prompts import FlowPrompt
+from ..registry import RegistryState
 from .config import ExposurePolicy
 from .decision import (
     GUIDE_PROMPT_NAME,
@@ -33,7 +38,7 @@ from .decision import (
 )
 
 __all__ = ["GUIDE_PROMPT_NAME", "INDEX_URI", "Catalogue", "ExposedFlow", "Exposure",
-           "FlowExposure", "PromptEntry", "schema_uri"]
+           "FlowExposure", "LiveExposure", "PromptEntry", "schema_uri"]
 
 _SCHEMA_PREFIX, _SCHEMA_SUFFIX = schema_uri("\0").split("\0")
 
@@ -75,10 +80,13 @@ def _cyclic_gc_paused(build: Callable[P, R]) -> Callable[P, R]:
 class Exposure:
     """What a server publishes under one policy, decided per flow when first needed.
 
-    Construction checks what can be checked without judging every flow, and judges
-    every flow at once only when names could collide (a flow name holding ``__``, a
-    tool name too long, the guide's name): then a collision raises
-    :class:`ExposureConfigError` here, never on a request.
+    An immutable snapshot of one registry state (:attr:`sequence`): later changes to
+    the registry never change what it answers. Construction checks what can be
+    checked without judging every flow, and judges every flow at once only when
+    names could collide (a flow name holding ``__``, a tool name too long, the
+    guide's name): then a collision raises :class:`ExposureConfigError` here, never
+    on a request. Built from a ``previous`` snapshot, it carries over the decisions
+    about flows that did not change (see :meth:`_carried`).
     """
 
     def __init__(
@@ -89,6 +97,8 @@ class Exposure:
         expose_schemas: bool = False,
         expose_prompts: bool = False,
         server_prompts: Sequence[FlowPrompt] = (),
+        state: RegistryState | None = None,
+        previous: Exposure | None = None,
     ) -> None:
         self.policy = policy
         self.expose_schemas = expose_schemas
@@ -98,46 +108,82 @@ class Exposure:
         self._server_prompt_names = frozenset(self._server_prompts)
         if len(self._server_prompts) != len(server_prompts):
             raise ExposureConfigError("server-level prompts must have unique names")
-        registry = executor.registry
-        if policy.flow_names is not None:
-            unknown = sorted(n for n in policy.flow_names if n not in registry)
+        # The registry as it stands now is what this exposure decides about, even for
+        # flows it judges later: a change made afterwards is not part of it.
+        self._state = state if state is not None else executor.registry.state()
+        if policy.flow_names is not None and previous is None:
+            # Checked when a server is built; a flow named there may go away later.
+            unknown = sorted(n for n in policy.flow_names if n not in self._state)
             if unknown:
                 raise ExposureConfigError(
                     f"flow_names names unregistered flow(s): {', '.join(unknown)}")
-        # The registry as it stands now is what this exposure decides about, even for
-        # flows it judges later: a flow or version registered afterwards is not part of it.
-        self._as_of = registry.sequence
-        self._decisions: dict[str, FlowDecision | None] = {}
+        # The previous snapshot's decisions, to carry over (its dict, not itself: a
+        # snapshot never keeps the one before it alive). Dropped once every flow is
+        # decided. Only entries about the very same flow object are used.
+        self._carry = previous._decisions if previous is not None else {}
+        # The previous snapshot's catalogue (when it had one), to patch instead of
+        # redoing: (its registry state, its catalogue, its flows with sub-flow steps).
+        self._base: tuple[RegistryState, Catalogue, frozenset[str]] | None = None
+        if previous is not None and previous._catalogue is not None:
+            self._base = (previous._state, previous._catalogue, previous._nested)
+        self._nested: frozenset[str] = frozenset()  # known once every flow is decided
+        # flow name -> (the flow judged, its decision); None: not registered
+        self._decisions: dict[str, tuple[Flow, FlowDecision] | None] = {}
         self._catalogue: Catalogue | None = None
         self._lock = threading.Lock()
-        if self._names_may_collide():
+        self._may_collide = self._names_may_collide(previous)
+        if self._may_collide:
             self.catalogue  # noqa: B018 - judge every flow now, so a collision fails here
 
-    def _names_may_collide(self) -> bool:
+    @property
+    def sequence(self) -> int:
+        """The registry sequence this snapshot was built for."""
+        return self._state.sequence
+
+    def _names_may_collide(self, previous: Exposure | None) -> bool:
         # Published names are tool_name, tool_name + "__" + prompt, the guide's and the
         # operator's prompts': they can only clash through a flow name holding "__", a
         # tool name too long to publish, or a flow published as the guide.
         prefix = self.policy.server_prefix
         longest = 64 - (len(prefix) + 2 if prefix else 0)
-        if not prefix and GUIDE_PROMPT_NAME in self._executor.registry:
+        if not prefix and GUIDE_PROMPT_NAME in self._state:
             return True
-        return any("__" in name or len(name) > longest
-                   for name in self._executor.registry.names())
+        names: Iterable[str] = self._state.flows
+        if previous is not None:  # only names it has not seen can change its answer
+            if previous._may_collide:
+                return True
+            names = self._state.flows.keys() - previous._state.flows.keys()
+        return any("__" in name or len(name) > longest for name in names)
 
     # ------------------------------------------------------------- one flow
 
     def decision(self, flow_name: str) -> FlowDecision | None:
         """The memoised decision for a registered flow name (None: not registered)."""
         if flow_name in self._decisions:
-            return self._decisions[flow_name]
-        flow = self._executor.registry.get_flow_as_of(flow_name, self._as_of)
-        decided = None
+            memo = self._decisions[flow_name]
+            return memo[1] if memo else None
+        flow = self._state.latest(flow_name)
+        memo = None
         if flow is not None:
-            decided = decide_flow(self._executor, self.policy, flow,
-                                  expose_schemas=self.expose_schemas,
-                                  expose_prompts=self.expose_prompts,
-                                  server_prompt_names=self._server_prompt_names)
-        return self._decisions.setdefault(flow_name, decided)
+            decided = self._carried(flow) or decide_flow(
+                self._executor, self.policy, flow, expose_schemas=self.expose_schemas,
+                expose_prompts=self.expose_prompts,
+                server_prompt_names=self._server_prompt_names)
+            memo = (flow, decided)
+        memo = self._decisions.setdefault(flow_name, memo)
+        return memo[1] if memo else None
+
+    def _carried(self, flow: Flow) -> FlowDecision | None:
+        """The previous snapshot's decision about this very flow object, if still valid.
+
+        Valid when the flow is the same object (a lifecycle move or a new version makes
+        a new one) and has no sub-flow step: a sub-flow step's decision depends on
+        other flows' lifecycles, so it is judged again.
+        """
+        memo = self._carry.get(flow.name)
+        if memo is None or memo[0] is not flow or _has_sub_flow(flow):
+            return None
+        return memo[1]
 
     def flow(self, flow_name: str) -> ExposedFlow | None:
         """The exposed flow published for a flow name, or None."""
@@ -197,18 +243,72 @@ class Exposure:
 
     @_cyclic_gc_paused
     def _decide_all(self) -> Catalogue:
+        catalogue = self._patched() if self._base is not None else self._decided_afresh()
+        self._carry, self._base = {}, None
+        return catalogue
+
+    def _decided_afresh(self) -> Catalogue:
         catalogue = Catalogue()
-        for name in self._executor.registry.names_as_of(self._as_of):
+        nested = []
+        for name in sorted(self._state.flows):
             decided = self.decision(name)
             assert decided is not None
             catalogue.report.append(decided.report)
             if decided.exposed is not None:
                 _add(catalogue, decided.exposed)
+            if _has_sub_flow(self._state.flows[name][-1]):
+                nested.append(name)
+        self._nested = frozenset(nested)
         if self.expose_prompts:
             for prompt in self._server_prompts.values():
                 catalogue.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
             catalogue.prompts.setdefault(GUIDE_PROMPT_NAME,
                                          PromptEntry(GUIDE_PROMPT_NAME, None, None))
+        return catalogue
+
+    def _patched(self) -> Catalogue:
+        """The previous catalogue with the flows that changed decided again.
+
+        Changed: a name whose versions are not the same tuple (a registration, a
+        lifecycle move, a removal), and every flow with a sub-flow step. Entries that
+        (re)appear come after the others in lists; the report stays sorted by name.
+        """
+        assert self._base is not None
+        state, previous, nested_before = self._base
+        flows, before = self._state.flows, state.flows
+        changed = {name for name, versions in flows.items() if before.get(name) is not versions}
+        changed.update(name for name in before if name not in flows)
+        changed.update(nested_before)
+        # The decisions about unchanged flows stand: memoise them here too, so the
+        # snapshot after this one can patch in turn.
+        decisions = dict(self._carry)
+        for name in changed:
+            decisions.pop(name, None)
+        decisions.update(self._decisions)
+        self._decisions = decisions
+        catalogue = Catalogue(list(previous.report), dict(previous.tools),
+                              dict(previous.resources), dict(previous.prompts))
+        report = catalogue.report
+        for name in changed:
+            memo = self._carry.get(name)
+            if memo is not None and memo[1].exposed is not None:
+                _remove(catalogue, memo[1].exposed)
+            index = bisect.bisect_left(report, name, key=_flow_name)
+            if index < len(report) and report[index].flow_name == name:
+                del report[index]
+        nested = set(nested_before)
+        for name in sorted(changed):
+            nested.discard(name)
+            if name not in flows:
+                continue
+            decided = self.decision(name)
+            assert decided is not None
+            bisect.insort(report, decided.report, key=_flow_name)
+            if decided.exposed is not None:
+                _add(catalogue, decided.exposed)
+            if _has_sub_flow(flows[name][-1]):
+                nested.add(name)
+        self._nested = frozenset(nested)
         return catalogue
 
     @property
@@ -232,6 +332,23 @@ class Exposure:
         return list(self.catalogue.tools.values())
 
 
+def _has_sub_flow(flow: Flow) -> bool:
+    return any(step.flow is not None for step in flow.steps)
+
+
+def _flow_name(entry: FlowExposure) -> str:
+    return entry.flow_name
+
+
+def _remove(catalogue: Catalogue, exposed: ExposedFlow) -> None:
+    """Take an exposed flow's names out of the catalogue (see :func:`_add`)."""
+    catalogue.tools.pop(exposed.tool_name, None)
+    if exposed.schema_uri is not None:
+        catalogue.resources.pop(exposed.schema_uri, None)
+    for prompt_name in exposed.prompt_names:
+        catalogue.prompts.pop(prompt_name, None)
+
+
 def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
     """Add an exposed flow's names to the catalogue; two flows may not share a prompt name.
 
@@ -248,3 +365,110 @@ def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
     for prompt_name in exposed.prompt_names:
         catalogue.prompts[prompt_name] = PromptEntry(
             prompt_name, exposed, exposed.authored_prompts.get(prompt_name))
+
+
+class LiveExposure:
+    """The one reference to a server's current :class:`Exposure`, swapped on change.
+
+    A request pins the snapshot current when it starts (:meth:`pinned`, entered by
+    the server's first middleware) and every read during that request answers from
+    it, to the end. Outside a request (reports, background work) reads answer from
+    the latest snapshot. It answers like an :class:`Exposure`.
+    """
+
+    def __init__(self, exposure: Exposure) -> None:
+        self._latest = exposure
+        # (the request that pinned, its snapshot). One variable per holder: several
+        # servers may share a process (mounting).
+        self._pinned: ContextVar[tuple[object, Exposure] | None] = ContextVar(
+            "chainweaver_snapshot", default=None)
+
+    @property
+    def latest(self) -> Exposure:
+        """The newest snapshot, whatever the current request pinned."""
+        return self._latest
+
+    def swap(self, exposure: Exposure) -> None:
+        """Make ``exposure`` the snapshot every request starting from now on uses."""
+        self._latest = exposure  # one reference assignment: atomic for readers
+
+    @contextmanager
+    def pinned(self, request: object) -> Iterator[Exposure]:
+        """Pin the snapshot current now for ``request`` (any object naming one request).
+
+        Pinning again for the same request keeps its snapshot. A task started inside a
+        request inherits the pin, so a pin made for another request never counts.
+        """
+        held = self._pinned.get()
+        if held is not None and held[0] is request:
+            yield held[1]
+            return
+        snapshot = self._latest
+        token = self._pinned.set((request, snapshot))
+        try:
+            yield snapshot
+        finally:
+            self._pinned.reset(token)
+
+    @property
+    def current(self) -> Exposure:
+        """The snapshot this request pinned, else the latest."""
+        held = self._pinned.get()
+        return held[1] if held is not None else self._latest
+
+    # Exposure's reading API, answered from the current snapshot.
+
+    @property
+    def policy(self) -> ExposurePolicy:
+        return self.current.policy
+
+    @property
+    def expose_schemas(self) -> bool:
+        return self.current.expose_schemas
+
+    @property
+    def expose_prompts(self) -> bool:
+        return self.current.expose_prompts
+
+    @property
+    def sequence(self) -> int:
+        return self.current.sequence
+
+    def decision(self, flow_name: str) -> FlowDecision | None:
+        return self.current.decision(flow_name)
+
+    def flow(self, flow_name: str) -> ExposedFlow | None:
+        return self.current.flow(flow_name)
+
+    def tool(self, name: str) -> ExposedFlow | None:
+        return self.current.tool(name)
+
+    def resource(self, uri: str) -> ExposedFlow | None:
+        return self.current.resource(uri)
+
+    def prompt(self, name: str) -> PromptEntry | None:
+        return self.current.prompt(name)
+
+    @property
+    def catalogue(self) -> Catalogue:
+        return self.current.catalogue
+
+    @property
+    def report(self) -> list[FlowExposure]:
+        return self.current.report
+
+    @property
+    def tools(self) -> dict[str, ExposedFlow]:
+        return self.current.tools
+
+    @property
+    def resources(self) -> dict[str, ExposedFlow]:
+        return self.current.resources
+
+    @property
+    def prompts(self) -> dict[str, PromptEntry]:
+        return self.current.prompts
+
+    @property
+    def exposed_flows(self) -> list[ExposedFlow]:
+        return self.current.exposed_flows

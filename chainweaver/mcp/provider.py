@@ -27,7 +27,7 @@ from ..versions import version_key
 from . import prompt_render
 from .composition import stamp_owner
 from .config import ErrorDetail
-from .exposure import INDEX_URI, ExposedFlow, Exposure, PromptEntry
+from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure, PromptEntry
 from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
@@ -65,11 +65,15 @@ def _entry_flow(entry: PromptEntry) -> ExposedFlow | None:
 
 
 class FlowProvider(Provider):
-    """Publishes exactly what the exposure decision allows."""
+    """Publishes exactly what the exposure decision allows.
+
+    ``exposure`` is the server's live reference: every read answers from the snapshot
+    the current request pinned at entry, so one request never mixes two snapshots.
+    """
 
     def __init__(
         self,
-        exposure: Exposure,
+        exposure: LiveExposure,
         executor: FlowExecutor,
         *,
         error_detail: ErrorDetail = "full",
@@ -85,7 +89,8 @@ class FlowProvider(Provider):
         self.error_detail = error_detail
         self.flow_timeout = flow_timeout
         self.runs = runs or RunSettings()
-        self._cache: dict[tuple[str, str], Any] = {}
+        # (kind, name) -> (what the component was built from, the component)
+        self._cache: dict[tuple[str, str], tuple[object, Any]] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
 
@@ -106,14 +111,28 @@ class FlowProvider(Provider):
 
         A flow outside it is answered exactly like a name that never existed.
         """
-        return self.views.current(self.exposure)
+        return self.views.current(self.exposure.current)
 
-    def _cached(self, kind: str, key: str, build: Callable[[], Any]) -> Any:
-        component = self._cache.get((kind, key))
-        if component is None:
-            component = build()
-            stamp_owner(component, self.owner)
-            self._cache[(kind, key)] = component
+    def forget_unpublished(self, exposure: Exposure) -> None:
+        """Drop the components of flows ``exposure`` no longer publishes as they were
+        (after a snapshot swap; safe from any thread). A request still on an older
+        snapshot rebuilds what it needs."""
+        published = {id(exposed) for exposed in exposure.tools.values()}
+        for key, entry in list(self._cache.items()):
+            source = entry[0]
+            if isinstance(source, ExposedFlow) and id(source) not in published:
+                if self._cache.get(key) is entry:
+                    self._cache.pop(key, None)
+
+    def _cached(self, kind: str, key: str, source: object, build: Callable[[], Any]) -> Any:
+        # A name may be published from another exposed flow after a change: a
+        # component is reused only for the very decision it was built from.
+        cached = self._cache.get((kind, key))
+        if cached is not None and cached[0] is source:
+            return cached[1]
+        component = build()
+        stamp_owner(component, self.owner)
+        self._cache[(kind, key)] = (source, component)
         return component
 
     # Each request resolves its name through the exposure once; lists walk the
@@ -122,7 +141,7 @@ class FlowProvider(Provider):
     # ------------------------------------------------------------------ tools
 
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
-        return self._cached("tool", exposed.tool_name, lambda: FlowTool.build(
+        return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
             runs=self.runs))
 
@@ -141,7 +160,8 @@ class FlowProvider(Provider):
 
     def _schema_resource(self, exposed: ExposedFlow) -> Resource:
         assert exposed.schema_uri is not None
-        return self._cached("resource", exposed.schema_uri, lambda: schema_resource(exposed))
+        return self._cached("resource", exposed.schema_uri, exposed,
+                            lambda: schema_resource(exposed))
 
     def _index_resource(self, view: View) -> Resource:
         # The index lists the caller's view: one per view, built when first read.
@@ -202,7 +222,9 @@ class FlowProvider(Provider):
             assert entry.exposed_flow is not None
             return FlowInvocationPrompt.build(entry.exposed_flow)
 
-        return self._cached("prompt", entry.name, build)
+        source: object = next((s for s in (entry.exposed_flow, entry.prompt)
+                               if s is not None), self.exposure)
+        return self._cached("prompt", entry.name, source, build)
 
     async def _list_prompts(self) -> Sequence[Prompt]:
         view = self.view()

@@ -8,7 +8,10 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast
 
 import anyio
@@ -21,6 +24,7 @@ from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
 from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
+from ..watch import FlowFileWatcher
 from .composition import MountedGate, gate_lifespan
 from .config import (
     ApprovalMode,
@@ -31,8 +35,9 @@ from .config import (
     check_seconds,
     check_text,
 )
-from .exposure import INDEX_URI, Exposure, FlowExposure
+from .exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from .http_guard import HostOriginRules
+from .notifications import ChangeNotifier, LiveMiddleware
 from .provider import FlowProvider
 from .runs import RunSettings
 from .security import SecurityGate
@@ -55,9 +60,12 @@ Transport = Literal["stdio", "streamable-http"]
 class FlowServer:
     """An MCP server publishing a :class:`FlowExecutor`'s flows under one governance filter.
 
-    Every decision about what is published is made once, at construction
-    (:meth:`exposure_report` shows it); a flow it excludes is absent from every
-    primitive. Bad configuration raises :class:`ExposureConfigError` here, not later.
+    What is published is decided from the executor's registry into an immutable
+    snapshot (:meth:`exposure_report` shows it); a flow it excludes is absent from
+    every primitive. The server follows the registry: each change builds a new
+    snapshot, swapped in before the change returns, and clients are told what changed
+    (see ``docs/live-governance.md``). Bad configuration raises
+    :class:`ExposureConfigError` here, not later.
     """
 
     def __init__(
@@ -115,8 +123,9 @@ class FlowServer:
         self.policy = policy
         self.security = security
         self.serving = serving
-        self._exposure = Exposure(executor, policy, expose_schemas=expose_schemas,
-                                  expose_prompts=expose_prompts, server_prompts=prompts)
+        self._exposure = LiveExposure(Exposure(
+            executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
+            server_prompts=prompts))
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
         keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
@@ -127,7 +136,13 @@ class FlowServer:
                                           policy.approval == "elicit", approval_timeout,
                                           keys),
                                       views=views)
-        self._gate = SecurityGate(self._exposure, security, owner=owner, views=views)
+        # The gate reads the live reference like a snapshot: the request's pinned one.
+        self._gate = SecurityGate(cast(Exposure, self._exposure), security, owner=owner,
+                                  views=views)
+        self._notifier = ChangeNotifier(self._exposure,
+                                        debounce=cast(float, serving.change_debounce),
+                                        on_rebuilt=self._provider.forget_unpublished)
+        self._live = LiveMiddleware(self._exposure, self._notifier)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -136,31 +151,55 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            # Spans for admitted flow runs, under FastMCP's own request span.
-            middleware=[self._gate, FlowTelemetry(self._gate)],
+            # Pinning the snapshot comes first; spans for admitted flow runs sit under
+            # FastMCP's own request span.
+            middleware=[self._live, self._gate, FlowTelemetry(self._gate)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
             mask_error_details=security.error_detail != "full",
             list_page_size=serving.page_size,
             # Marks requests that arrive through this server's own transport.
-            lifespan=gate_lifespan(self._gate),
+            lifespan=_serving_lifespan(gate_lifespan(self._gate), self._notifier),
             # None: FastMCP seals request state under a key of this process's own.
             request_state_security=None if keys is None else RequestStateSecurity(
                 keys=list(keys), audience=name),
         )
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
-        add_tool_forms(self._fastmcp, self._exposure, resources=resources_as_tools,
+        add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
                        prompts=prompts_as_tools)
         install_input_schema_lookup(self._fastmcp, input_schema_lookup(
             self._fastmcp, self._exposure, views,
             caller_known=security.authenticator is None))
+        self._notifier.install(self._fastmcp, resources=expose_schemas)
+        self._watcher: FlowFileWatcher | None = None
+        # Followed as long as anything serves: the FastMCP server (through its
+        # middleware) keeps the follower alive, the registry only refers to it weakly.
+        follower = _Follower(executor, policy, prompts, self._exposure, self._notifier)
+        self._live.keep_alive = follower
+        self._unsubscribe = executor.registry.subscribe(_weakly(follower))
+        follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
             self._exposure.catalogue  # noqa: B018
             _freeze_gc()
+
+    def close(self) -> None:
+        """Stop following the executor's registry (the snapshot in use stays), and stop
+        the file watcher, if any."""
+        self._unsubscribe()
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    def watch(self, watcher: FlowFileWatcher) -> None:
+        """Start ``watcher`` (it changes this server's registry as flow files change);
+        :meth:`exposure_report` then says which flows' files have edits not served."""
+        if watcher.registry is not self.executor.registry:
+            raise ExposureConfigError("the watcher must change this server's registry")
+        self._watcher = watcher
+        watcher.start()
 
     @property
     def fastmcp(self) -> FastMCP:
@@ -180,6 +219,7 @@ class FlowServer:
         if namespace is not None and not (isinstance(namespace, str)
                                           and NAME_PATTERN.fullmatch(namespace)):
             raise ExposureConfigError(f"namespace {namespace!r} is not a valid name part")
+        parent.add_middleware(self._live)
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
 
@@ -201,8 +241,14 @@ class FlowServer:
         return sorted(self._exposure.prompts)
 
     def exposure_report(self) -> list[FlowExposure]:
-        """One entry per registered flow name: exposed or not, and why."""
-        return list(self._exposure.report)
+        """One entry per registered flow name: exposed or not, and why (and, under a
+        file watcher, ``stale`` when the flow's file holds an edit that is not served)."""
+        report = list(self._exposure.report)
+        stale = self._watcher.stale_flows() if self._watcher is not None else {}
+        if stale:
+            report = [dataclasses.replace(entry, stale=stale[entry.flow_name])
+                      if entry.flow_name in stale else entry for entry in report]
+        return report
 
     def serve(
         self,
@@ -241,6 +287,8 @@ class FlowServer:
             hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
             origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
             guard = HostOriginRules.for_bind(host, port, hosts, origins)
+            if stateless:
+                self._notifier.without_back_channel(self._fastmcp)
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
                 stateless_http=stateless, log_level=log_level,
@@ -255,6 +303,64 @@ class FlowServer:
 
 
 C = TypeVar("C")
+
+
+class _Follower:
+    """Swaps a new snapshot in for every registry change (a registry listener)."""
+
+    def __init__(self, executor: FlowExecutor, policy: ExposurePolicy,
+                 prompts: Sequence[FlowPrompt], live: LiveExposure,
+                 notifier: ChangeNotifier) -> None:
+        self.executor = executor
+        self.policy = policy
+        self.prompts = prompts
+        self.live = live
+        self.notifier = notifier
+        self._lock = threading.Lock()
+
+    def __call__(self, change: object = None) -> None:
+        """Swap in a snapshot of the registry as it is now.
+
+        Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
+        request starting afterwards sees the old snapshot. Building is cheap: flows
+        are judged when first needed, unchanged ones carried over. A snapshot that
+        cannot be built (a name collision) raises, and the registry refuses the change.
+        """
+        with self._lock:
+            latest = self.live.latest
+            state = self.executor.registry.state()
+            if state.sequence <= latest.sequence:
+                return
+            self.live.swap(Exposure(
+                self.executor, self.policy, expose_schemas=latest.expose_schemas,
+                expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
+                state=state, previous=latest))
+        self.notifier.changed()
+
+
+def _weakly(follower: _Follower) -> Callable[[object], None]:
+    """A registry listener that does not keep ``follower`` alive."""
+    ref = weakref.ref(follower)
+
+    def follow(change: object) -> None:
+        alive = ref()
+        if alive is not None:
+            alive(change)
+
+    return follow
+
+
+def _serving_lifespan(
+    inner: Callable[[FastMCP], Any], notifier: ChangeNotifier
+) -> Callable[[FastMCP], Any]:
+    """``inner`` (the gate's lifespan) with change notifications delivered meanwhile."""
+
+    @asynccontextmanager
+    async def lifespan(server: FastMCP) -> AsyncIterator[Any]:
+        async with inner(server) as state, notifier.running():
+            yield state
+
+    return lifespan
 
 
 def _config(setting: str, value: C | None, kind: type[C]) -> C:

@@ -31,6 +31,7 @@ from fastmcp.server.dependencies import get_access_token
 from ..errors import ExposureConfigError
 from ..flows import Flow
 from .decision import ExposedFlow
+from .exposure import LiveExposure
 from .hooks import ANONYMOUS, CallerIdentity
 
 logger = logging.getLogger("chainweaver.mcp.views")
@@ -245,6 +246,8 @@ class Views:
                     self._grants[id(caller)] = (caller, key, grant)
                     if len(self._grants) > MAX_TOKEN_CALLERS:
                         self._grants.popitem(last=False)
+            if isinstance(snapshot, LiveExposure):
+                snapshot = snapshot.current  # the request's pinned snapshot
             views = self._views.get(snapshot)
             if views is None:
                 views = self._views[snapshot] = OrderedDict()

@@ -312,10 +312,13 @@ async def test_a_published_flow_runs_the_sub_flow_version_its_exposure_reviewed(
     async with Client(server.fastmcp) as client:
         tools = {listed.name: listed for listed in await client.list_tools()}
         assert tools["parent"].annotations.read_only_hint is True
-        # A destructive child version appears after the decision was made ...
+        result = await client.call_tool("parent", {"text": "x"})
+        assert not result.is_error
+        # A destructive child version appears: the server follows the registry and
+        # judges the parent again, which is now destructive, so no longer published.
         executor.registry.register_flow(Flow("child", "Child.", [FlowStep("wipe")],
                                              version="2.0.0"))
-        result = await client.call_tool("parent", {"text": "x"})
-    # ... and the published flow still runs what was reviewed: the read-only one.
-    assert not result.is_error
+        assert "parent" not in {listed.name for listed in await client.list_tools()}
+        refused = await client.call_tool("parent", {"text": "x"}, raise_on_error=False)
+    assert refused.is_error
     assert calls == Counter({"look": 1})

@@ -29,6 +29,7 @@ from chainweaver import (
     tool,
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig
+from chainweaver.mcp.exposure import Exposure
 
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
 
@@ -519,7 +520,6 @@ async def test_flow_whose_schema_is_not_valid_json_is_excluded() -> None:
 
 @pytest.mark.parametrize("prefix", ["", "shop", "a__b"])
 def test_lookups_judge_one_flow_and_agree_with_the_whole_catalogue(prefix: str) -> None:
-    from chainweaver.mcp.exposure import Exposure
 
     def fresh() -> Exposure:
         return Exposure(build_catalogue(), ExposurePolicy(server_prefix=prefix),
@@ -539,10 +539,11 @@ def test_lookups_judge_one_flow_and_agree_with_the_whole_catalogue(prefix: str) 
 
 
 @pytest.mark.anyio
-async def test_a_server_decides_about_the_registry_as_it_stood_when_built() -> None:
+async def test_a_server_follows_registrations_made_after_it_was_built() -> None:
     executor = build_catalogue()
     server = FlowServer(executor)
-    # Registered after construction, judged lazily: still not part of this server.
+    before = executor.registry.state()
+    # Registered after construction: the server follows the registry.
     executor.register_tool(late_lookup)
     executor.registry.register_flow(Flow("late_flow", "Registered late.",
                                          [FlowStep("late_lookup")]))
@@ -552,12 +553,16 @@ async def test_a_server_decides_about_the_registry_as_it_stood_when_built() -> N
         # A lookup first (nothing decided yet), then the list: they agree.
         called = await client.session.call_tool("late_flow", {"text": "x"})
         listed = {tool.name: tool for tool in await client.list_tools()}
-        status = await client.call_tool("order_status", {"order_id": "A-1"})
-    assert called.is_error and called.content[0].text == "Unknown tool: 'late_flow'"
-    assert "late_flow" not in listed
-    assert listed["order_status"].meta["chainweaver"]["version"] == "2.1.0"
-    assert status.structured_content["status"] == "shipped"
-    assert [e.flow_name for e in server.exposure_report()].count("late_flow") == 0
+        status = await client.call_tool("order_status", {"text": "A-1"})
+    assert not called.is_error and called.content[0].text == '{"text": "x"}'
+    assert "late_flow" in listed
+    assert listed["order_status"].meta["chainweaver"]["version"] == "9.0.0"
+    assert status.content[0].text == '{"text": "A-1"}'
+    assert [e.flow_name for e in server.exposure_report()].count("late_flow") == 1
+    # A snapshot of the registry before the changes still answers as it stood then.
+    old = Exposure(executor, ExposurePolicy(), state=before)
+    assert old.tool("late_flow") is None
+    assert old.tool("order_status").flow.version == "2.1.0"
 
 
 @tool(safety=ToolSafetyContract("read"))

@@ -1,0 +1,41 @@
+"""The places ChainWeaver reaches past FastMCP's and the MCP SDK's public API (tested in
+tests/mcp/test_live.py::test_the_fastmcp_seams_still_exist, which fails loudly when
+they move).
+
+FastMCP 4.1 has no public way to serve ``subscriptions/listen`` or
+``resources/subscribe``, nor to see a list request's cursor: the MCP SDK derives the
+``listChanged``/``subscribe`` capabilities from the low-level server's handlers, so
+they are registered there (with the SDK's public ``add_request_handler``), and the
+list handlers are wrapped there (``get_request_handler``).
+
+The SDK's ``ServerSession`` (one per request) does not say when its connection
+ends, and notifying a closed one silently does nothing: the connection it belongs
+to does, through its ``exit_stack``, closed when the connection ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+from fastmcp import FastMCP
+
+
+def low_level_server(server: FastMCP) -> Any:
+    """The MCP SDK server under ``server`` (handlers, capabilities)."""
+    return server._mcp_server
+
+
+def on_connection_close(session: Any, callback: Callable[[], None]) -> bool:
+    """Call ``callback`` when ``session``'s connection ends (False: cannot tell)."""
+    stack = getattr(getattr(session, "_connection", None), "exit_stack", None)
+    if not isinstance(stack, AsyncExitStack):
+        return False
+    stack.callback(callback)
+    return True
+
+
+def forget_request_handler(server: FastMCP, method: str) -> None:
+    """Stop serving ``method`` (the SDK has no public way to remove a handler)."""
+    low_level_server(server)._request_handlers.pop(method, None)
