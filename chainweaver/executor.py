@@ -30,6 +30,7 @@ from .registry import FlowRegistry
 from .runner import (
     CALL,
     SLEEP,
+    STEP_LISTENER,
     ErrorInfo,
     ExecutionResult,
     RunState,
@@ -309,6 +310,8 @@ class FlowExecutor:
         except StepFailed as failure:
             return outcome.failed(plan.flow, failure.info, [], started)
         state.schedule()
+        if parent is None:
+            state.listener = STEP_LISTENER.get()
         # Set when this call is over (or its caller's is): steps running in worker
         # threads then make no further call, retry, sleep or fallback.
         abandoned = Stop(parent)
@@ -372,6 +375,7 @@ class FlowExecutor:
     async def _run_one(self, state: RunState, position: int, abandoned: Stop,
                        slots: asyncio.Semaphore) -> None:
         planned = state.plan.steps[position]
+        state.step_starting(position)
         if planned.subflow is not None:
             await self._drive_async(run_step(state, planned), abandoned, slots)
         else:
@@ -387,6 +391,7 @@ class FlowExecutor:
     def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
         steps = state.plan.steps
         while True:
+            state.step_starting(position)
             self._drive_sync(run_step(state, steps[position]), abandoned)
             state.finish(position)
             if abandoned.is_set() or len(state.ready) != 1 \

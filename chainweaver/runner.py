@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -105,11 +106,18 @@ class SubFlowFailed(Exception):
         self.error_type = error_type
 
 
+# Told (number started, steps in the plan, step id) as each step of a top-level async
+# run starts, from the event loop or a worker thread; a background task's status uses it.
+StepListener = Callable[[int, int, str], None]
+STEP_LISTENER: ContextVar[StepListener | None] = ContextVar("chainweaver_step_listener",
+                                                             default=None)
+
+
 class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
-                 "failed_at", "waiting", "ready", "_lock")
+                 "failed_at", "waiting", "ready", "_lock", "listener", "announced")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -124,6 +132,17 @@ class RunState:
         self.ready: list[int] = []
         # Steps of the async lane fail in worker threads and on the loop at once.
         self._lock = threading.Lock()
+        self.listener: StepListener | None = None
+        self.announced = 0
+
+    def step_starting(self, position: int) -> None:
+        """Tell the listener (if any) that a step starts."""
+        if self.listener is None:
+            return
+        with self._lock:
+            self.announced += 1
+            number = self.announced
+        self.listener(number, len(self.plan.steps), self.plan.steps[position].id)
 
     def schedule(self) -> None:
         """Prepare the bookkeeping the async lane starts ready steps by."""

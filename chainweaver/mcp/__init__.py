@@ -23,6 +23,7 @@ from .hooks import (
 )
 from .rate_limit import FixedWindowRateLimiter
 from .server import FlowServer
+from .task_setup import TaskSettings
 
 __all__ = [
     "GATE_REFUSED",
@@ -43,5 +44,6 @@ __all__ = [
     "RateLimiter",
     "SecurityConfig",
     "ServingConfig",
+    "TaskSettings",
     "schema_uri",
 ]

@@ -48,6 +48,9 @@ class ExposedFlow:
     # published prompt name -> the flow's authored prompt (server overrides removed)
     authored_prompts: Mapping[str, FlowPrompt]
     invocation_prompt: str | None
+    # Background tasks: "forbidden", "optional" or "required" (the flow's own mode, or
+    # the server's default); what the tool advertises and the task engine obeys.
+    task_mode: str = "forbidden"
 
     @property
     def prompt_names(self) -> list[str]:
@@ -114,6 +117,8 @@ def _exclusion_reason(
     if owners is not None and governance.owner not in owners:
         allowed = ", ".join(sorted(owners)) or "none"
         return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
+    if flow.task_mode == "required" and policy.task_mode is None:
+        return "it runs only as a background task, and the server has no task backend"
     if safety is None:
         return ("effective safety is unknown: no safety contract on the flow or on "
                 + ", ".join(_unknown_safety(flow, executor)))
@@ -191,6 +196,13 @@ def decide_flow(
     return FlowDecision(report, exposed)
 
 
+def task_mode(policy: ExposurePolicy, flow: Flow) -> str:
+    """The flow's effective task mode: its own, else the server's; none without a backend."""
+    if policy.task_mode is None:
+        return "forbidden"
+    return flow.task_mode or policy.task_mode
+
+
 def _excluded(flow: Flow, reason: str) -> FlowDecision:
     logger.warning("flow %r v%s is not exposed: %s", flow.name, flow.version, reason)
     return FlowDecision(FlowExposure(flow.name, flow.version, False, reason), None)
@@ -235,5 +247,5 @@ def _exposed_flow(
                 authored[prompt_name] = prompt
     uri = schema_uri(tool_name) if expose_schemas else None
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
-                          invocation)
+                          invocation, task_mode(policy, flow))
     return exposed, tuple(overridden)

@@ -13,6 +13,7 @@ from typing import Any
 import pydantic_core
 from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.tools.base import ToolResult
+from fastmcp.utilities.tasks import TaskConfig
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
@@ -50,6 +51,7 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
         "owner": flow.governance.owner,
         "safety": exposed.safety.to_dict() if exposed.safety else None,
         "forced": exposed.forced,
+        "task_mode": exposed.task_mode,
     }
 
 
@@ -114,12 +116,18 @@ class FlowTool(FastMCPTool):
             output_schema=exposed.contract.output_schema,
             annotations=tool_annotations(exposed),
             meta={"chainweaver": flow_meta(exposed)},
+            task_config=TaskConfig(mode=exposed.task_mode),  # type: ignore[arg-type]
         )
         tool._executor = executor
         tool._exposed = exposed
         tool._error_detail = error_detail
         tool._timeout = timeout
         return tool
+
+    @property
+    def exposed(self) -> ExposedFlow:
+        """The exposure decision this tool publishes."""
+        return self._exposed
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         flow = self._exposed.flow

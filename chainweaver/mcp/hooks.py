@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-RequestKind = Literal["tool", "resource", "prompt"]
+# "task": a background task's creation and state changes (chainweaver.mcp.tasks).
+RequestKind = Literal["tool", "resource", "prompt", "task"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
 GATE_REFUSED = -32001
 # A refusal carries only a reason code, never free text that could leak details.
@@ -58,12 +59,13 @@ class AuthorizationDecision:
 
 @dataclass(frozen=True)
 class AuditEvent:
-    """One audit record. ``phase`` is ``"decision"`` (the gate's verdict) or
-    ``"completed"`` (an allowed request finished). Content is never recorded: only
+    """One audit record. ``phase`` is ``"decision"`` (the gate's verdict; for a task:
+    created), ``"state"`` (a task changed state) or ``"completed"`` (an allowed
+    request, or a task, finished). Content is never recorded: only
     the SHA-256 and UTF-8 byte length of the returned text."""
 
     timestamp: float
-    phase: Literal["decision", "completed"]
+    phase: Literal["decision", "state", "completed"]
     kind: RequestKind
     name: str
     flow_name: str | None
@@ -76,6 +78,8 @@ class AuditEvent:
     error_type: str | None = None
     result_sha256: str | None = None
     result_length: int | None = None
+    task_id: str | None = None
+    task_status: str | None = None
 
 
 Authenticator = Callable[[GateContext], "CallerIdentity | None | Awaitable[CallerIdentity | None]"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -16,6 +17,7 @@ from fastmcp import FastMCP
 from .. import __version__
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
+from ..flows import TaskMode
 from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
 from .composition import MountedGate, gate_lifespan
@@ -30,6 +32,7 @@ from .exposure import INDEX_URI, Exposure, FlowExposure
 from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .security import SecurityGate
+from .task_setup import TaskSettings, add_tasks, check_tasks
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -42,6 +45,10 @@ class FlowServer:
     Every decision about what is published is made once, at construction
     (:meth:`exposure_report` shows it); a flow it excludes is absent from every
     primitive. Bad configuration raises :class:`ExposureConfigError` here, not later.
+
+    ``tasks`` (``"memory://"`` or ``"redis://host:port/db"``; needs the ``tasks`` extra)
+    lets clients run flows as MCP background tasks; ``task_mode`` is the mode of flows
+    that set none, and ``task_settings`` tunes the task engine (see ``docs/tasks.md``).
     """
 
     def __init__(
@@ -57,6 +64,9 @@ class FlowServer:
         name: str = "chainweaver",
         version: str | None = None,
         instructions: str | None = None,
+        tasks: str | None = None,
+        task_mode: TaskMode = "optional",
+        task_settings: TaskSettings | None = None,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
@@ -78,6 +88,10 @@ class FlowServer:
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         if prompts and not expose_prompts:
             raise ExposureConfigError("server-level prompts need expose_prompts=True")
+        task_settings = check_tasks(tasks, task_mode, task_settings)
+        if tasks is not None:
+            # The server-wide default mode of flows that set none (see decision.task_mode).
+            policy = dataclasses.replace(policy, task_mode=task_mode)
         self.executor = executor
         self.policy = policy
         self.security = security
@@ -107,6 +121,8 @@ class FlowServer:
             # Marks requests that arrive through this server's own transport.
             lifespan=gate_lifespan(self._gate),
         )
+        if tasks is not None:
+            add_tasks(self._fastmcp, self._provider, security, tasks, task_settings)
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
         if serving.freeze_gc:
