@@ -243,11 +243,26 @@ def build_server(args: argparse.Namespace) -> Built:
                                   allowed_hosts=args.allowed_host,
                                   allowed_origins=args.allowed_origin),
             instructions=instructions,
+            **_task_options(args),
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
         server.exposure_report()
     return Built(server, len(files), len(executor.tools))
+
+
+def _task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """FlowServer's background-task arguments from --tasks and the --task-* flags."""
+    from .mcp import TaskSettings
+
+    if args.tasks is None:
+        if args.task_concurrency is not None or args.task_redelivery is not None:
+            raise CommandError(EXIT_USAGE, "--task-concurrency and --task-redelivery need "
+                               "--tasks")
+        return {}
+    settings = TaskSettings(concurrency=args.task_concurrency,
+                            redelivery_timeout=args.task_redelivery)
+    return {"tasks": args.tasks, "task_mode": args.task_mode, "task_settings": settings}
 
 
 def _given(**settings: Any) -> dict[str, Any]:

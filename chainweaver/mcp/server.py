@@ -32,7 +32,7 @@ from .exposure import INDEX_URI, Exposure, FlowExposure
 from .http_guard import HostOriginRules
 from .provider import FlowProvider
 from .security import SecurityGate
-from .task_setup import TaskSettings, add_tasks, check_tasks
+from .task_setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -121,6 +121,7 @@ class FlowServer:
             # Marks requests that arrive through this server's own transport.
             lifespan=gate_lifespan(self._gate),
         )
+        self._tasks_url = tasks
         if tasks is not None:
             add_tasks(self._fastmcp, self._provider, security, tasks, task_settings)
         if expose_schemas or expose_prompts:
@@ -172,6 +173,22 @@ class FlowServer:
     def exposure_report(self) -> list[FlowExposure]:
         """One entry per registered flow name: exposed or not, and why."""
         return list(self._exposure.report)
+
+    def run_worker(self) -> None:
+        """Run the flows of background tasks until interrupted; serves no MCP transport.
+
+        For ``tasks="redis://..."``: any number of such workers share the tasks that
+        server replicas (``TaskSettings(concurrency=0)`` to only enqueue) create.
+        """
+        anyio.run(self.run_worker_async)
+
+    async def run_worker_async(self) -> None:
+        """See :meth:`run_worker`."""
+        if self._tasks_url is None or self._tasks_url.startswith("memory://"):
+            raise ExposureConfigError("run_worker needs tasks='redis://...': a worker runs "
+                                      "tasks that other processes put on a shared queue")
+        async with worker_lifespan(self._fastmcp):
+            await anyio.sleep_forever()
 
     def serve(
         self,

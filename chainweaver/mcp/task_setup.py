@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ExposureConfigError
 from ..flows import TASK_MODES
@@ -89,6 +90,15 @@ def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig
     provider.task_runner = FlowTaskRunner.build(provider, audit)
     fastmcp.add_extension(FlowTasksExtension(provider, audit, url=url,
                                              **settings.extension_options()))
+
+
+def worker_lifespan(fastmcp: FastMCP) -> AbstractAsyncContextManager[Any]:
+    """The server's lifespan without a transport: starts Docket and its task worker.
+
+    The one private FastMCP entry point used for tasks (``fastmcp-tasks``' own worker
+    CLI uses it the same way); tests/mcp/test_tasks.py fails loudly if it moves.
+    """
+    return cast("AbstractAsyncContextManager[Any]", fastmcp._lifespan_manager())
 
 
 def _set_encryption_key(key: str) -> None:
