@@ -294,6 +294,9 @@ def _summary(built: Built, args: argparse.Namespace) -> str:
              f"{', '.join(exposed) or 'none'}"]
     lines += [f"{PROG}: excluded {e.flow_name} v{e.version}: {e.reason}"
               for e in report if not e.exposed]
+    if args.command == "worker":
+        lines.append(f"{PROG}: running task flows from {_redacted(args.tasks)}")
+        return "\n".join(lines)
     where = (f"http://{args.host}:{args.port}/mcp" if args.transport == "streamable-http"
              else "stdio")
     lines.append(f"{PROG}: serving {len(server.registered_tool_names)} tool(s), "
@@ -377,6 +380,16 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(EXIT_SERVE_FAILED, f"the server could not start on "
                                f"{args.host}:{args.port} (see the log above)") from None
     return EXIT_OK
+
+
+def _redacted(url: str | None) -> str:
+    """A queue URL without its password (redis://user:secret@host -> redis://user:***@host)."""
+    text = url or "no queue"
+    scheme, sep, rest = text.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return text
+    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"
 
 
 def run_worker(server: Any, args: argparse.Namespace) -> int:
