@@ -90,6 +90,11 @@ async def test_each_tool_advertises_its_effective_task_mode(mode: str) -> None:
     modes = {name: tool.meta["chainweaver"]["task_mode"] for name, tool in tools.items()}
     assert modes == {"report": "optional", "charge_order": "required",
                      "lookup_order": "required", "quick": "forbidden"}
+    if mode == "legacy":  # 2025-11-25 has a field for it too
+        support = {name: tool.execution.task_support if tool.execution else None
+                   for name, tool in tools.items()}
+        assert support == {"report": "optional", "charge_order": "required",
+                           "lookup_order": "required", "quick": None}
 
 
 def test_the_server_default_applies_to_flows_that_set_none() -> None:
