@@ -24,13 +24,13 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import inspect
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -174,27 +174,41 @@ class FlowTaskRunner(FastMCPTool):
 
 
 class _StepReports:
-    """Turns each step that starts into the task's status (``ctx.report_progress``)."""
+    """Turns each step that starts into the task's status (``ctx.report_progress``).
+
+    Steps start on the event loop or in worker threads; every report is sent from the
+    loop, in the run's context (the worker's task context lives there), in order.
+    """
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.loop = asyncio.get_running_loop()
-        self.sent: list[Future[None]] = []
+        self.context = contextvars.copy_context()
+        self.last: asyncio.Future[None] | None = None
 
     def listener(self) -> Callable[[int, int, str], None]:
         def started(number: int, total: int, step_id: str) -> None:
-            # Called on the loop or in a worker thread: either way, queue it on the loop.
-            report = self.ctx.report_progress(number, total, f"step {number}/{total} {step_id}")
-            self.sent.append(asyncio.run_coroutine_threadsafe(report, self.loop))
+            self.loop.call_soon_threadsafe(self._send, number, total, step_id,
+                                           context=self.context)
 
         return started
 
+    def _send(self, number: int, total: int, step_id: str) -> None:
+        self.last = asyncio.ensure_future(self._report(self.last, number, total, step_id))
+
+    async def _report(self, previous: asyncio.Future[None] | None, number: int, total: int,
+                      step_id: str) -> None:
+        if previous is not None:
+            await previous
+        try:
+            await self.ctx.report_progress(number, total, f"step {number}/{total} {step_id}")
+        except Exception as error:  # a lost status message must not fail the run
+            logger.debug("task status report failed: %s", type(error).__name__)
+
     async def drain(self) -> None:
-        for sent in self.sent:
-            try:
-                await asyncio.wrap_future(sent)
-            except Exception as error:  # a lost status message must not fail the run
-                logger.debug("task status report failed: %s", type(error).__name__)
+        await asyncio.sleep(0)  # reports queued from worker threads
+        if self.last is not None:
+            await self.last
 
 
 async def _first_run(docket: Docket, execution_key: str) -> bool:

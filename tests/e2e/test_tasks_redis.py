@@ -117,6 +117,16 @@ def handle(on: Client, task: ToolTask) -> ToolTask:
     return ToolTask(on, task._tool_name, task.create_result)
 
 
+async def update(on: Client, task_id: str) -> Any:
+    """``tasks/update`` (no ToolTask method sends it: it answers an input request)."""
+    import mcp_types
+    from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
+
+    request = UpdateTaskRequest(params=UpdateTaskRequestParams(task_id=task_id,
+                                                               input_responses={}))
+    return await on.session.send_request(request, mcp_types.Result)
+
+
 async def final(task: ToolTask) -> Any:
     return await task.wait(timeout=LIMIT)
 
@@ -152,7 +162,8 @@ async def test_another_caller_cannot_see_or_cancel_a_task(
             client(replicas[1], caller=1) as bob:
         task = await call_tool_task(alice, "report", {"n": 1})
         answers = []
-        for probe in (handle(bob, task).status, handle(bob, task).cancel):
+        for probe in (handle(bob, task).status, handle(bob, task).cancel,
+                      lambda: update(bob, task.task_id)):
             with pytest.raises(MCPError) as refused:
                 await probe()
             answers.append((refused.value.error.code, refused.value.error.message))
@@ -163,7 +174,7 @@ async def test_another_caller_cannot_see_or_cancel_a_task(
         workers.start()
         mine = await final(handle(alice, task))
     expected = (-32602, f"Task {task.task_id} not found")
-    assert answers == [expected, expected]
+    assert answers == [expected, expected, expected]
     assert (missing.value.error.code,
             missing.value.error.message.replace("x" * len(task.task_id), task.task_id)) == \
         expected
@@ -211,3 +222,47 @@ async def test_a_killed_worker_loses_no_task_and_repeats_no_side_effect(
     assert looked.status == "completed"  # idempotent: run again on the other worker
     assert count(queue, "lookup:K-1") == 2
     assert [task.status for task in later] == ["completed"] * 10
+
+
+# ------------------------------------------------ in process: FlowServer.run_worker_async
+
+
+def _in_process_server(queue: str, version: str, concurrency: int | None) -> Any:
+    import dataclasses
+
+    sys.path.insert(0, str(TOOLS.parent))
+    import task_tools
+
+    from chainweaver import FlowExecutor, FlowRegistry
+    from chainweaver.files import find_flow_files, load_flows
+    from chainweaver.mcp import FlowServer, TaskSettings
+
+    executor = FlowExecutor(FlowRegistry())
+    for tool in (task_tools.fetch, task_tools.enrich, task_tools.finish):
+        executor.register_tool(tool)
+    for flow in load_flows(find_flow_files([FLOWS / "report.flow.yaml"]),
+                           tools=executor.tools):
+        executor.registry.register_flow(dataclasses.replace(flow, version=version))
+    return FlowServer(executor, tasks=queue,
+                      task_settings=TaskSettings(concurrency=concurrency, name="cw-inproc"))
+
+
+@pytest.mark.anyio
+async def test_a_worker_runs_only_the_flow_version_the_task_was_created_for(
+        queue: str) -> None:
+    replica = _in_process_server(queue, "1.0.0", concurrency=0)
+    async with Client(replica.fastmcp) as on_replica:
+        for version, expected in (("2.0.0", "failed"), ("1.0.0", "completed")):
+            worker = asyncio.create_task(
+                _in_process_server(queue, version, None).run_worker_async())
+            try:
+                task = await call_tool_task(on_replica, "report", {"n": 1})
+                done = await final(task)
+            finally:
+                worker.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await worker
+            assert done.status == expected, version
+            if expected == "failed":
+                assert done.status_message == ("flow 'report' version 1.0.0 is no longer "
+                                               "published here; the task did not run")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,19 @@ from mcp import MCPError
 from servers import task_tools
 from support.catalogue import build_catalogue
 
-from chainweaver import DefinitionError, ExposureConfigError, Flow, FlowStep
+from chainweaver import DefinitionError, ExposureConfigError, Flow, FlowStep, Tool
 from chainweaver.errors import FlowFileError
 from chainweaver.executor import FlowExecutor
 from chainweaver.files import find_flow_files, flow_from_data, load_flows
 from chainweaver.flow_format import flow_file_schema
-from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, SecurityConfig, TaskSettings
+from chainweaver.mcp import (
+    GATE_REFUSED,
+    AuditEvent,
+    ExposurePolicy,
+    FlowServer,
+    SecurityConfig,
+    TaskSettings,
+)
 from chainweaver.mcp.provider import FlowProvider
 from chainweaver.mcp.tasks import RUNNER_NAME
 from chainweaver.registry import FlowRegistry
@@ -211,6 +219,48 @@ async def test_a_task_for_a_hidden_flow_is_refused_like_an_unknown_tool() -> Non
 
 
 @pytest.mark.anyio
+async def test_the_gate_refuses_a_task_exactly_as_it_refuses_the_call() -> None:
+    audit: list[AuditEvent] = []
+    security = SecurityConfig(authorizer=lambda gate: gate.flow_name != "report",
+                              audit_hook=audit.append)
+    flow_server = FlowServer(executor(), tasks="memory://", security=security)
+    async with Client(flow_server.fastmcp) as client:
+        with pytest.raises(MCPError) as as_task:
+            await call_tool_task(client, "report", {"n": 1})
+        with pytest.raises(MCPError) as as_call:
+            await client.call_tool("report", {"n": 1})
+    assert as_task.value.error == as_call.value.error
+    assert as_task.value.error.code == GATE_REFUSED
+    assert task_tools.COUNTS["enrich"] == 0
+    assert not [event for event in audit if event.kind == "task"]
+
+
+@pytest.mark.anyio
+async def test_steps_in_worker_threads_report_their_status_too() -> None:
+    release = threading.Event()
+
+    def wait(data: task_tools.Number) -> task_tools.Number:
+        release.wait(LIMIT)
+        return data
+
+    tools = executor()
+    tools.register_tool(Tool("wait", "Wait in a thread.", task_tools.Number, task_tools.Number,
+                             wait, task_tools.READ))
+    tools.registry.register_flow(Flow("threaded", "Sync steps.", [
+        FlowStep("fetch"), FlowStep("wait", id="blocked")]))
+    async with Client(FlowServer(tools, tasks="memory://").fastmcp) as client:
+        task = await call_tool_task(client, "threaded", {"n": 1})
+
+        async def blocked() -> bool:
+            return (await task.status()).status_message == "step 2/2 blocked"
+
+        await until(blocked, "the status of the threaded step")
+        release.set()
+        result = await asyncio.wait_for(task.result(), LIMIT)
+    assert result.structured_content == {"n": 2}
+
+
+@pytest.mark.anyio
 async def test_an_unknown_task_id_is_not_found() -> None:
     async with Client(server().fastmcp) as client:
         task = await call_tool_task(client, "report", {"n": 1})
@@ -279,13 +329,27 @@ async def test_the_audit_records_creation_each_state_and_the_result_digest() -> 
 
 
 @pytest.mark.anyio
-async def test_start_registers_one_task_function_whatever_the_catalogue() -> None:
-    flow_server = FlowServer(build_catalogue(), tasks="memory://")
+@pytest.mark.parametrize("flows", [1, 500])
+async def test_start_registers_one_task_function_whatever_the_catalogue(flows: int) -> None:
+    catalogue = executor()
+    for index in range(flows):
+        catalogue.registry.register_flow(Flow(f"f{index:04d}", "d", [FlowStep("fetch")]))
+    flow_server = FlowServer(catalogue, tasks="memory://")
     provider = provider_of(flow_server)
-    async with Client(flow_server.fastmcp):
-        assert provider.components_built == 0
+    async with Client(flow_server.fastmcp) as client:
+        assert provider.components_built == 0  # nothing built, nothing decided
         components = list(await flow_server.fastmcp.get_tasks())
+        # A flow nobody looked at before runs as a task: nothing to register.
+        result = await call_tool_task(client, f"f{flows - 1:04d}", {"n": 1})
+        assert (await asyncio.wait_for(result.result(), LIMIT)).structured_content == {
+            "n": 2}
     assert [c.name for c in components] == [RUNNER_NAME]
+
+
+@pytest.mark.anyio
+async def test_a_server_without_tasks_has_no_task_components() -> None:
+    flow_server = FlowServer(build_catalogue())
+    assert list(await flow_server.fastmcp.get_tasks()) == []
 
 
 @pytest.mark.anyio
