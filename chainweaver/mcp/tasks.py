@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from docket import CurrentExecution, Docket
 from docket.execution import Execution
 from fastmcp.dependencies import CurrentContext
-from fastmcp.exceptions import NotFoundError
 from fastmcp.server.context import Context
 from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.tools.base import ToolResult
@@ -239,10 +238,9 @@ class FlowTasksExtension(TasksExtension):
         2025-11-25); ``optional``: a task when the client opted in; otherwise, and
         for anything that is not an exposed flow, the ordinary call.
         """
-        try:
-            tool = await context.fastmcp.get_tool(params.name, _requested_version(params))
-        except NotFoundError:
-            tool = None  # the ordinary call answers, exactly as for any unknown name
+        # An unknown or hidden name is None here: the ordinary call answers it, exactly
+        # as for any name that never existed.
+        tool = await context.fastmcp.get_tool(params.name, _requested_version(params))
         if not isinstance(tool, FlowTool) or tool.exposed.task_mode == "forbidden":
             return await call_next()
         mode = tool.exposed.task_mode

@@ -36,7 +36,7 @@ from chainweaver.mcp import (
     TaskSettings,
 )
 from chainweaver.mcp.provider import FlowProvider
-from chainweaver.mcp.tasks import RUNNER_NAME
+from chainweaver.mcp.tasks import RUNNER_NAME, effective_idempotent
 from chainweaver.registry import FlowRegistry
 
 FLOWS = Path(__file__).resolve().parents[1] / "servers" / "task_flows"
@@ -323,6 +323,37 @@ async def test_the_audit_records_creation_each_state_and_the_result_digest() -> 
     assert events[-1].result_sha256 == hashlib.sha256(text).hexdigest()
     assert events[-1].result_length == len(text)
     assert events[-1].outcome == "ok"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["async", "failing"])
+async def test_async_and_failing_audit_hooks(kind: str) -> None:
+    seen: list[AuditEvent] = []
+
+    async def async_hook(event: AuditEvent) -> None:
+        seen.append(event)
+
+    def failing_hook(event: AuditEvent) -> None:
+        raise RuntimeError("the audit store is down")
+
+    hook = async_hook if kind == "async" else failing_hook
+    flow_server = FlowServer(executor(), tasks="memory://",
+                             security=SecurityConfig(audit_hook=hook))
+    async with Client(flow_server.fastmcp) as client:
+        task = await call_tool_task(client, "report", {"n": 1})
+        result = await asyncio.wait_for(task.result(), LIMIT)
+    assert result.structured_content == {"n": 21}  # auditing never breaks a task
+    if kind == "async":
+        assert [e.task_status for e in seen if e.kind == "task"] == [
+            "working", "working", "completed"]
+
+
+def test_only_flows_idempotent_by_their_effective_safety_may_run_again() -> None:
+    exposed = {name: provider_of(server()).exposure.tool(name)
+               for name in ("report", "charge_order", "lookup_order")}
+    assert {name: effective_idempotent(flow) for name, flow in exposed.items()
+            if flow is not None} == {"report": True, "charge_order": False,
+                                     "lookup_order": True}
 
 
 # ---------------------------------------------------------------- start-up cost
