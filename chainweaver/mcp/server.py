@@ -150,6 +150,11 @@ class FlowServer:
         if namespace is not None and not (isinstance(namespace, str)
                                           and NAME_PATTERN.fullmatch(namespace)):
             raise ExposureConfigError(f"namespace {namespace!r} is not a valid name part")
+        if self._tasks_url is not None:
+            # The parent would need the tasks extension and its own Docket, and would list
+            # the task runner as a tool: refused rather than half-working.
+            raise ExposureConfigError("a FlowServer with tasks= cannot be mounted yet; serve "
+                                      "it on its own")
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
 

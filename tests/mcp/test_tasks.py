@@ -456,6 +456,13 @@ def test_an_encryption_key_protects_stored_request_contexts() -> None:
         tasks_settings.encryption_key = before
 
 
+def test_a_server_with_tasks_cannot_be_mounted_yet() -> None:
+    from fastmcp import FastMCP
+
+    with pytest.raises(ExposureConfigError, match="cannot be mounted yet"):
+        server().mount_into(FastMCP("parent"))
+
+
 def test_run_worker_needs_a_shared_queue() -> None:
     with pytest.raises(ExposureConfigError, match="run_worker needs tasks='redis://"):
         server().run_worker()
