@@ -3,12 +3,16 @@
 Sections, each against a baseline measured in the same run:
 
 1. Time from ``tools/call`` (asking for a task) to the task handle, against a plain
-   ``tools/call`` of the same 3-step flow (in memory, 2026-07-28 client).
+   ``tools/call`` of the same 3-step flow (in memory, 2026-07-28 client; the tasked
+   server only enqueues, so earlier tasks do not run meanwhile).
 2. 1,000 short tasks in memory (``FlowServer(tasks="memory://")``, the server runs
    them), against 1,000 plain calls of the same flow, both 50 at a time.
-3. 1,000 short tasks on Redis: an enqueue-only replica (in this process) and 1, then 2,
-   ``chainweaver worker`` processes; the ratio says how throughput scales with workers.
+3. 1,000 short tasks on Redis: an enqueue-only replica (in this process) queues them
+   all, then 1, or 2, warm ``chainweaver worker`` processes run them; the ratio says how
+   throughput scales with workers. The replica's creation rate is printed too.
    Needs ``redis-server`` (a private one on a random loopback port is started).
+4. Start-up with tasks: ``FlowServer(tasks="memory://")`` built and a client connected
+   (Docket started), over a large catalogue against 100 flows: it must not grow.
 
 Each task's last step counts itself (in Redis for section 3), so completion is seen
 when it happens, not when a client happens to poll. This file is also the ``--tools``
@@ -53,9 +57,21 @@ class Number(BaseModel):
     n: int
 
 
+def _redis() -> Any:
+    if DONE["redis"] is None:
+        import redis.asyncio as redis
+
+        DONE["redis"] = redis.Redis.from_url(os.environ["BENCH_REDIS"])
+    return DONE["redis"]
+
+
 @tool(safety=READ)
 async def bench_first(n: int) -> Number:
-    """First step."""
+    """First step. On Redis, waits until the benchmark says go (``bench:go``), so every
+    task is queued before the workers start on them."""
+    if os.environ.get("BENCH_REDIS"):
+        while await _redis().get("bench:go") != b"1":
+            await asyncio.sleep(0.01)
     return Number(n=n + 1)
 
 
@@ -69,13 +85,8 @@ async def bench_second(n: int) -> Number:
 async def bench_last(n: int) -> Number:
     """Last step: waits STEP_SLEEP (BENCH_SLEEP), then counts itself."""
     await asyncio.sleep(float(os.environ.get("BENCH_SLEEP", STEP_SLEEP)))
-    url = os.environ.get("BENCH_REDIS")
-    if url:
-        if DONE["redis"] is None:
-            import redis.asyncio as redis
-
-            DONE["redis"] = redis.Redis.from_url(url)
-        await DONE["redis"].incr("bench:done")
+    if os.environ.get("BENCH_REDIS"):
+        await _redis().incr("bench:done")
     else:
         DONE["count"] += 1
     return Number(n=n)
@@ -144,13 +155,17 @@ async def handle_latency(flows: Path, calls: int) -> float:
     from fastmcp import Client
     from fastmcp_tasks import call_tool_task
 
+    from chainweaver.mcp import TaskSettings
+
     print("== 1. tools/call as a task: time to the handle, vs a plain tools/call ==")
     plain = build_server(flows, "memory://", task_mode="forbidden")
-    tasked = build_server(flows, "memory://", task_mode="optional")
+    # Enqueue only: the handle's cost alone, not runs of earlier tasks in this process.
+    tasked = build_server(flows, "memory://", task_mode="optional",
+                          task_settings=TaskSettings(concurrency=0))
     async with Client(plain.fastmcp) as p, Client(tasked.fastmcp) as t:
         await p.call_tool("bench_task", {"n": 1})
         await call_tool_task(t, "bench_task", {"n": 1})
-        os.environ["BENCH_SLEEP"] = "0"
+        os.environ["BENCH_SLEEP"] = "0"  # the plain call: no simulated wait
         try:
             base: list[float] = []
             cand: list[float] = []
@@ -251,13 +266,19 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float
     try:
         async with Client(replica.fastmcp) as client:
             # Warm up: every worker has started and run something.
+            await store.set("bench:go", 1)
             await bounded(workers * 20, 20, lambda i: call_tool_task(client, "bench_task",
                                                                      {"n": i}))
             await until(done, workers * 20, 120)
+            # Queue every task first (their first step waits for "go"), then time the
+            # workers alone: the replica's creation rate is reported on its own.
+            await store.set("bench:go", 0)
             await store.set("bench:done", 0)
             started = time.perf_counter()
             await bounded(total, 50, lambda i: call_tool_task(client, "bench_task", {"n": i}))
             enqueued = time.perf_counter() - started
+            started = time.perf_counter()
+            await store.set("bench:go", 1)
             await until(done, total, 600)
             elapsed = time.perf_counter() - started
     finally:
@@ -266,9 +287,35 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float
         for process in started_workers:
             process.wait(30)
         await store.aclose()
-    print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; created "
-          f"in {enqueued:.2f} s)")
+    print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
+          f"replica created them at {total / enqueued:.1f} tasks/s)")
     return total / elapsed
+
+
+async def startup(large: int) -> float:
+    from fastmcp import Client
+
+    from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
+    from chainweaver.mcp import FlowServer
+
+    print(f"== 4. Start with tasks: build + connect, {large} flows vs 100 flows ==")
+    best = {}
+    for flows in (100, large):
+        executor = FlowExecutor(FlowRegistry())
+        executor.register_tool(bench_first)
+        for index in range(flows):
+            executor.registry.register_flow(Flow(f"f{index:05d}", "d", [FlowStep("bench_first")]))
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            async with Client(FlowServer(executor, tasks="memory://").fastmcp):
+                pass
+            times.append(time.perf_counter() - started)
+        best[flows] = min(times)
+        print(row(f"{flows} flows", times))
+    ratio = best[large] / best[100]
+    print(f"  {large} flows / 100 flows (best): {ratio:.2f}x")
+    return ratio
 
 
 async def main() -> None:
@@ -284,11 +331,13 @@ async def main() -> None:
     handle = await handle_latency(flows, args.calls)
     memory = await memory_throughput(flows, args.tasks)
     scale = None if args.no_redis else await redis_throughput(flows, args.tasks)
+    start = await startup(2000 if args.quick else 20000)
     print("== Summary ==")
     print(f"  task handle / plain call: {handle:.2f}x")
     print(f"  in-memory tasks vs plain calls (throughput): {memory:.2f}")
     if scale is not None:
         print(f"  Redis, 2 workers / 1 worker (throughput): {scale:.2f}x")
+    print(f"  start with tasks, large catalogue / 100 flows: {start:.2f}x")
 
 
 if __name__ == "__main__":
