@@ -33,7 +33,9 @@ TOOLS = ROOT / "tests" / "servers" / "task_tools.py"
 TOKENS = ("alice-token-0001", "bob-token-0002")
 KEY = "a-test-encryption-key-of-32-chars!"
 LIMIT = 60.0  # seconds: only to stop a hang
-REDELIVERY = "1"  # seconds: a dead worker's task goes to another worker soon
+# Seconds: a dead worker's task goes to another worker soon, while a live worker on this
+# busy 2-core machine still renews its leases in time (they are renewed every quarter).
+REDELIVERY = "3"
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +224,26 @@ async def test_a_killed_worker_loses_no_task_and_repeats_no_side_effect(
     assert looked.status == "completed"  # idempotent: run again on the other worker
     assert count(queue, "lookup:K-1") == 2
     assert [task.status for task in later] == ["completed"] * 10
+
+
+@pytest.mark.anyio
+async def test_a_task_cancelled_on_one_replica_stops_on_the_worker(
+        replicas: list[int], workers: Workers, queue: str) -> None:
+    workers.start(sleep=5.0)
+    async with client(replicas[0]) as on_a, client(replicas[1]) as on_b:
+        task = await call_tool_task(on_a, "lookup_order", {"order": "C-1"})
+        for _ in range(int(LIMIT / 0.05)):
+            if count(queue, "lookup:C-1"):
+                break
+            await asyncio.sleep(0.05)
+        await handle(on_b, task).cancel()
+        done = await final(handle(on_a, task))
+        await asyncio.sleep(6.0)  # longer than the run would have taken
+        follow = await final(await call_tool_task(on_b, "report", {"n": 0}))
+    assert done.status == "cancelled"
+    assert count(queue, "lookup:C-1") == 1
+    assert count(queue, "lookup-finished:C-1") == 0  # the run stopped on the worker
+    assert follow.status == "completed"  # and the worker keeps serving
 
 
 # ------------------------------------------------ in process: FlowServer.run_worker_async

@@ -88,4 +88,5 @@ async def lookup(order: str) -> Counted:
     """Look an order up: safe to repeat."""
     count = await _count(f"lookup:{order}")
     await _pause()
+    await _count(f"lookup-finished:{order}")
     return Counted(order=order, count=count)
