@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
+from fastmcp.server.dependencies import get_context
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp import MCPError
+from pydantic import BaseModel
 from servers import task_tools
 from support.catalogue import build_catalogue
 
@@ -258,6 +260,27 @@ async def test_steps_in_worker_threads_report_their_status_too() -> None:
         release.set()
         result = await asyncio.wait_for(task.result(), LIMIT)
     assert result.structured_content == {"n": 2}
+
+
+class TaskId(BaseModel):
+    task_id: str | None
+
+
+@pytest.mark.anyio
+async def test_the_run_has_the_tasks_context_like_a_call_has_the_requests() -> None:
+    # FlowTool.run and its steps can use FastMCP's get_context() inside a worker too
+    # (progress and logging during a run rely on it).
+    async def whoami(data: task_tools.Number) -> TaskId:
+        return TaskId(task_id=get_context().task_id)
+
+    tools = executor()
+    tools.register_tool(Tool("whoami", "The task id.", task_tools.Number, TaskId, whoami,
+                             task_tools.READ))
+    tools.registry.register_flow(Flow("whoami", "Who runs me?", [FlowStep("whoami")]))
+    async with Client(FlowServer(tools, tasks="memory://").fastmcp) as client:
+        task = await call_tool_task(client, "whoami", {"n": 1})
+        result = await asyncio.wait_for(task.result(), LIMIT)
+    assert result.structured_content == {"task_id": task.task_id}
 
 
 @pytest.mark.anyio
