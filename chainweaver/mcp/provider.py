@@ -193,8 +193,8 @@ class FlowProvider(Provider):
     async def get_tasks(self) -> Sequence[FastMCPComponent]:
         """The components Docket registers at server start: the one flow task runner.
 
-        FastMCP calls this at every start (Docket registers task functions from it)
-        and on every task creation. The base implementation lists, and so builds,
+        FastMCP calls this at every start (Docket registers task functions from it).
+        The base implementation lists, and so builds,
         every component to read its ``task_config``: O(catalogue), about 3 s at 20,000
         flows. Here it is one component whatever the catalogue, and a flow that
         becomes task-capable later needs nothing registered (see ``tasks.py``).
