@@ -58,19 +58,22 @@ def _command(command: str, queue: str, *options: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def replicas(queue: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
-    """Two enqueue-only server replicas on loopback; yields their ports."""
+    """Two enqueue-only server replicas on loopback; yields their ports. Their stderr is
+    kept in replica-N.log next to the token file, for a failed run."""
     tokens = tmp_path_factory.mktemp("tasks") / "tokens.txt"
     tokens.write_text("\n".join(TOKENS) + "\n")
     tokens.chmod(0o600)
     started: list[tuple[subprocess.Popen, int]] = []
+    logs = tokens.parent
     try:
-        for _ in range(2):
+        for index in range(2):
             port = free_port()
             process = subprocess.Popen(
                 _command("serve", queue, "--transport", "streamable-http", "--port",
                          str(port), "--task-concurrency", "0", "--auth-token-file",
                          str(tokens)),
-                env=_env(queue), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                env=_env(queue), stdout=subprocess.DEVNULL,
+                stderr=(logs / f"replica-{index}.log").open("w"))
             started.append((process, port))
         for process, port in started:
             wait_until_listening(process, port)
@@ -83,14 +86,16 @@ def replicas(queue: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[l
 class Workers:
     """``chainweaver worker`` processes started by one test, all stopped at its end."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, logs: Path) -> None:
         self.queue = queue
+        self.logs = logs  # each worker's stderr, kept for a failed run
         self.started: list[subprocess.Popen] = []
 
     def start(self, sleep: float = 0.0) -> subprocess.Popen:
+        log = self.logs / f"worker-{len(self.started)}.log"
         process = subprocess.Popen(
             _command("worker", self.queue, "--task-redelivery", REDELIVERY),
-            env=_env(self.queue, sleep), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=_env(self.queue, sleep), stdout=subprocess.DEVNULL, stderr=log.open("w"))
         self.started.append(process)
         return process
 
@@ -100,8 +105,8 @@ class Workers:
 
 
 @pytest.fixture
-def workers(queue: str) -> Iterator[Workers]:
-    started = Workers(queue)
+def workers(queue: str, tmp_path: Path) -> Iterator[Workers]:
+    started = Workers(queue, tmp_path)
     try:
         yield started
     finally:
