@@ -52,8 +52,11 @@ def _env(queue: str, sleep: float = 0.0) -> dict[str, str]:
 
 
 def _command(command: str, queue: str, *options: str) -> list[str]:
+    # 100 clients polling one replica at once need more than redis-py's default pool of
+    # 100 connections (docs/tasks.md): without it some tasks/get fail with -32603.
     return [sys.executable, "-m", "chainweaver", command, str(FLOWS), "--tools", str(TOOLS),
-            "--side-effects", "read,write", "--tasks", queue, *options]
+            "--side-effects", "read,write", "--tasks", f"{queue}?max_connections=1000",
+            *options]
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +71,12 @@ def replicas(queue: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[l
     try:
         for index in range(2):
             port = free_port()
-            process = subprocess.Popen(
-                _command("serve", queue, "--transport", "streamable-http", "--port",
-                         str(port), "--task-concurrency", "0", "--auth-token-file",
-                         str(tokens)),
-                env=_env(queue), stdout=subprocess.DEVNULL,
-                stderr=(logs / f"replica-{index}.log").open("w"))
+            with (logs / f"replica-{index}.log").open("w") as log:
+                process = subprocess.Popen(
+                    _command("serve", queue, "--transport", "streamable-http", "--port",
+                             str(port), "--task-concurrency", "0", "--auth-token-file",
+                             str(tokens)),
+                    env=_env(queue), stdout=subprocess.DEVNULL, stderr=log)
             started.append((process, port))
         for process, port in started:
             wait_until_listening(process, port)
@@ -92,10 +95,10 @@ class Workers:
         self.started: list[subprocess.Popen] = []
 
     def start(self, sleep: float = 0.0) -> subprocess.Popen:
-        log = self.logs / f"worker-{len(self.started)}.log"
-        process = subprocess.Popen(
-            _command("worker", self.queue, "--task-redelivery", REDELIVERY),
-            env=_env(self.queue, sleep), stdout=subprocess.DEVNULL, stderr=log.open("w"))
+        with (self.logs / f"worker-{len(self.started)}.log").open("w") as log:
+            process = subprocess.Popen(
+                _command("worker", self.queue, "--task-redelivery", REDELIVERY),
+                env=_env(self.queue, sleep), stdout=subprocess.DEVNULL, stderr=log)
         self.started.append(process)
         return process
 
