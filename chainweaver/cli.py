@@ -398,6 +398,8 @@ def run(args: argparse.Namespace) -> int:
     _http_defaults(args)
     try:
         # Tools modules may print while importing; stdout is only for MCP or the report.
+        if args.command == "worker":
+            _check_worker(args)
         with redirect_stdout(sys.stderr):
             if args.command == "inspect" and args.graph:
                 text = graph(args)
@@ -451,11 +453,20 @@ def _redacted(url: str | None) -> str:
     return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"
 
 
-def run_worker(server: Any, args: argparse.Namespace) -> int:
-    """``chainweaver worker``: run task flows until interrupted."""
+def _check_worker(args: argparse.Namespace) -> None:
+    """Refuse a worker that could not work, before anything is loaded or printed."""
     if not args.tasks or args.tasks.startswith("memory://"):
         raise CommandError(EXIT_USAGE, "worker needs --tasks redis://HOST:PORT/DB: a worker "
                            "runs tasks that server replicas put on a shared Redis queue")
+    if args.watch:
+        # A worker serves no clients and keeps the flows it loaded: restart workers to
+        # pick up edited flow files (docs/tasks.md).
+        raise CommandError(EXIT_USAGE, "worker does not take --watch: restart workers "
+                           "after editing flow files")
+
+
+def run_worker(server: Any, args: argparse.Namespace) -> int:
+    """``chainweaver worker``: run task flows until interrupted."""
     try:
         server.run_worker()
     except KeyboardInterrupt:

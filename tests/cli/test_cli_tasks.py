@@ -73,6 +73,8 @@ def test_worker_runs_with_a_redis_queue(capsys: pytest.CaptureFixture, served: l
 @pytest.mark.parametrize(("argv", "message"), [
     (["worker", *BASE], "worker needs --tasks redis://"),
     (["worker", *BASE, "--tasks", "memory://"], "worker needs --tasks redis://"),
+    (["worker", *BASE, "--tasks", "redis://127.0.0.1:1/0", "--watch"],
+     "worker does not take --watch"),
     (["serve", *BASE, "--task-concurrency", "0"], "--task-concurrency and --task-redelivery "
                                                    "need --tasks"),
     (["serve", *BASE, "--tasks", "ftp://x"], "tasks must be None or a URL"),
@@ -82,6 +84,8 @@ def test_task_flag_mistakes_are_clear_errors(capsys: pytest.CaptureFixture, serv
     code, _, err = run(capsys, *argv)
     assert code != 0 and message in err
     assert served == []
+    if argv[0] == "worker":  # refused before loading anything or printing a summary
+        assert "loaded" not in err
 
 
 @pytest.mark.parametrize("value", ["-1", "two"])
