@@ -8,7 +8,6 @@ tests/e2e/test_live_views_http.py).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from fastmcp import Client
 from mcp import MCPError
 from mcp.client.subscriptions import listen
 from support.catalogue import build_catalogue
+from support.notices import PROMPTS, RESOURCES, TOOLS, UPDATED, Heard, listening
 from support.views import INDEX, schema_uri
 
 from chainweaver import Flow, FlowExecutor, FlowGovernance, FlowStep
@@ -40,13 +40,6 @@ pytestmark = [pytest.mark.anyio,
 MODES = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
 # Both see flows owned by "common"; otherwise their views are disjoint.
 TEAMS = {"sam": ["search-team", "common"], "olga": ["orders-team", "pricing-team", "common"]}
-TOOLS = "notifications/tools/list_changed"
-RESOURCES = "notifications/resources/list_changed"
-PROMPTS = "notifications/prompts/list_changed"
-UPDATED = "notifications/resources/updated"
-# 2026-07-28 listen events, named as the 2025-11-25 notifications they stand for.
-EVENTS = {"ToolsListChanged": TOOLS, "ResourcesListChanged": RESOURCES,
-          "PromptsListChanged": PROMPTS, "ResourceUpdated": UPDATED}
 
 
 class Switch:
@@ -74,30 +67,6 @@ def serving(visible: Any = "teams", **security: Any
     return executor, server, switch, events
 
 
-class Heard:
-    """What one client was told, by notification method (and URI)."""
-
-    def __init__(self) -> None:
-        self.told: list[str] = []
-
-    async def __call__(self, message: Any) -> None:  # a 2025-11-25 message handler
-        method = getattr(message, "method", None)
-        if method is not None and method.startswith("notifications/"):
-            uri = getattr(getattr(message, "params", None), "uri", None)
-            self.told.append(f"{method} {uri}" if uri else method)
-
-    async def take(self, expected: int, quiet: float = 0.3) -> list[str]:
-        """Wait (bounded) for ``expected`` notices, then ``quiet`` s for any extra one;
-        what was told, sorted, and forget it."""
-        for _ in range(200):
-            if len(self.told) >= expected:
-                break
-            await asyncio.sleep(0.025)
-        await asyncio.sleep(quiet)
-        told, self.told = sorted(self.told), []
-        return told
-
-
 @asynccontextmanager
 async def follower(server: FlowServer, switch: Switch, who: str | None, mode: str,
                    uris: list[str]) -> AsyncIterator[Heard]:
@@ -111,21 +80,8 @@ async def follower(server: FlowServer, switch: Switch, who: str | None, mode: st
                 await client.session.subscribe_resource(uri)
             yield heard
         return
-    async with Client(server.fastmcp) as client, listen(
-            client.session, tools_list_changed=True, prompts_list_changed=True,
-            resources_list_changed=True, resource_subscriptions=uris) as stream:
-
-        async def drain() -> None:
-            async for event in stream:
-                name = EVENTS[type(event).__name__]
-                uri = getattr(event, "uri", None)
-                heard.told.append(f"{name} {uri}" if uri else name)
-
-        task = asyncio.create_task(drain())
-        try:
-            yield heard
-        finally:
-            task.cancel()
+    async with Client(server.fastmcp) as client, listening(client.session, heard, uris):
+        yield heard
 
 
 def new_version(executor: FlowExecutor, name: str) -> None:
