@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_http_options(common)
     _add_access_options(common)
     _add_watch_options(common)
+    _add_task_options(common)
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
@@ -93,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
     inspect.add_argument("--graph", metavar="FLOW",
                          help="print FLOW's steps as a Mermaid flowchart instead")
+    commands.add_parser(
+        "worker", parents=[common], help="run flows for background tasks (needs --tasks)",
+        description="Run the flows of background tasks that any server replica on the same "
+                    "Redis queue (--tasks redis://...) created. Loads flows and tools as "
+                    "serve does; serves no MCP transport.")
     commands.add_parser("schema", help="print the JSON Schema of flow files",
                         description="Print the JSON Schema that flow files follow, for "
                                     "editors and CI checks.")
@@ -137,6 +143,34 @@ def _add_watch_options(parser: argparse.ArgumentParser) -> None:
                             "last good flows serving and is logged")
     group.add_argument("--watch-interval", type=_seconds, default=1.0, metavar="SECONDS",
                        help="how often --watch looks at the files (default: 1)")
+
+
+def _add_task_options(parser: argparse.ArgumentParser) -> None:
+    """Background tasks (docs/tasks.md): serve, inspect and worker take these."""
+    group = parser.add_argument_group("background tasks (needs the tasks extra)")
+    group.add_argument("--tasks", metavar="URL",
+                       help="let clients run flows as MCP background tasks: memory:// "
+                            "(one process) or redis://HOST:PORT/DB (replicas and workers)")
+    group.add_argument("--task-mode", choices=("forbidden", "optional", "required"),
+                       default="optional",
+                       help="task mode of flows whose file sets none (default: optional)")
+    group.add_argument("--task-concurrency", type=_non_negative_int, metavar="N",
+                       help="flows this process runs at once for tasks; 0: enqueue only, "
+                            "workers run them (default: 10)")
+    group.add_argument("--task-redelivery", type=_seconds, metavar="SECONDS",
+                       help="give a task whose worker stopped to another worker after "
+                            "this long (default: 300)")
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type for a count that may be 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
 
 
 def _add_http_options(parser: argparse.ArgumentParser) -> None:
@@ -319,6 +353,9 @@ def _summary(built: Built, args: argparse.Namespace) -> str:
              f"{', '.join(exposed) or 'none'}"]
     lines += [f"{PROG}: excluded {e.flow_name} v{e.version}: {e.reason}"
               for e in report if not e.exposed]
+    if args.command == "worker":
+        lines.append(f"{PROG}: running task flows from {_redacted(args.tasks)}")
+        return "\n".join(lines)
     where = (f"http://{args.host}:{args.port}/mcp" if args.transport == "streamable-http"
              else "stdio")
     lines.append(f"{PROG}: serving {len(server.registered_tool_names)} tool(s), "
@@ -380,6 +417,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()  # a closed pipe shows here, inside main's handler
         return EXIT_OK
     print(_summary(built, args), file=sys.stderr, flush=True)
+    if args.command == "worker":
+        return run_worker(built.server, args)
     for warning in _serve_warnings(args):
         print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
     try:
@@ -399,6 +438,28 @@ def run(args: argparse.Namespace) -> int:
         if stopped.code not in (None, 0):
             raise CommandError(EXIT_SERVE_FAILED, f"the server could not start on "
                                f"{args.host}:{args.port} (see the log above)") from None
+    return EXIT_OK
+
+
+def _redacted(url: str | None) -> str:
+    """A queue URL without its password (redis://user:secret@host -> redis://user:***@host)."""
+    text = url or "no queue"
+    scheme, sep, rest = text.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return text
+    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"
+
+
+def run_worker(server: Any, args: argparse.Namespace) -> int:
+    """``chainweaver worker``: run task flows until interrupted."""
+    if not args.tasks or args.tasks.startswith("memory://"):
+        raise CommandError(EXIT_USAGE, "worker needs --tasks redis://HOST:PORT/DB: a worker "
+                           "runs tasks that server replicas put on a shared Redis queue")
+    try:
+        server.run_worker()
+    except KeyboardInterrupt:
+        pass
     return EXIT_OK
 
 

@@ -247,6 +247,7 @@ def build_server(args: argparse.Namespace) -> Built:
             instructions=instructions,
             **_given(approval=args.approval, approval_timeout=args.approval_timeout),
             **access.server,
+            **_task_options(args),
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
@@ -270,6 +271,20 @@ def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> No
     server.watch(FlowFileWatcher(server.executor.registry, args.paths,
                                  tools=server.executor.tools,
                                  interval=args.watch_interval, loaded=loaded))
+
+
+def _task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """FlowServer's background-task arguments from --tasks and the --task-* flags."""
+    from .mcp import TaskSettings
+
+    if args.tasks is None:
+        if args.task_concurrency is not None or args.task_redelivery is not None:
+            raise CommandError(EXIT_USAGE, "--task-concurrency and --task-redelivery need "
+                               "--tasks")
+        return {}
+    settings = TaskSettings(concurrency=args.task_concurrency,
+                            redelivery_timeout=args.task_redelivery)
+    return {"tasks": args.tasks, "task_mode": args.task_mode, "task_settings": settings}
 
 
 def _given(**settings: Any) -> dict[str, Any]:

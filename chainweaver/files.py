@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -32,7 +32,7 @@ from .flow_format import (
     StepFormat,
     keys,
 )
-from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
+from .flows import TASK_MODES, Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
 from .inline_schema import InlineSchemaError, model_from_json_schema
 from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
 from .safety import SideEffectLevel, ToolSafetyContract
@@ -425,6 +425,13 @@ def _prompts(f: _Fields, value: Any) -> list[FlowPrompt]:
     return prompts
 
 
+def _task_mode(f: _Fields, value: Any) -> str | None:
+    if value is not None and value not in TASK_MODES:
+        raise f.error("task_mode", f"must be one of {', '.join(TASK_MODES)}, "
+                      f"got {value!r}")
+    return cast("str | None", value)
+
+
 def _model_base_name(flow_name: str) -> str:
     parts = flow_name.replace("-", "_").replace(".", "_").split("_")
     return "".join(part.capitalize() for part in parts if part) or "Flow"
@@ -450,6 +457,7 @@ def flow_from_data(data: Any, path: PathLike = "<data>") -> Flow:
         "input_schema": _schema(f, top.get("input_schema"), "input_schema", f"{base}Input"),
         "output_schema": _schema(f, top.get("output_schema"), "output_schema",
                                  f"{base}Output"),
+        "task_mode": _task_mode(f, top.get("task_mode")),
     }
     prompts = _prompts(f, top.get("prompts", []))
     duplicates = repeated_names(p.name for p in prompts)

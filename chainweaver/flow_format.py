@@ -138,6 +138,9 @@ class FlowFileFormat(_Part):
     steps: list[Annotated[str, Field(pattern=NAME_PATTERN)] | StepFormat] = Field(
         min_length=1, description="A tool name, or a step")
     prompts: list[PromptFormat] = []
+    task_mode: Literal["forbidden", "optional", "required"] | Absent = Field(
+        None, description="Whether MCP clients may run the flow as a background task "
+        "(default: the server's setting)")
 
 
 def keys(model: type[BaseModel]) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
+from typing import Literal, get_args
 
 from pydantic import BaseModel
 
@@ -234,6 +235,19 @@ def _string_mapping(label: str, what: str, value: Mapping[str, str]) -> Mapping[
     return MappingProxyType(mapping)
 
 
+TaskMode = Literal["forbidden", "optional", "required"]
+TASK_MODES: tuple[str, ...] = get_args(TaskMode)
+
+
+def check_task_mode(where: str, mode: object, *, optional: bool = True) -> None:
+    """``mode`` is one of :data:`TASK_MODES` (or ``None``, the server's default)."""
+    if mode is None and optional:
+        return
+    if mode not in TASK_MODES:
+        raise DefinitionError(f"{where}: task_mode must be one of {', '.join(TASK_MODES)}"
+                              f"{' or None' if optional else ''}, got {mode!r}")
+
+
 @dataclass(frozen=True)
 class Flow:
     """A named, versioned DAG of steps with governance and safety metadata.
@@ -254,6 +268,8 @@ class Flow:
     governance: FlowGovernance = field(default_factory=FlowGovernance)
     safety: ToolSafetyContract | None = None
     prompts: Sequence[FlowPrompt] = ()
+    # May an MCP client run it as a background task? None: the server's default.
+    task_mode: TaskMode | None = None
     step_ids: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     dependencies: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False,
                                                        compare=False)
@@ -288,6 +304,7 @@ class Flow:
                 f"flow {self.name!r}: duplicate prompt name(s) {', '.join(duplicates)}"
             )
         object.__setattr__(self, "prompts", prompts)
+        check_task_mode(f"flow {self.name!r}", self.task_mode)
         if self.sink is None and self.output_schema is None:
             raise DefinitionError(
                 f"flow {self.name!r}: steps {', '.join(repr(self.step_ids[i]) for i in self.sinks)}"

@@ -24,6 +24,7 @@ from .hooks import (
 )
 from .rate_limit import FixedWindowRateLimiter, RedisRateLimiter
 from .server import FlowServer
+from .task_setup import TaskSettings
 from .views import Visibility, VisibleRule, visible_claim
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "ServingConfig",
     "Visibility",
     "VisibleRule",
+    "TaskSettings",
     "schema_uri",
     "visible_claim",
 ]

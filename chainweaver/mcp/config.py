@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from fastmcp.server.auth import AuthProvider
 
-from ..errors import ExposureConfigError
-from ..flows import FlowLifecycle
+from ..errors import DefinitionError, ExposureConfigError
+from ..flows import FlowLifecycle, TaskMode, check_task_mode
 from ..safety import SideEffectLevel
 from ..tools import NAME_PATTERN
 from .hooks import AuditHook, Authenticator, Authorizer, RateLimiter
@@ -108,9 +108,16 @@ class ExposurePolicy:
     owners: Iterable[str] | None = None
     allow_requires_approval: bool = False
     approval: ApprovalMode = "exclude"
+    # Background tasks: the mode of flows that set none. FlowServer sets it from its
+    # ``tasks``/``task_mode`` arguments; None means there is no task backend at all.
+    task_mode: TaskMode | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        try:
+            check_task_mode("task_mode", self.task_mode)
+        except DefinitionError as error:
+            raise ExposureConfigError(str(error)) from None
         set_(self, "flow_names", _names("flow_names", self.flow_names))
         set_(self, "owners", _names("owners", self.owners))
         check_bool("force_expose", self.force_expose)

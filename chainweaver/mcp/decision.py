@@ -51,6 +51,9 @@ class ExposedFlow:
     invocation_prompt: str | None
     # Calls ask the user to approve the run first (policy approval="elicit").
     needs_approval: bool = False
+    # Background tasks: "forbidden", "optional" or "required" (the flow's own mode, or
+    # the server's default); what the tool advertises and the task engine obeys.
+    task_mode: str = "forbidden"
 
     @property
     def prompt_names(self) -> list[str]:
@@ -123,6 +126,8 @@ def _exclusion_reason(
     if owners is not None and governance.owner not in owners:
         allowed = ", ".join(sorted(owners)) or "none"
         return f"owner {governance.owner!r} is not allowed (allowed: {allowed})"
+    if flow.task_mode == "required" and policy.task_mode is None:
+        return "it runs only as a background task, and the server has no task backend"
     if safety is None:
         return ("effective safety is unknown: no safety contract on the flow or on "
                 + ", ".join(_unknown_safety(flow, executor)))
@@ -134,6 +139,12 @@ def _exclusion_reason(
             and policy.approval != "elicit":
         why = f" ({safety.approval_reason})" if safety.approval_reason else ""
         return f"requires approval{why} and allow_requires_approval is false"
+    if safety.requires_approval and policy.approval == "elicit" \
+            and task_mode(policy, flow) == "required":
+        # Asking inside a background task (input_required through tasks/update) is
+        # not supported yet: such a flow could never run.
+        return ("it runs only as a background task and asks for approval, which a "
+                "background task cannot do yet")
     return None
 
 
@@ -201,6 +212,13 @@ def decide_flow(
     return FlowDecision(report, exposed)
 
 
+def task_mode(policy: ExposurePolicy, flow: Flow) -> str:
+    """The flow's effective task mode: its own, else the server's; none without a backend."""
+    if policy.task_mode is None:
+        return "forbidden"
+    return flow.task_mode or policy.task_mode
+
+
 def _excluded(flow: Flow, reason: str) -> FlowDecision:
     logger.warning("flow %r v%s is not exposed: %s", flow.name, flow.version, reason)
     return FlowDecision(FlowExposure(flow.name, flow.version, False, reason), None)
@@ -246,5 +264,7 @@ def _exposed_flow(
     uri = schema_uri(tool_name) if expose_schemas else None
     needs_approval = policy.approval == "elicit" and approval_request(plan) is not None
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
-                          invocation, needs_approval)
+                          invocation, needs_approval,
+                          # A run that asks for approval runs in the request only.
+                          "forbidden" if needs_approval else task_mode(policy, flow))
     return exposed, tuple(overridden)

@@ -18,10 +18,12 @@ from fastmcp.server.context import Context
 from fastmcp.server.dependencies import CurrentContext, get_context
 from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from fastmcp.tools.base import Tool as FastMCPTool
+from fastmcp.utilities.tasks import TaskConfig
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
 from ..executor import ExecutionResult, FlowExecutor, StepRecord
+from ..run_events import RunObserver
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
@@ -59,6 +61,7 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
         "safety": exposed.safety.to_dict() if exposed.safety else None,
         "forced": exposed.forced,
         "needs_approval": exposed.needs_approval,
+        "task_mode": exposed.task_mode,
     }
 
 
@@ -125,6 +128,7 @@ class FlowTool(FastMCPTool):
             output_schema=exposed.contract.output_schema,
             annotations=tool_annotations(exposed),
             meta={"chainweaver": flow_meta(exposed)},
+            task_config=TaskConfig(mode=exposed.task_mode),  # type: ignore[arg-type]
         )
         tool._executor = executor
         tool._exposed = exposed
@@ -134,8 +138,20 @@ class FlowTool(FastMCPTool):
             tool._runs = runs
         return tool
 
+    @property
+    def exposed(self) -> ExposedFlow:
+        """The exposure decision this tool publishes."""
+        return self._exposed
+
     async def run(self, arguments: dict[str, Any],
                   ctx: Context = CurrentContext()) -> ToolResult:  # noqa: B008
+        return await self.run_flow(arguments, ctx)
+
+    async def run_flow(self, arguments: dict[str, Any], ctx: Context | Any = None, *,
+                       status: RunObserver | None = None) -> ToolResult:
+        """Run the flow: ``tools/call`` comes here through :meth:`run`, a background
+        task's runner directly, with ``status`` observing the steps (the task's status
+        message) in place of the client's progress and log reports."""
         flow = self._exposed.flow
         if not _sendable(arguments):
             # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
@@ -146,7 +162,7 @@ class FlowTool(FastMCPTool):
             # Called as tools/call does (run(arguments)), the default is the dependency
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
-        reporter = None if ctx is None else RunReporter.wanted(
+        reporter = None if ctx is None or status is not None else RunReporter.wanted(
             ctx, self.name, show_error_type=self._error_detail != "generic")
         approval = None
         if self._exposed.needs_approval:
@@ -156,7 +172,7 @@ class FlowTool(FastMCPTool):
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
-                plan=self._exposed.plan, observer=reporter, approve=approval)
+                plan=self._exposed.plan, observer=status or reporter, approve=approval)
         except BaseException as error:
             if reporter is not None:
                 reporter.abandon()

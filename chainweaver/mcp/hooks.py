@@ -14,7 +14,9 @@ from typing import Any, Literal, Protocol
 # resources/subscribe, resources/unsubscribe) are authenticated, rate-limited and
 # audited but never passed to the authorizer: the caller's view already narrows what
 # they show or tell.
-RequestKind = Literal["tool", "resource", "prompt", "list", "completion", "subscription"]
+# "task": a background task's creation and state changes (chainweaver.mcp.tasks).
+RequestKind = Literal["tool", "resource", "prompt", "list", "completion", "subscription",
+                      "task"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
 GATE_REFUSED = -32001
 # A refusal carries only a reason code, never free text that could leak details.
@@ -74,16 +76,17 @@ class AuthorizationDecision:
 
 @dataclass(frozen=True)
 class AuditEvent:
-    """One audit record. ``phase`` is ``"decision"`` (the gate's verdict),
-    ``"completed"`` (an allowed request finished: ``outcome`` ``"ok"``, ``"error"`` or
-    ``"cancelled"`` by the client) or ``"approval"`` (the user's answer when a flow run
-    asked for approval: ``decision`` allowed or denied, ``reason`` the answer, e.g.
-    ``accept``, ``decline``, ``cancel``, ``no_answer``, ``unavailable``; ``step_id`` the
-    step that needs it). Content is never recorded: only the SHA-256 and UTF-8 byte
-    length of the returned text."""
+    """One audit record. ``phase`` is ``"decision"`` (the gate's verdict; for a task:
+    created), ``"completed"`` (an allowed request, or a task, finished: ``outcome``
+    ``"ok"``, ``"error"`` or ``"cancelled"`` by the client), ``"state"`` (a task
+    changed state) or ``"approval"`` (the user's answer when a flow run asked for
+    approval: ``decision`` allowed or denied, ``reason`` the answer, e.g. ``accept``,
+    ``decline``, ``cancel``, ``no_answer``, ``unavailable``; ``step_id`` the step
+    that needs it). Content is never recorded: only the SHA-256 and UTF-8 byte length
+    of the returned text."""
 
     timestamp: float
-    phase: Literal["decision", "completed", "approval"]
+    phase: Literal["decision", "completed", "approval", "state"]
     kind: RequestKind
     name: str
     flow_name: str | None
@@ -97,6 +100,8 @@ class AuditEvent:
     result_sha256: str | None = None
     result_length: int | None = None
     step_id: str | None = None
+    task_id: str | None = None
+    task_status: str | None = None
 
 
 Authenticator = Callable[[GateContext], "CallerIdentity | None | Awaitable[CallerIdentity | None]"]

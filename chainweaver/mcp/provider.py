@@ -93,6 +93,8 @@ class FlowProvider(Provider):
         self._cache: dict[tuple[str, str], tuple[object, Any]] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
+        # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks).
+        self.task_runner: FastMCPComponent | None = None
 
     def __repr__(self) -> str:
         return f"FlowProvider(prefix={self.exposure.policy.server_prefix!r})"
@@ -139,6 +141,10 @@ class FlowProvider(Provider):
     # catalogue's entries. Components are built on first use and cached.
 
     # ------------------------------------------------------------------ tools
+
+    def flow_tool(self, exposed: ExposedFlow) -> FlowTool:
+        """The (cached) tool of an exposed flow; background tasks run flows through it."""
+        return self._tool(exposed)
 
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
         return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
@@ -242,27 +248,25 @@ class FlowProvider(Provider):
     # ------------------------------------------------------------------ tasks
 
     def task_tool_names(self) -> list[str]:
-        """Published names of the tools that may run as background tasks.
+        """Published names of the exposed tools that may run as background tasks.
 
-        None today: no flow is task-capable yet. When background tasks land, the
-        exposure snapshot will say which flows are, and this reads it from there
-        (never by building components to look at their ``task_config``).
+        Read from the exposure decision (each flow's effective ``task_mode``), never by
+        building components. This decides every flow: O(catalogue), for reports and
+        tests, never on the start or request path.
         """
-        return []
+        return sorted(name for name, exposed in self.exposure.tools.items()
+                      if exposed.task_mode != "forbidden")
 
     async def get_tasks(self) -> Sequence[FastMCPComponent]:
-        """The components Docket must register when the server starts: task-capable only.
+        """The components Docket registers at server start: the one flow task runner.
 
-        FastMCP calls this at every server start (its lifespan checks that a tasks
-        extension is registered; Docket registers task functions from it). The base
-        implementation lists, and so builds, every tool, resource, template and
-        prompt just to read their ``task_config``, which made start O(catalogue):
-        about 3 s at 20,000 flows. Here only the tools the snapshot names are built.
+        FastMCP calls this at every start (Docket registers task functions from it).
+        The base implementation lists, and so builds,
+        every component to read its ``task_config``: O(catalogue), about 3 s at 20,000
+        flows. Here it is one component whatever the catalogue, and a flow that
+        becomes task-capable later needs nothing registered (see ``tasks.py``).
         """
-        exposed = [self.exposure.tool(name) for name in self.task_tool_names()]
-        tools = [self._tool(flow) for flow in exposed if flow is not None]
-        eligible = await self._apply_task_transforms(tools)
-        return [c for c in eligible if c.task_config.supports_tasks()]
+        return [self.task_runner] if self.task_runner is not None else []
 
     # ------------------------------------------------------------ completions
 

@@ -84,7 +84,9 @@ def refusal_error(reason: str) -> MCPError:
 def payload_text(kind: RequestKind, result: Any) -> str:
     """The text a request returned, as the audit hashes it."""
     if kind == "tool":
-        return "\n".join(getattr(block, "text", "") for block in result.content)
+        # A call run as a background task returns its handle, which has no content:
+        # the task's own audit records its result (chainweaver.mcp.tasks).
+        return "\n".join(getattr(block, "text", "") for block in getattr(result, "content", ()))
     if kind == "resource":
         return "\n".join(
             c.content if isinstance(c.content, str) else c.content.hex() for c in result.contents

@@ -22,6 +22,7 @@ from mcp.server.request_state import RequestStateSecurity
 from .. import __version__
 from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
+from ..flows import TaskMode
 from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
 from ..watch import FlowFileWatcher
@@ -41,6 +42,7 @@ from .notifications import ChangeNotifier, LiveMiddleware
 from .provider import FlowProvider
 from .runs import RunSettings
 from .security import SecurityGate
+from .task_setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
 from .telemetry import FlowTelemetry
 from .tool_forms import add_tool_forms
 from .views import (
@@ -66,6 +68,10 @@ class FlowServer:
     snapshot, swapped in before the change returns, and clients are told what changed
     (see ``docs/live-governance.md``). Bad configuration raises
     :class:`ExposureConfigError` here, not later.
+
+    ``tasks`` (``"memory://"`` or ``"redis://host:port/db"``; needs the ``tasks`` extra)
+    lets clients run flows as MCP background tasks; ``task_mode`` is the mode of flows
+    that set none, and ``task_settings`` tunes the task engine (see ``docs/tasks.md``).
     """
 
     def __init__(
@@ -87,6 +93,9 @@ class FlowServer:
         visible: VisibleRule | Visibility | None = None,
         resources_as_tools: bool = False,
         prompts_as_tools: bool = False,
+        tasks: str | None = None,
+        task_mode: TaskMode = "optional",
+        task_settings: TaskSettings | None = None,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
@@ -119,6 +128,10 @@ class FlowServer:
             raise ExposureConfigError("resources_as_tools needs expose_schemas=True")
         if prompts_as_tools and not expose_prompts:
             raise ExposureConfigError("prompts_as_tools needs expose_prompts=True")
+        task_settings = check_tasks(tasks, task_mode, task_settings)
+        if tasks is not None:
+            # The server-wide default mode of flows that set none (see decision.task_mode).
+            policy = dataclasses.replace(policy, task_mode=task_mode)
         self.executor = executor
         self.policy = policy
         self.security = security
@@ -167,6 +180,9 @@ class FlowServer:
             request_state_security=None if keys is None else RequestStateSecurity(
                 keys=list(keys), audience=name),
         )
+        self._tasks_url = tasks
+        if tasks is not None:
+            add_tasks(self._fastmcp, self._provider, security, tasks, task_settings)
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
@@ -221,6 +237,11 @@ class FlowServer:
         if namespace is not None and not (isinstance(namespace, str)
                                           and NAME_PATTERN.fullmatch(namespace)):
             raise ExposureConfigError(f"namespace {namespace!r} is not a valid name part")
+        if self._tasks_url is not None:
+            # The parent would need the tasks extension and its own Docket, and would list
+            # the task runner as a tool: refused rather than half-working.
+            raise ExposureConfigError("a FlowServer with tasks= cannot be mounted yet; serve "
+                                      "it on its own")
         parent.add_middleware(self._live)
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
@@ -251,6 +272,22 @@ class FlowServer:
             report = [dataclasses.replace(entry, stale=stale[entry.flow_name])
                       if entry.flow_name in stale else entry for entry in report]
         return report
+
+    def run_worker(self) -> None:
+        """Run the flows of background tasks until interrupted; serves no MCP transport.
+
+        For ``tasks="redis://..."``: any number of such workers share the tasks that
+        server replicas (``TaskSettings(concurrency=0)`` to only enqueue) create.
+        """
+        anyio.run(self.run_worker_async)
+
+    async def run_worker_async(self) -> None:
+        """See :meth:`run_worker`."""
+        if self._tasks_url is None or self._tasks_url.startswith("memory://"):
+            raise ExposureConfigError("run_worker needs tasks='redis://...': a worker runs "
+                                      "tasks that other processes put on a shared queue")
+        async with worker_lifespan(self._fastmcp):
+            await anyio.sleep_forever()
 
     def serve(
         self,

@@ -1,0 +1,344 @@
+"""Background tasks: what a task handle costs, and task throughput in memory and on Redis.
+
+Sections, each against a baseline measured in the same run:
+
+1. Time from ``tools/call`` (asking for a task) to the task handle, against a plain
+   ``tools/call`` of the same 3-step flow (in memory, 2026-07-28 client; the tasked
+   server only enqueues, so earlier tasks do not run meanwhile).
+2. 1,000 short tasks in memory (``FlowServer(tasks="memory://")``, the server runs
+   them), against 1,000 plain calls of the same flow, both 50 at a time.
+3. 1,000 short tasks on Redis: an enqueue-only replica (in this process) queues them
+   all, then 1, or 2, warm ``chainweaver worker`` processes run them; the ratio says how
+   throughput scales with workers. The replica's creation rate is printed too.
+   Needs ``redis-server`` (a private one on a random loopback port is started).
+4. Start-up with tasks: ``FlowServer(tasks="memory://")`` built and a client connected
+   (Docket started), over a large catalogue against 100 flows: it must not grow.
+
+Each task's last step counts itself (in Redis for section 3), so completion is seen
+when it happens, not when a client happens to poll. This file is also the ``--tools``
+module the workers load.
+
+Run: ``python benchmarks/bench_tasks.py [--tasks N] [--calls N] [--quick] [--no-redis]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from chainweaver import SideEffectLevel, ToolSafetyContract, tool
+
+READ = ToolSafetyContract(SideEffectLevel.READ)
+STEP_SLEEP = 0.02  # seconds of (simulated) I/O in the last step of a task
+FLOW = """name: bench_task
+description: Three short steps; the last one waits a little, like a call to a service.
+steps:
+  - bench_first
+  - bench_second
+  - bench_last
+"""
+DONE: dict[str, Any] = {"count": 0, "redis": None}
+
+
+class Number(BaseModel):
+    n: int
+
+
+def _redis() -> Any:
+    if DONE["redis"] is None:
+        import redis.asyncio as redis
+
+        DONE["redis"] = redis.Redis.from_url(os.environ["BENCH_REDIS"])
+    return DONE["redis"]
+
+
+@tool(safety=READ)
+async def bench_first(n: int) -> Number:
+    """First step. On Redis, waits until the benchmark says go (``bench:go``), so every
+    task is queued before the workers start on them."""
+    if os.environ.get("BENCH_REDIS"):
+        while await _redis().get("bench:go") != b"1":
+            await asyncio.sleep(0.01)
+    return Number(n=n + 1)
+
+
+@tool(safety=READ)
+async def bench_second(n: int) -> Number:
+    """Second step."""
+    return Number(n=n * 2)
+
+
+@tool(safety=READ)
+async def bench_last(n: int) -> Number:
+    """Last step: waits STEP_SLEEP (BENCH_SLEEP), then counts itself."""
+    await asyncio.sleep(float(os.environ.get("BENCH_SLEEP", STEP_SLEEP)))
+    if os.environ.get("BENCH_REDIS"):
+        await _redis().incr("bench:done")
+    else:
+        DONE["count"] += 1
+    return Number(n=n)
+
+
+# ------------------------------------------------------------------------ set-up
+
+
+def flow_dir() -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="cw-bench-tasks-"))
+    (directory / "bench_task.flow.yaml").write_text(FLOW)
+    return directory
+
+
+def build_server(flows: Path, tasks: str | None, **options: Any) -> Any:
+    from chainweaver import FlowExecutor, FlowRegistry
+    from chainweaver.files import find_flow_files, load_flows
+    from chainweaver.mcp import FlowServer
+
+    executor = FlowExecutor(FlowRegistry())
+    for step in (bench_first, bench_second, bench_last):
+        executor.register_tool(step)
+    for flow in load_flows(find_flow_files([flows]), tools=executor.tools):
+        executor.registry.register_flow(flow)
+    return FlowServer(executor, tasks=tasks, **options)
+
+
+async def timed(calls: int, call: Callable[[int], Awaitable[Any]]) -> list[float]:
+    times = []
+    for i in range(calls):
+        started = time.perf_counter()
+        await call(i)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def row(label: str, times: list[float]) -> str:
+    return (f"  {label:<44} best {min(times) * 1e3:8.3f} ms   "
+            f"median {statistics.median(times) * 1e3:8.3f} ms")
+
+
+async def bounded(total: int, width: int, call: Callable[[int], Awaitable[Any]]) -> None:
+    gate = asyncio.Semaphore(width)
+
+    async def one(i: int) -> None:
+        async with gate:
+            await call(i)
+
+    await asyncio.gather(*(one(i) for i in range(total)))
+
+
+async def until(done: Callable[[], Awaitable[int]], total: int, limit: float) -> float:
+    """Seconds until ``done()`` reaches ``total`` (polled every 5 ms), bounded."""
+    started = time.perf_counter()
+    while await done() < total:
+        if time.perf_counter() - started > limit:
+            raise SystemExit(f"only {await done()} of {total} tasks finished in {limit} s")
+        await asyncio.sleep(0.005)
+    return time.perf_counter() - started
+
+
+# --------------------------------------------------------------------- sections
+
+
+async def handle_latency(flows: Path, calls: int) -> float:
+    from fastmcp import Client
+    from fastmcp_tasks import call_tool_task
+
+    from chainweaver.mcp import TaskSettings
+
+    print("== 1. tools/call as a task: time to the handle, vs a plain tools/call ==")
+    plain = build_server(flows, "memory://", task_mode="forbidden")
+    # Enqueue only: the handle's cost alone, not runs of earlier tasks in this process.
+    tasked = build_server(flows, "memory://", task_mode="optional",
+                          task_settings=TaskSettings(concurrency=0))
+    async with Client(plain.fastmcp) as p, Client(tasked.fastmcp) as t:
+        await p.call_tool("bench_task", {"n": 1})
+        await call_tool_task(t, "bench_task", {"n": 1})
+        os.environ["BENCH_SLEEP"] = "0"  # the plain call: no simulated wait
+        try:
+            base: list[float] = []
+            cand: list[float] = []
+            for _ in range(10):  # take turns, so noise hits both
+                base += await timed(calls // 10, lambda i: p.call_tool("bench_task", {"n": i}))
+                cand += await timed(calls // 10,
+                                    lambda i: call_tool_task(t, "bench_task", {"n": i}))
+        finally:
+            os.environ.pop("BENCH_SLEEP")
+    print(row("plain tools/call (flow runs inline)", base))
+    print(row("tools/call -> task handle", cand))
+    ratio = statistics.median(cand) / statistics.median(base)
+    print(f"  handle / plain call (median): {ratio:.2f}x")
+    return ratio
+
+
+async def memory_throughput(flows: Path, total: int) -> float:
+    from fastmcp import Client
+    from fastmcp_tasks import call_tool_task
+
+    print(f"== 2. {total} short tasks in memory (50 at a time), vs {total} plain calls ==")
+    plain = build_server(flows, "memory://", task_mode="forbidden")
+    tasked = build_server(flows, "memory://", task_mode="optional")
+    async with Client(plain.fastmcp) as p, Client(tasked.fastmcp) as t:
+        started = time.perf_counter()
+        await bounded(total, 50, lambda i: p.call_tool("bench_task", {"n": i}))
+        base = time.perf_counter() - started
+        DONE["count"] = 0
+
+        async def done() -> int:
+            return int(DONE["count"])
+
+        started = time.perf_counter()
+        await bounded(total, 50, lambda i: call_tool_task(t, "bench_task", {"n": i}))
+        enqueued = time.perf_counter() - started
+        await until(done, total, 600)
+        cand = time.perf_counter() - started
+    print(f"  plain calls: {total / base:8.1f} calls/s ({base:.2f} s)")
+    print(f"  tasks:       {total / cand:8.1f} tasks/s ({cand:.2f} s; created in "
+          f"{enqueued:.2f} s)")
+    print(f"  task throughput / plain call throughput: {base / cand:.2f}")
+    return base / cand
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def redis_throughput(flows: Path, total: int) -> float | None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("== 3. skipped: redis-server is not installed ==")
+        return None
+    print(f"== 3. {total} short tasks on Redis: enqueue-only replica + 1 or 2 workers ==")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        redis_process = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            rates = [await _workers_run(flows, url, workers, total) for workers in (1, 2)]
+        finally:
+            redis_process.terminate()
+            redis_process.wait(30)
+    ratio = rates[1] / rates[0]
+    print(f"  2 workers / 1 worker: {ratio:.2f}x")
+    return ratio
+
+
+async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float:
+    import redis.asyncio as redis
+    from fastmcp import Client
+    from fastmcp_tasks import call_tool_task
+
+    from chainweaver.mcp import TaskSettings
+
+    store = redis.Redis.from_url(url)
+    for _ in range(200):
+        try:
+            await store.flushdb()
+            break
+        except (OSError, redis.ConnectionError):  # the server is still starting
+            await asyncio.sleep(0.05)
+    env = {**os.environ, "BENCH_REDIS": url}
+    command = [sys.executable, "-m", "chainweaver", "worker", str(flows), "--tools",
+               __file__, "--tasks", url]
+    started_workers = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL) for _ in range(workers)]
+    replica = build_server(flows, url, task_settings=TaskSettings(concurrency=0))
+
+    async def done() -> int:
+        return int(await store.get("bench:done") or 0)
+
+    try:
+        async with Client(replica.fastmcp) as client:
+            # Warm up: every worker has started and run something.
+            await store.set("bench:go", 1)
+            await bounded(workers * 20, 20, lambda i: call_tool_task(client, "bench_task",
+                                                                     {"n": i}))
+            await until(done, workers * 20, 120)
+            # Queue every task first (their first step waits for "go"), then time the
+            # workers alone: the replica's creation rate is reported on its own.
+            await store.set("bench:go", 0)
+            await store.set("bench:done", 0)
+            started = time.perf_counter()
+            await bounded(total, 50, lambda i: call_tool_task(client, "bench_task", {"n": i}))
+            enqueued = time.perf_counter() - started
+            started = time.perf_counter()
+            await store.set("bench:go", 1)
+            await until(done, total, 600)
+            elapsed = time.perf_counter() - started
+    finally:
+        for process in started_workers:
+            process.terminate()
+        for process in started_workers:
+            process.wait(30)
+        await store.aclose()
+    print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
+          f"replica created them at {total / enqueued:.1f} tasks/s)")
+    return total / elapsed
+
+
+async def startup(large: int) -> float:
+    from fastmcp import Client
+
+    from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
+    from chainweaver.mcp import FlowServer
+
+    print(f"== 4. Start with tasks: build + connect, {large} flows vs 100 flows ==")
+    best = {}
+    for flows in (100, large):
+        executor = FlowExecutor(FlowRegistry())
+        executor.register_tool(bench_first)
+        for index in range(flows):
+            executor.registry.register_flow(Flow(f"f{index:05d}", "d", [FlowStep("bench_first")]))
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            async with Client(FlowServer(executor, tasks="memory://").fastmcp):
+                pass
+            times.append(time.perf_counter() - started)
+        best[flows] = min(times)
+        print(row(f"{flows} flows", times))
+    ratio = best[large] / best[100]
+    print(f"  {large} flows / 100 flows (best): {ratio:.2f}x")
+    return ratio
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=1000, help="tasks per throughput run")
+    parser.add_argument("--calls", type=int, default=500, help="calls for section 1")
+    parser.add_argument("--quick", action="store_true", help="small numbers (a smoke run)")
+    parser.add_argument("--no-redis", action="store_true", help="skip section 3")
+    args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.calls = 100, 50
+    flows = flow_dir()
+    handle = await handle_latency(flows, args.calls)
+    memory = await memory_throughput(flows, args.tasks)
+    scale = None if args.no_redis else await redis_throughput(flows, args.tasks)
+    start = await startup(2000 if args.quick else 20000)
+    print("== Summary ==")
+    print(f"  task handle / plain call: {handle:.2f}x")
+    print(f"  in-memory tasks vs plain calls (throughput): {memory:.2f}")
+    if scale is not None:
+        print(f"  Redis, 2 workers / 1 worker (throughput): {scale:.2f}x")
+    print(f"  start with tasks, large catalogue / 100 flows: {start:.2f}x")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

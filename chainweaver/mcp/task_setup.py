@@ -1,0 +1,110 @@
+"""FlowServer's background-task settings, checked at construction; the wiring imports
+``fastmcp-tasks`` (the ``tasks`` extra) only when a server asks for tasks."""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import ExposureConfigError
+from ..flows import TASK_MODES
+from .config import SecurityConfig, check_seconds, check_text
+
+if TYPE_CHECKING:
+    from fastmcp import FastMCP
+
+    from .provider import FlowProvider
+
+TASK_URL_SCHEMES = ("memory://", "redis://", "rediss://")
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """How a server (or ``chainweaver worker``) runs background tasks.
+
+    ``concurrency``: flows this process runs at once; ``0`` makes it enqueue only (a
+    replica whose tasks ``chainweaver worker`` processes run). ``redelivery_timeout``:
+    seconds after which a task whose worker stopped answering goes to another worker.
+    ``encryption_key``: encrypts the stored request context (the caller's token and
+    headers); it sets ``fastmcp-tasks``' process-wide key, the same as the
+    ``FASTMCP_TASKS_ENCRYPTION_KEY`` environment variable, and every replica and worker
+    on the queue needs the same one. ``name``: the queue (Docket) name.
+    """
+
+    concurrency: int | None = None
+    redelivery_timeout: float | None = None
+    encryption_key: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and (
+                not isinstance(self.concurrency, int) or isinstance(self.concurrency, bool)
+                or self.concurrency < 0):
+            raise ExposureConfigError(
+                f"concurrency must be None or an int >= 0, got {self.concurrency!r}")
+        check_seconds("redelivery_timeout", self.redelivery_timeout, optional=True)
+        check_text("encryption_key", self.encryption_key, optional=True)
+        check_text("name", self.name, optional=True)
+
+    def extension_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"concurrency": self.concurrency, "name": self.name}
+        if self.redelivery_timeout is not None:
+            options["redelivery_timeout"] = timedelta(seconds=self.redelivery_timeout)
+        return {key: value for key, value in options.items() if value is not None}
+
+
+def check_tasks(url: object, mode: object, settings: object) -> TaskSettings:
+    """Check FlowServer's ``tasks``, ``task_mode`` and ``task_settings`` arguments."""
+    if url is not None and (not isinstance(url, str)
+                            or not url.startswith(TASK_URL_SCHEMES)):
+        raise ExposureConfigError(
+            f"tasks must be None or a URL starting with {', '.join(TASK_URL_SCHEMES)}, "
+            f"got {url!r}")
+    if mode not in TASK_MODES:
+        raise ExposureConfigError(
+            f"task_mode must be one of {', '.join(TASK_MODES)}, got {mode!r}")
+    if settings is None:
+        return TaskSettings()
+    if not isinstance(settings, TaskSettings):
+        raise ExposureConfigError(
+            f"task_settings must be a TaskSettings, got {type(settings).__name__}")
+    if url is None:
+        raise ExposureConfigError("task_settings needs tasks= (a task backend URL)")
+    return settings
+
+
+def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig, url: str,
+              settings: TaskSettings) -> None:
+    """Register the tasks extension and the one task runner (see ``tasks.py``)."""
+    try:
+        from .tasks import FlowTaskRunner, FlowTasksExtension, TaskAudit
+    except ImportError as missing:  # pragma: no cover - depends on the installed extras
+        raise ExposureConfigError(
+            "background tasks need the tasks extra: pip install 'chainweaver[mcp,tasks]' "
+            f"({missing})") from None
+    if settings.encryption_key is not None:
+        _set_encryption_key(settings.encryption_key)
+    audit = TaskAudit(security.audit_hook, security.hook_timeout)
+    provider.task_runner = FlowTaskRunner.build(provider, audit)
+    fastmcp.add_extension(FlowTasksExtension(provider, audit, url=url,
+                                             **settings.extension_options()))
+
+
+def worker_lifespan(fastmcp: FastMCP) -> AbstractAsyncContextManager[Any]:
+    """The server's lifespan without a transport: starts Docket and its task worker.
+
+    The one private FastMCP entry point used for tasks (``fastmcp-tasks``' own worker
+    CLI uses it the same way); tests/mcp/test_tasks.py fails loudly if it moves.
+    """
+    return cast("AbstractAsyncContextManager[Any]", fastmcp._lifespan_manager())
+
+
+def _set_encryption_key(key: str) -> None:
+    from fastmcp_tasks.encryption import clear_codec_cache
+    from fastmcp_tasks.settings import tasks_settings
+    from pydantic import SecretStr
+
+    tasks_settings.encryption_key = SecretStr(key)
+    clear_codec_cache()

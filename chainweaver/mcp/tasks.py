@@ -1,0 +1,337 @@
+"""Flows as MCP background tasks (``io.modelcontextprotocol/tasks``, SEP-2663).
+
+Built on ``fastmcp-tasks`` and its Docket engine (in memory, or Redis for server
+replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
+
+- **One task function for every flow.** Docket registers its task functions once, at
+  server start, from ``Provider.get_tasks()``; a tool that becomes task-capable later
+  would fail. So Docket knows exactly one function, :class:`FlowTaskRunner`, which runs
+  any exposed flow named in its payload. Start stays O(1) in the catalogue, and a flow
+  published later (or on another replica) runs as a task with nothing to register.
+- **Creation through the exposure and the gate.** :class:`FlowTasksExtension` decides
+  a ``tools/call`` after the gate (FastMCP runs extensions after middleware) and only for
+  a tool the provider resolves, so a hidden flow is refused exactly like an unknown tool.
+  The task is stored under the flow tool's key, scoped to the caller (``client_id|sub``),
+  as ``fastmcp-tasks`` does for its own tools, so ``tasks/get`` inlines the flow's result.
+- **No side effect twice.** A run writes a marker when it starts. A run that finds the
+  marker is a redelivery (its worker died mid-run): it goes ahead only when the flow is
+  idempotent by its effective safety; otherwise the task fails with a reason saying so.
+- **Status and audit.** Each step that starts becomes the task's status message
+  (``step 2/5 enrich``); creation and each state change are audited, completion with the
+  result's SHA-256 and length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import inspect
+import logging
+import secrets
+import threading
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from docket import CurrentExecution, Docket
+from docket.execution import Execution
+from fastmcp.dependencies import CurrentContext
+from fastmcp.server.context import Context
+from fastmcp.tools.base import Tool as FastMCPTool
+from fastmcp.tools.base import ToolResult
+from fastmcp.utilities.tasks import TASKS_EXTENSION_ID, TaskConfig
+from fastmcp.utilities.versions import VersionSpec
+from fastmcp_tasks import TasksExtension
+from fastmcp_tasks.context import TaskContextSnapshot, get_task_scope, register_task_server
+from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS
+from fastmcp_tasks.dependencies import CurrentDocket
+from fastmcp_tasks.input_store import save_current_leg, save_task_args
+from fastmcp_tasks.keys import build_task_key, task_redis_prefix
+from fastmcp_tasks.models import (
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    CreateTaskResult,
+    missing_capability_error_data,
+)
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import PrivateAttr
+
+from ..run_events import RunObserver
+from ..runner import StepRecord
+from .exposure import ExposedFlow
+from .flow_tool import FlowTool
+from .hooks import AuditEvent, AuditHook
+
+if TYPE_CHECKING:
+    import mcp_types
+    from fastmcp import FastMCP
+    from fastmcp.server.extensions import ToolCallContinuation, ToolCallOutcome
+
+    from .provider import FlowProvider
+
+logger = logging.getLogger("chainweaver.mcp")
+
+# The Docket function name of the one task function. Never a published tool: the
+# provider's lookups do not know it, so no client can call it.
+RUNNER_NAME = "chainweaver.flow_task"
+DURABLE_WAIT_SECONDS = 5.0
+TaskStatus = Literal["working", "completed", "failed", "cancelled"]
+
+
+def effective_idempotent(exposed: ExposedFlow) -> bool:
+    """May a run of this flow be repeated? Only when its effective safety says so."""
+    return exposed.safety is not None and bool(exposed.safety.idempotent)
+
+
+class TaskAudit:
+    """Sends task audit records (kind ``"task"``) to the server's audit hook."""
+
+    def __init__(self, hook: AuditHook | None, timeout: float) -> None:
+        self.hook = hook
+        self.timeout = timeout
+
+    async def record(self, exposed: ExposedFlow, task_id: str, status: str, *,
+                     phase: Literal["decision", "state", "completed"] = "state",
+                     reason: str = "ok", result: ToolResult | None = None) -> None:
+        if self.hook is None:
+            return
+        digest = length = None
+        outcome: Literal["ok", "error"] | None = None
+        if result is not None:
+            text = "".join(getattr(part, "text", "") for part in result.content)
+            data = text.encode("utf-8", "surrogatepass")
+            digest, length = hashlib.sha256(data).hexdigest(), len(data)
+            outcome = "error" if result.is_error else "ok"
+        scope = get_task_scope()
+        event = AuditEvent(
+            timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
+            flow_name=exposed.flow.name, flow_version=exposed.flow.version,
+            caller_id=scope, decision="allowed", reason=reason, outcome=outcome,
+            result_sha256=digest, result_length=length, task_id=task_id,
+            task_status=status)
+        try:
+            value = self.hook(event)
+            if inspect.isawaitable(value):
+                await asyncio.wait_for(value, self.timeout)
+        except Exception as error:  # auditing must never break a task
+            logger.warning("audit hook failed: %s", type(error).__name__)
+
+
+class FlowTaskRunner(FastMCPTool):
+    """The one component Docket registers: runs the exposed flow its payload names.
+
+    The payload is ``{"tool": published name, "version": flow version, "arguments":
+    {...}}``, written by :meth:`FlowTasksExtension.create`.
+    """
+
+    _provider: FlowProvider = PrivateAttr()
+    _audit: TaskAudit = PrivateAttr()
+
+    @classmethod
+    def build(cls, provider: FlowProvider, audit: TaskAudit) -> FlowTaskRunner:
+        runner = cls(name=RUNNER_NAME, parameters={"type": "object"},
+                     task_config=TaskConfig(mode="optional"))
+        runner._provider = provider
+        runner._audit = audit
+        return runner
+
+    async def run(  # Docket injects the dependencies
+        self,
+        arguments: dict[str, Any],
+        ctx: Context = CurrentContext(),  # noqa: B008  (dependency injection markers)
+        execution: Execution = CurrentExecution(),  # noqa: B008
+        docket: Docket = CurrentDocket(),  # noqa: B008
+    ) -> ToolResult:
+        task_id = ctx.task_id or execution.key
+        exposed = self._provider.exposure.tool(arguments["tool"])
+        if exposed is None or exposed.flow.version != arguments["version"]:
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"flow {arguments['tool']!r} version {arguments['version']} is no longer "
+                "published here; the task did not run"))
+        if not await _first_run(docket, execution.key) and not effective_idempotent(exposed):
+            reason = (f"the worker running flow {exposed.flow.name!r} stopped during the run, "
+                      "and the flow is not idempotent (by its effective safety), so it was "
+                      "not run again")
+            await self._audit.record(exposed, task_id, "failed", reason="not_idempotent")
+            raise MCPError(code=INTERNAL_ERROR, message=reason)
+        await self._audit.record(exposed, task_id, "working")
+        tool = self._provider.flow_tool(exposed)
+        reports = _StepReports(ctx)
+        try:
+            result = await tool.run_flow(arguments["arguments"], ctx, status=reports)
+        except asyncio.CancelledError:
+            await self._audit.record(exposed, task_id, "cancelled")
+            raise
+        finally:
+            await reports.drain()
+        await self._audit.record(exposed, task_id, "completed", phase="completed",
+                                 result=result)
+        return result
+
+
+class _StepReports(RunObserver):
+    """Turns each step that starts into the task's status (``ctx.report_progress``).
+
+    Steps start on the event loop or in worker threads; every report is sent from the
+    loop, in the run's context (the worker's task context lives there), in order.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.loop = asyncio.get_running_loop()
+        self.context = contextvars.copy_context()
+        self.last: asyncio.Future[None] | None = None
+        self.total = 0
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        self.total = total_steps
+
+    def step_started(self, record: StepRecord) -> None:
+        with self._lock:  # steps of the async lane start on the loop and in threads
+            self.started += 1
+            number = self.started
+        self.loop.call_soon_threadsafe(self._send, number, self.total, record.step_id,
+                                       context=self.context)
+
+    def _send(self, number: int, total: int, step_id: str) -> None:
+        self.last = asyncio.ensure_future(self._report(self.last, number, total, step_id))
+
+    async def _report(self, previous: asyncio.Future[None] | None, number: int, total: int,
+                      step_id: str) -> None:
+        if previous is not None:
+            await previous
+        try:
+            await self.ctx.report_progress(number, total, f"step {number}/{total} {step_id}")
+        except Exception as error:  # a lost status message must not fail the run
+            logger.debug("task status report failed: %s", type(error).__name__)
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)  # reports queued from worker threads
+        if self.last is not None:
+            await self.last
+
+
+async def _first_run(docket: Docket, execution_key: str) -> bool:
+    """Mark this execution as started; False when it was already (a redelivery)."""
+    marker = docket.key(f"chainweaver:task-run:{execution_key}")
+    ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
+    async with docket.redis() as redis:
+        return bool(await redis.set(marker, "1", nx=True, ex=ttl))
+
+
+class FlowTasksExtension(TasksExtension):
+    """The tasks extension, creating flow tasks through the exposure (see the module)."""
+
+    def __init__(self, provider: FlowProvider, audit: TaskAudit, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.provider = provider
+        self.audit = audit
+
+    async def intercept_tool_call(
+        self,
+        params: mcp_types.CallToolRequestParams,
+        context: Context,
+        call_next: ToolCallContinuation,
+    ) -> ToolCallOutcome:
+        """Run the call as a task when the flow's mode and the client ask for it.
+
+        ``required``: always a task (-32021 when the client did not opt in, as on
+        2025-11-25); ``optional``: a task when the client opted in; otherwise, and
+        for anything that is not an exposed flow, the ordinary call.
+        """
+        # An unknown or hidden name is None here: the ordinary call answers it, exactly
+        # as for any name that never existed.
+        tool = await context.fastmcp.get_tool(params.name, _requested_version(params))
+        if not isinstance(tool, FlowTool) or tool.exposed.task_mode == "forbidden":
+            return await call_next()
+        mode = tool.exposed.task_mode
+        request = context.request_context
+        opted_in = (request is not None
+                    and request.protocol_version in MODERN_PROTOCOL_VERSIONS
+                    and context.client_extension_settings(TASKS_EXTENSION_ID) is not None)
+        if mode == "required" and not opted_in:
+            raise MCPError(
+                code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+                message=f"Tool {tool.name!r} runs only as a background task: the client must "
+                f"support the tasks extension ({TASKS_EXTENSION_ID}), which needs protocol "
+                "2026-07-28 or later, and ask for a task",
+                data=missing_capability_error_data())
+        if not opted_in:
+            return await call_next()
+        return await self.create(tool, dict(params.arguments or {}), context)
+
+    async def create(self, tool: FlowTool, arguments: dict[str, Any],
+                     context: Context) -> CreateTaskResult:
+        """Store and enqueue a task for ``tool``, as ``fastmcp-tasks`` stores its own.
+
+        The same Redis keys, scope and snapshot as ``fastmcp_tasks.creation``, so its
+        ``tasks/get`` and ``tasks/cancel`` serve the task; only the Docket function is
+        the one runner. Returns once ``tasks/get`` resolves the task on any replica.
+        """
+        docket = self.docket
+        exposed = tool.exposed
+        scope = get_task_scope()
+        task_id = secrets.token_urlsafe(32)
+        created_at = datetime.now(timezone.utc).isoformat()
+        task_key = build_task_key(scope, task_id, "tool", tool.key)
+        ttl_ms = int(docket.execution_ttl.total_seconds() * 1000)
+        ttl = ttl_ms // 1000 + TASK_MAPPING_TTL_BUFFER_SECONDS
+        poll_ms = int(tool.task_config.poll_interval.total_seconds() * 1000)
+        payload = {"tool": tool.name, "version": exposed.flow.version, "arguments": arguments}
+        register_task_server(task_id, context.fastmcp)
+        prefix = docket.key(f"{task_redis_prefix(scope)}:{task_id}")
+        async with docket.redis() as redis:
+            await redis.set(prefix, task_key, ex=ttl)
+            await redis.set(f"{prefix}:created_at", created_at, ex=ttl)
+            await redis.set(f"{prefix}:poll_interval", str(poll_ms), ex=ttl)
+        await save_task_args(docket, scope, task_id, payload, ttl)
+        await save_current_leg(docket, scope, task_id, task_key, 1, ttl)
+        snapshot = TaskContextSnapshot.capture(owning_tool_name=tool.name)
+        await snapshot.save(docket, scope, task_id, ttl)
+        await docket.add(runner_key(), key=task_key)(payload)
+        await _wait_durable(docket, task_key)
+        await self.audit.record(exposed, task_id, "working", phase="decision",
+                                reason="created")
+        return CreateTaskResult(task_id=task_id, status="working", created_at=created_at,
+                                last_updated_at=created_at, ttl_ms=ttl_ms,
+                                poll_interval_ms=poll_ms)
+
+    @property
+    def docket(self) -> Docket:
+        """The running Docket (FastMCP keeps it on the server while it runs)."""
+        docket = _server_docket(self.server)
+        if docket is None:
+            raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
+        return docket
+
+
+def runner_key() -> str:
+    """The Docket function name of the runner (its component key)."""
+    return f"{FlowTaskRunner.make_key(RUNNER_NAME)}@"
+
+
+def _server_docket(server: FastMCP) -> Docket | None:
+    # The one private attribute used here: fastmcp-tasks' lifespan keeps the running
+    # Docket on the server (tests/mcp/test_tasks.py fails loudly if that moves).
+    return server._docket
+
+
+def _requested_version(params: mcp_types.CallToolRequestParams) -> VersionSpec | None:
+    from fastmcp.server.dependencies import extract_version_spec
+
+    text = extract_version_spec(cast("dict[str, Any] | None", params.meta))
+    return VersionSpec(eq=text) if text else None
+
+
+async def _wait_durable(docket: Docket, task_key: str) -> None:
+    """Return once the execution is visible, so an immediate ``tasks/get`` resolves."""
+    deadline = time.monotonic() + DURABLE_WAIT_SECONDS
+    while await docket.get_execution(task_key) is None:
+        if time.monotonic() >= deadline:
+            raise MCPError(code=INTERNAL_ERROR,
+                           message="the task backend did not record the task in time")
+        await asyncio.sleep(0.02)
