@@ -9,11 +9,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-# "list" (tools/list, resources/list, resources/templates/list, prompts/list) and
-# "completion" (completion/complete) are authenticated, rate-limited and audited but
-# never passed to the authorizer: the caller's view already narrows what they show.
+# "list" (tools/list, resources/list, resources/templates/list, prompts/list),
+# "completion" (completion/complete) and "subscription" (subscriptions/listen,
+# resources/subscribe, resources/unsubscribe) are authenticated, rate-limited and
+# audited but never passed to the authorizer: the caller's view already narrows what
+# they show or tell.
 # "task": a background task's creation and state changes (chainweaver.mcp.tasks).
-RequestKind = Literal["tool", "resource", "prompt", "list", "completion",
+RequestKind = Literal["tool", "resource", "prompt", "list", "completion", "subscription",
                       "task"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
 GATE_REFUSED = -32001

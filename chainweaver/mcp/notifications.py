@@ -11,6 +11,14 @@ changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` an
 serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus per
 stream); on 2025-11-25 it sends on each live session (stateful HTTP, stdio, memory).
 Stateless HTTP has no channel back to the client: nothing is sent there.
+
+With a view rule (``FlowServer(visible=...)``) each listener is told only what changed
+in *its caller's* view: both snapshots are narrowed to that view before they are
+compared. A listen stream follows the caller the gate admitted for the
+``subscriptions/listen`` request; a 2025-11-25 session follows the caller the gate
+last admitted on it (:func:`.views.report_admitted`), or, without an
+``authenticator``, the caller of the verified bearer token. A session no caller was
+admitted on yet is told nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
 from .fastmcp_seams import forget_request_handler, low_level_server, on_connection_close
+from .hooks import CallerIdentity
+from .views import CURRENT_CALLER, View, Views, caller_from_token, on_admitted
 
 logger = logging.getLogger("chainweaver.mcp.notifications")
 
@@ -92,30 +102,56 @@ def _same_entry(a: Any, b: Any) -> bool:
     return a.prompt == b.prompt and _same_flow(a.exposed_flow, b.exposed_flow)
 
 
-def view_changes(old: Exposure, new: Exposure, subscriber: object) -> ViewChange:
-    """What ``subscriber`` (a session) sees change from ``old`` to ``new``.
+NOTHING = ViewChange()
+# View.cached key of a view's narrowed maps (no published name or URI looks like it).
+_PUBLISHED = "(published, as notifications compare it)"
 
-    Every subscriber sees the whole snapshot today; a per-caller view narrows both
-    snapshots for ``subscriber`` here.
-    """
-    tools = _differs(old.tools, new.tools)
-    resources = new.expose_schemas and old.resources.keys() != new.resources.keys()
+
+def view_changes(old: Exposure, new: Exposure, old_view: View | None = None,
+                 new_view: View | None = None) -> ViewChange:
+    """What changes from ``old`` to ``new``, seen through one caller's view of each
+    (``views.of(snapshot, caller)``; None or unrestricted: the whole snapshot)."""
+    old_tools, old_resources, old_prompts = _published(old, old_view)
+    new_tools, new_resources, new_prompts = _published(new, new_view)
+    tools = _differs(old_tools, new_tools)
+    resources = new.expose_schemas and old_resources.keys() != new_resources.keys()
     updated: set[str] = set()
     if new.expose_schemas:
-        updated = {uri for uri, exposed in new.resources.items()
-                   if uri in old.resources and not _same_flow(old.resources[uri], exposed)}
+        updated = {uri for uri, exposed in new_resources.items()
+                   if uri in old_resources and not _same_flow(old_resources[uri], exposed)}
         if tools or resources or updated:
-            updated.add(INDEX_URI)
-    prompts = new.expose_prompts and _differs(old.prompts, new.prompts)
+            updated.add(INDEX_URI)  # the index lists the caller's view
+    prompts = new.expose_prompts and _differs(old_prompts, new_prompts)
     return ViewChange(tools, resources, prompts, frozenset(updated))
+
+
+def _published(snapshot: Exposure, view: View | None
+               ) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]:
+    """The tools, resources and prompts ``view`` holds (as the provider lists them)."""
+    if view is None or not view.restricted:
+        return snapshot.tools, snapshot.resources, snapshot.prompts
+
+    def narrow() -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]:
+        return ({name: e for name, e in snapshot.tools.items() if view.allows(e)},
+                {uri: e for uri, e in snapshot.resources.items() if view.allows(e)},
+                # Server prompts and the guide (no flow) are in every view.
+                {name: entry for name, entry in snapshot.prompts.items()
+                 if entry.exposed_flow is None or view.allows(entry.exposed_flow)})
+
+    return view.cached(_PUBLISHED, narrow)
 
 
 @dataclass
 class _Session:
-    """A 2025-11-25 session to notify: its latest session object, its subscriptions."""
+    """A 2025-11-25 session to notify: its latest session object, its subscriptions,
+    and the caller last admitted on it (None: none yet, it is told nothing)."""
 
     session: ServerSession
     uris: set[str] = field(default_factory=set)
+    caller: CallerIdentity | None = None
+
+    def admit(self, caller: CallerIdentity) -> None:
+        self.caller = caller
 
 
 class ChangeNotifier:
@@ -126,16 +162,22 @@ class ChangeNotifier:
     max_sessions = 10_000
 
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
-                 on_rebuilt: Callable[[Exposure], None] | None = None) -> None:
+                 on_rebuilt: Callable[[Exposure], None] | None = None,
+                 views: Views | None = None, callers_from_token: bool = True) -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
-        catalogue is built (the provider forgets components it no longer needs)."""
+        catalogue is built (the provider forgets components it no longer needs).
+        ``views``: the server's per-caller views. ``callers_from_token``: no
+        ``authenticator`` decides callers, the verified bearer token does."""
         self.live = live
         self.debounce = debounce
         self.on_rebuilt = on_rebuilt
+        self.views = views or Views(None)
+        self.callers_from_token = callers_from_token
         self._notified = live.latest  # the snapshot clients were last told about
         self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
-        # 2026-07-28 listen streams: bus -> its handler and the session it serves
-        self._streams: dict[InMemorySubscriptionBus, tuple[ListenHandler, ServerSession]] = {}
+        # 2026-07-28 listen streams: bus -> its handler and the caller it was opened by
+        self._streams: dict[InMemorySubscriptionBus,
+                            tuple[ListenHandler, CallerIdentity | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
 
@@ -233,8 +275,10 @@ class ChangeNotifier:
             new.catalogue  # noqa: B018
             if self.on_rebuilt is not None:
                 self.on_rebuilt(new)
-            return ([view_changes(old, new, known.session) for _, known in sessions],
-                    [view_changes(old, new, session) for _, (_, session) in streams])
+            callers = [known.caller for _, known in sessions]
+            callers.extend(caller for _, (_, caller) in streams)
+            changes = self._changes(old, new, callers)
+            return changes[:len(sessions)], changes[len(sessions):]
 
         try:
             legacy, listening = await anyio.to_thread.run_sync(compare)
@@ -249,13 +293,45 @@ class ChangeNotifier:
             for event in _events(change):
                 await bus.publish(event)
 
+    def _changes(self, old: Exposure, new: Exposure,
+                 callers: list[CallerIdentity | None]) -> list[ViewChange]:
+        """What each caller's view shows changing (a caller not known: nothing)."""
+        if not self.views.active:  # one view for everybody: compare once
+            change = view_changes(old, new) if any(c is not None for c in callers) \
+                else NOTHING
+            return [NOTHING if caller is None else change for caller in callers]
+        # Callers of one grant set share a view of each snapshot: compared once.
+        compared: dict[tuple[int, int], tuple[View, View, ViewChange]] = {}
+        changes: list[ViewChange] = []
+        for caller in callers:
+            if caller is None:
+                changes.append(NOTHING)
+                continue
+            old_view, new_view = self.views.of(old, caller), self.views.of(new, caller)
+            key = (id(old_view), id(new_view))
+            if key not in compared:  # (the views are held, so their ids stay theirs)
+                compared[key] = (old_view, new_view,
+                                 view_changes(old, new, old_view, new_view))
+            changes.append(compared[key][2])
+        return changes
+
+    def admitted_caller(self) -> CallerIdentity | None:
+        """The caller of the request being served, as notifications follow it: the one
+        the gate admitted, else (no ``authenticator``) the verified token's."""
+        caller = CURRENT_CALLER.get()
+        if caller is None and self.callers_from_token:
+            caller = caller_from_token()
+        return caller
+
     # --------------------------------------------------------- request handlers
 
     async def _listen(self, ctx: Any, params: mcp_types.SubscriptionsListenRequestParams
                       ) -> mcp_types.SubscriptionsListenResult:
         bus = InMemorySubscriptionBus()
         handler = ListenHandler(bus)
-        self._streams[bus] = (handler, ctx.session)
+        # The gate admitted this request (it is gated like a list): the stream is told
+        # what changes in that caller's view, for as long as it stays open.
+        self._streams[bus] = (handler, self.admitted_caller())
         try:
             result: mcp_types.SubscriptionsListenResult = await handler(ctx, params)
             return result
@@ -369,7 +445,8 @@ def _events(change: ViewChange) -> list[ServerEvent]:
 
 
 class LiveMiddleware(Middleware):
-    """First in the chain: one snapshot per request, and 2025-11-25 sessions kept."""
+    """First in the chain: one snapshot per request, and 2025-11-25 sessions kept,
+    each with the caller it follows."""
 
     def __init__(self, live: LiveExposure, notifier: ChangeNotifier) -> None:
         self.live = live
@@ -382,6 +459,12 @@ class LiveMiddleware(Middleware):
         # The SDK builds one session object per request: it names the request.
         with self.live.pinned(request.session if request is not None else object()):
             session_id = notifiable_session_id() if request is not None else None
-            if request is not None and session_id is not None:
-                self.notifier.remember(session_id, request.session)
-            return await call_next(context)
+            if request is None or session_id is None:
+                return await call_next(context)
+            known = self.notifier.remember(session_id, request.session)
+            if self.notifier.callers_from_token:
+                known.caller = caller_from_token()  # the token rides on every request
+                return await call_next(context)
+            # An authenticator decides the caller: the gate tells the session record.
+            with on_admitted(known.admit):
+                return await call_next(context)

@@ -1,7 +1,8 @@
 """The security gate: authenticate -> rate-limit -> authorize -> audit, for every
 ``tools/call``, ``resources/read`` and ``prompts/get``; authenticate -> rate-limit ->
 audit for the lists (``tools/list``, ``resources/list``, ``resources/templates/list``,
-``prompts/list``) and ``completion/complete``.
+``prompts/list``), ``completion/complete`` and the subscriptions
+(``subscriptions/listen``, ``resources/subscribe``, ``resources/unsubscribe``).
 
 The caller it establishes is the one whose view (see :mod:`.views`) the request is
 served from: a flow outside it is, to every later hook, the audit and the client,
@@ -43,9 +44,14 @@ from .hooks import (
     RequestKind,
 )
 from .prompts import malformed_prompt_request, refuse_malformed
-from .views import CURRENT_CALLER, Views, caller_from_token
+from .views import CURRENT_CALLER, Views, caller_from_token, report_admitted
 
 logger = logging.getLogger("chainweaver.mcp.security")
+
+# Requests that subscribe to change notifications: gated like lists (kind
+# "subscription"); the caller admitted is the one whose view they follow.
+SUBSCRIPTION_METHODS = frozenset({"subscriptions/listen", "resources/subscribe",
+                                  "resources/unsubscribe"})
 
 # The tool call the gate admitted, while it runs: a flow run audits its approval
 # decisions with the caller the gate established (see audit_approval).
@@ -118,6 +124,9 @@ class SecurityGate(Middleware):
         if context.method == "completion/complete":
             return await self._guard_listing("completion", _completion_target(params),
                                              context, call_next)
+        if context.method in SUBSCRIPTION_METHODS:
+            return await self._guard_listing("subscription", context.method, context,
+                                             call_next)
         return await call_next(context)
 
     async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
@@ -136,8 +145,8 @@ class SecurityGate(Middleware):
 
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any) -> Any:
-        """Authenticate, rate-limit and audit a list or a completion (never authorized:
-        the caller's view narrows what it shows)."""
+        """Authenticate, rate-limit and audit a list, a completion or a subscription
+        (never authorized: the caller's view narrows what it shows or tells)."""
         if (not self.active or ADMITTED_BY.get() is self or CURRENT_CALLER.get() is not None
                 or not reached_directly(self, context)):
             # Mounted (the parent's own middleware guards its lists), or listed by a tool
@@ -150,11 +159,18 @@ class SecurityGate(Middleware):
         except GateRefused as refused:
             await self._audit(gate, refused.caller, "denied", refused.reason)
             raise refusal_error(refused.reason) from None
+        report_admitted(caller)
         await self._audit(gate, caller, "allowed", "ok")
         started = time.perf_counter()
         current = CURRENT_CALLER.set(caller)
         try:
             result = await call_next(context)
+        except asyncio.CancelledError:
+            # The client cancelled (a listen stream ends so): a shielded async hook runs.
+            with anyio.CancelScope(shield=True):
+                await self._audit(gate, caller, "allowed", "ok", started=started,
+                                  outcome="cancelled")
+            raise
         except Exception as error:
             await self._audit(gate, caller, "allowed", "ok", started=started,
                               outcome="error", error_type=type(error).__name__)
@@ -239,6 +255,8 @@ class SecurityGate(Middleware):
             await self._audit(self._in_view(gate, exposed, refused.caller), refused.caller,
                               "denied", refused.reason)
             raise refusal_error(refused.reason) from None
+        if admitted is None:
+            report_admitted(caller)
         await self._audit(gate, caller, "allowed", "ok")
 
         started = time.perf_counter()

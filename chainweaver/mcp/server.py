@@ -154,7 +154,9 @@ class FlowServer:
                                   views=views)
         self._notifier = ChangeNotifier(self._exposure,
                                         debounce=cast(float, serving.change_debounce),
-                                        on_rebuilt=self._provider.forget_unpublished)
+                                        on_rebuilt=self._provider.forget_unpublished,
+                                        views=views,
+                                        callers_from_token=security.authenticator is None)
         self._live = LiveMiddleware(self._exposure, self._notifier)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.

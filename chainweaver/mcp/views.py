@@ -21,7 +21,8 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeGuard, TypeVar
@@ -45,6 +46,29 @@ T = TypeVar("T")
 # the request runs; unset: the caller comes from the verified bearer token, if any).
 CURRENT_CALLER: ContextVar[CallerIdentity | None] = ContextVar("chainweaver_caller",
                                                                default=None)
+# Who learns the caller the gate admits for the request being served: the record of
+# the 2025-11-25 session the request came on (set by notifications.LiveMiddleware), so
+# that session is told only what changes in that caller's view.
+_ON_ADMITTED: ContextVar[Callable[[CallerIdentity], None] | None] = ContextVar(
+    "chainweaver_on_admitted", default=None)
+
+
+@contextmanager
+def on_admitted(learn: Callable[[CallerIdentity], None]) -> Iterator[None]:
+    """While the current request is served, ``learn(caller)`` each caller the gate
+    admits (see :func:`report_admitted`)."""
+    token = _ON_ADMITTED.set(learn)
+    try:
+        yield
+    finally:
+        _ON_ADMITTED.reset(token)
+
+
+def report_admitted(caller: CallerIdentity) -> None:
+    """The gate authenticated ``caller`` (and admitted it) for the current request."""
+    learn = _ON_ADMITTED.get()
+    if learn is not None:
+        learn(caller)
 
 
 # Verified bearer token -> its caller, built once per token (the transport verifies

@@ -11,6 +11,8 @@ audience ``--audience``); a caller sees the flows whose owner its ``teams`` clai
     the JSON Lines audit sink.
 ``--stateless``
     stateless streamable HTTP, as for several replicas behind one load balancer.
+``--watch DIR``
+    also serve the flow files under DIR, followed while serving (every 0.1 s).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--rate-prefix", default="chainweaver:rate")
     parser.add_argument("--audit-log")
     parser.add_argument("--stateless", action="store_true")
+    parser.add_argument("--watch")
     args = parser.parse_args()
 
     verifier = JWTVerifier(public_key=Path(args.public_key).read_text(),
@@ -52,9 +55,15 @@ def main() -> None:
                                                     prefix=args.rate_prefix)
     if args.audit_log:
         security["audit_hook"] = JsonlAuditLog(args.audit_log, fsync_every=1)
-    server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
+    executor = build_catalogue()
+    server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
                         auth=verifier, visible=visible_claim("teams"),
                         security=SecurityConfig(**security))
+    if args.watch:
+        from chainweaver.watch import FlowFileWatcher
+
+        server.watch(FlowFileWatcher(executor.registry, args.watch, tools=executor.tools,
+                                     interval=0.1))
     server.serve("streamable-http", host="127.0.0.1", port=args.port,
                  stateless=args.stateless)
 
