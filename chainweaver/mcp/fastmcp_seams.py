@@ -11,6 +11,10 @@ list handlers are wrapped there (``get_request_handler``).
 The SDK's ``ServerSession`` (one per request) does not say when its connection
 ends, and notifying a closed one silently does nothing: the connection it belongs
 to does, through its ``exit_stack``, closed when the connection ends.
+
+The low-level server's ``get_tool_input_schema`` (what the SDK checks ``Mcp-Param-*``
+headers against) has no public setter, and the level a 2025-11-25 client set with
+``logging/setLevel`` is kept in a private map: a run's log messages honour it.
 """
 
 from __future__ import annotations
@@ -39,3 +43,22 @@ def on_connection_close(session: Any, callback: Callable[[], None]) -> bool:
 def forget_request_handler(server: FastMCP, method: str) -> None:
     """Stop serving ``method`` (the SDK has no public way to remove a handler)."""
     low_level_server(server)._request_handlers.pop(method, None)
+
+
+def install_input_schema_lookup(server: FastMCP, lookup: Callable[[str], Any]) -> None:
+    """Make the SDK read published input schemas through ``lookup``
+    (see :func:`chainweaver.mcp.views.input_schema_lookup`)."""
+    low_level = low_level_server(server)
+    if not hasattr(low_level, "get_tool_input_schema"):
+        raise RuntimeError("FastMCP's low-level server no longer has "
+                           "get_tool_input_schema: check chainweaver.mcp.fastmcp_seams")
+    low_level.get_tool_input_schema = lookup
+
+
+def session_log_level(ctx: Any) -> str | None:
+    """The level the request's 2025-11-25 client set with ``logging/setLevel`` (None:
+    it set none)."""
+    from fastmcp.server.context import _log_level_session_key
+
+    levels: dict[Any, str] = ctx.fastmcp._client_log_levels
+    return levels.get(_log_level_session_key(ctx.session))

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ..run_events import ApprovalRequest, RunObserver
 from ..runner import ErrorInfo, ExecutionResult, StepRecord
+from .fastmcp_seams import session_log_level
 from .security import audit_approval
 
 logger = logging.getLogger("chainweaver.mcp.runs")
@@ -96,15 +97,10 @@ def client_log_level(ctx: Context) -> str | None:
     """The level a 2025-11-25 client set with ``logging/setLevel`` (else the server's
     ``client_log_level``, if the operator set one; else None).
 
-    FastMCP keeps it in a private map keyed by its own session key; read here only
-    (tests/mcp/test_runs.py checks that setLevel is honoured). A run sends its messages
-    through the session, not ``ctx.log``, which also echoes each one to the server's
-    own log: that echo cost more than the notifications themselves.
+    A run sends its messages through the session, not ``ctx.log``, which also echoes
+    each one to the server's own log: that echo cost more than the notifications.
     """
-    from fastmcp.server.context import _log_level_session_key
-
-    levels = getattr(ctx.fastmcp, "_client_log_levels", {})
-    level = levels.get(_log_level_session_key(ctx.session))
+    level = session_log_level(ctx)
     return level if level is not None else ctx.fastmcp.client_log_level
 
 

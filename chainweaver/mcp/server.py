@@ -37,6 +37,7 @@ from .config import (
     check_text,
 )
 from .exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
+from .fastmcp_seams import install_input_schema_lookup
 from .http_guard import HostOriginRules
 from .notifications import ChangeNotifier, LiveMiddleware
 from .provider import FlowProvider
@@ -51,7 +52,6 @@ from .views import (
     VisibleRule,
     check_visible,
     input_schema_lookup,
-    install_input_schema_lookup,
 )
 
 logger = logging.getLogger("chainweaver.mcp")

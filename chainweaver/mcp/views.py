@@ -319,16 +319,3 @@ def input_schema_lookup(fastmcp: Any, exposure: Any, views: Views, *,
         return exposed.contract.input_schema
 
     return lookup
-
-
-def install_input_schema_lookup(fastmcp: Any, lookup: Callable[[str], Any]) -> None:
-    """Give FastMCP's low-level MCP server ``lookup`` (see :func:`input_schema_lookup`).
-
-    FastMCP 4.1 has no public way to set it: this is the one place that reaches its
-    private ``_mcp_server``; tests/mcp/test_views.py fails if that changes.
-    """
-    low_level = getattr(fastmcp, "_mcp_server", None)
-    if low_level is None or not hasattr(low_level, "get_tool_input_schema"):
-        raise RuntimeError("FastMCP's low-level server no longer has "
-                           "get_tool_input_schema: check chainweaver.mcp.views")
-    low_level.get_tool_input_schema = lookup
