@@ -26,7 +26,7 @@ from ..flows import TaskMode
 from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
 from ..watch import FlowFileWatcher
-from .composition import MountedGate, gate_lifespan
+from .composition import MountedCompletions, MountedGate, gate_lifespan
 from .config import (
     ApprovalMode,
     ExposurePolicy,
@@ -245,6 +245,8 @@ class FlowServer:
         parent.add_middleware(self._live)
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
+        if self._exposure.expose_schemas or self._exposure.expose_prompts:
+            MountedCompletions.install(parent, namespace, self._provider.complete)
 
     @property
     def registered_tool_names(self) -> list[str]:
