@@ -87,7 +87,7 @@ async def test_mounted_index_guide_and_calls_follow_the_callers_view(mode: str) 
     async with Client(parent, mode=mode) as client:
         index = json.loads((await client.read_resource("chainweaver://flows"))[0].text)
         guide = (await client.get_prompt("chainweaver_guide")).messages[0].content.text
-        calls = [renamed(await answer(lambda n=name: client.session.call_tool(  # type: ignore[misc]
+        calls = [renamed(await answer(lambda n=name: client.session.call_tool(
             n, {"query": "q"})), name, NEVER) for name in (HIDDEN, NEVER)]
     assert HIDDEN not in {f["name"] for f in index["flows"]}
     assert f"`{HIDDEN}`" not in guide
