@@ -19,11 +19,14 @@ Anything else that routes a request into the server without its own transport
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
@@ -122,7 +125,32 @@ class MountedGate(Middleware):
             if problem is not None:
                 return await self._guard("prompt", params["name"], context,
                                          refuse_malformed(problem), call_next)
+        if context.method == "completion/complete":
+            from .security import _completion_target  # security imports this module
+
+            return await self._guard_listing("completion", _completion_target(params),
+                                             context, call_next)
         return await call_next(context)
+
+    # Lists through the parent: authenticated, rate-limited and audited by this gate,
+    # and narrowed to the caller's view, exactly as when the server stands alone.
+    async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "tools/list", context, call_next)
+
+    async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "resources/list", context, call_next)
+
+    async def on_list_resource_templates(self, context: MiddlewareContext,
+                                         call_next: Any) -> Any:
+        return await self._guard_listing("list", "resources/templates/list", context,
+                                         call_next)
+
+    async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "prompts/list", context, call_next)
+
+    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+                             call_next: Any) -> Any:
+        return await self.gate._guard_listing(kind, name, context, call_next, mounted=True)
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("tool", context.message.name, context, call_next)
@@ -147,3 +175,63 @@ class MountedGate(Middleware):
                                                 context, call_next)
         finally:
             ADMITTED_BY.reset(admitted)
+
+
+class MountedCompletions:
+    """The completion handler of a parent server, covering its mounted FlowServers.
+
+    A FastMCP server has one completion handler, and a parent knows nothing of its
+    mounted servers' handlers: mount_into installs one of these per parent; it asks
+    every FlowServer mounted there (under its namespace), then the parent's own handler.
+    """
+
+    def __init__(self, own: Callable[..., Any] | None) -> None:
+        self.own = own  # the parent's handler before the first mount_into, if any
+        self.mounted: list[tuple[str | None, Callable[..., Any]]] = []
+
+    @classmethod
+    def install(cls, parent: FastMCP, namespace: str | None,
+                complete: Callable[..., Any]) -> None:
+        """Answer ``parent``'s completions for a server mounted under ``namespace``."""
+        current = parent_completion_handler(parent)
+        # First mount, or the parent's handler was replaced since: keep it as its own.
+        dispatcher = current if isinstance(current, MountedCompletions) else cls(current)
+        dispatcher.mounted.append((namespace, complete))
+        parent.add_completion_handler(dispatcher)
+
+    async def __call__(self, ref: Any, argument: Any, context: Any = None) -> Any:
+        for namespace, complete in self.mounted:
+            local = _unprefixed(ref, namespace)
+            if local is not None:
+                # In a worker thread, like FastMCP runs a server's own sync handler.
+                values = await anyio.to_thread.run_sync(complete, local, argument, context)
+                if values:
+                    return values
+        if self.own is None:
+            return None
+        result = self.own(ref, argument, context)
+        return await result if inspect.isawaitable(result) else result
+
+
+def parent_completion_handler(parent: FastMCP) -> Callable[..., Any] | None:
+    """The completion handler ``parent`` has now.
+
+    FastMCP has no public getter (``add_completion_handler`` replaces the handler):
+    the one private read, checked by tests/mcp/test_mounted_views.py.
+    """
+    return parent._completion_handler
+
+
+def _unprefixed(ref: Any, namespace: str | None) -> Any:
+    """``ref`` as the server mounted under ``namespace`` names it, or None."""
+    if namespace is None:
+        return ref
+    if isinstance(ref, mcp_types.PromptReference):
+        prefix = f"{namespace}_"
+        if not ref.name.startswith(prefix):
+            return None
+        return ref.model_copy(update={"name": ref.name[len(prefix):]})
+    protocol, separator, path = ref.uri.partition("://")
+    if not separator or not path.startswith(f"{namespace}/"):
+        return None
+    return ref.model_copy(update={"uri": f"{protocol}://{path[len(namespace) + 1:]}"})

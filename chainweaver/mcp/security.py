@@ -144,13 +144,15 @@ class SecurityGate(Middleware):
         return await self._guard_listing("list", "prompts/list", context, call_next)
 
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
-                             call_next: Any) -> Any:
+                             call_next: Any, *, mounted: bool = False) -> Any:
         """Authenticate, rate-limit and audit a list, a completion or a subscription
-        (never authorized: the caller's view narrows what it shows or tells)."""
+        (never authorized: the caller's view narrows what it shows or tells).
+        ``mounted``: run by a parent's :class:`MountedGate`, for a request that came in
+        through the parent."""
         if (not self.active or ADMITTED_BY.get() is self or CURRENT_CALLER.get() is not None
-                or not reached_directly(self, context)):
-            # Mounted (the parent's own middleware guards its lists), or listed by a tool
-            # the gate admitted already (resources_as_tools / prompts_as_tools).
+                or not (mounted or reached_directly(self, context))):
+            # Mounted (the parent's MountedGate guarded this list already), or listed by
+            # a tool the gate admitted already (resources_as_tools / prompts_as_tools).
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
         try:

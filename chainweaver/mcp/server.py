@@ -26,7 +26,7 @@ from ..flows import TaskMode
 from ..prompts import FlowPrompt
 from ..tools import NAME_PATTERN
 from ..watch import FlowFileWatcher
-from .composition import MountedGate, gate_lifespan
+from .composition import MountedCompletions, MountedGate, gate_lifespan
 from .config import (
     ApprovalMode,
     ExposurePolicy,
@@ -45,7 +45,7 @@ from .runs import RunSettings
 from .security import SecurityGate
 from .task_setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
 from .telemetry import FlowTelemetry
-from .tool_forms import add_tool_forms
+from .tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from .views import (
     Views,
     Visibility,
@@ -194,7 +194,9 @@ class FlowServer:
         self._watcher: FlowFileWatcher | None = None
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.
-        follower = _Follower(executor, policy, prompts, self._exposure, self._notifier)
+        follower = _Follower(executor, policy, prompts, self._exposure, self._notifier,
+                             tool_form_names(resources=resources_as_tools,
+                                             prompts=prompts_as_tools))
         self._live.keep_alive = follower
         self._unsubscribe = executor.registry.subscribe(_weakly(follower))
         follower()  # a change made since the first snapshot was taken
@@ -245,6 +247,8 @@ class FlowServer:
         parent.add_middleware(self._live)
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
+        if self._exposure.expose_schemas or self._exposure.expose_prompts:
+            MountedCompletions.install(parent, namespace, self._provider.complete)
 
     @property
     def registered_tool_names(self) -> list[str]:
@@ -349,12 +353,13 @@ class _Follower:
 
     def __init__(self, executor: FlowExecutor, policy: ExposurePolicy,
                  prompts: Sequence[FlowPrompt], live: LiveExposure,
-                 notifier: ChangeNotifier) -> None:
+                 notifier: ChangeNotifier, tool_forms: tuple[str, ...] = ()) -> None:
         self.executor = executor
         self.policy = policy
         self.prompts = prompts
         self.live = live
         self.notifier = notifier
+        self.tool_forms = tool_forms  # names resources/prompts_as_tools took
         self._lock = threading.Lock()
 
     def __call__(self, change: object = None) -> None:
@@ -363,17 +368,21 @@ class _Follower:
         Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
         request starting afterwards sees the old snapshot. Building is cheap: flows
         are judged when first needed, unchanged ones carried over. A snapshot that
-        cannot be built (a name collision) raises, and the registry refuses the change.
+        cannot be built (a name collision, a flow under a tool name that
+        resources_as_tools / prompts_as_tools took) raises, and the registry refuses
+        the change.
         """
         with self._lock:
             latest = self.live.latest
             state = self.executor.registry.state()
             if state.sequence <= latest.sequence:
                 return
-            self.live.swap(Exposure(
+            snapshot = Exposure(
                 self.executor, self.policy, expose_schemas=latest.expose_schemas,
                 expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
-                state=state, previous=latest))
+                state=state, previous=latest)
+            check_tool_forms(snapshot, self.tool_forms)
+            self.live.swap(snapshot)
         self.notifier.changed()
 
 

@@ -290,3 +290,23 @@ def test_a_flow_named_like_a_tools_only_tool_refuses_to_start() -> None:
                                          [FlowStep("search_products")]))
     with pytest.raises(ExposureConfigError, match="read_resource clash"):
         FlowServer(executor, expose_schemas=True, resources_as_tools=True)
+
+
+@pytest.mark.anyio
+async def test_a_flow_named_like_a_tools_only_tool_is_refused_while_serving_too() -> None:
+    from chainweaver import Flow, FlowStep
+
+    executor = build_catalogue()
+    server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
+                        resources_as_tools=True, prompts_as_tools=True)
+    async with Client(server.fastmcp) as client:
+        before = sorted(t.name for t in await client.list_tools())
+        for name in ("read_resource", "get_prompt"):
+            with pytest.raises(ExposureConfigError, match=f"{name} clash"):
+                executor.registry.register_flow(Flow(name, "Clash.",
+                                                     [FlowStep("search_products")]))
+            assert name not in executor.registry.state()
+        # The old snapshot keeps serving: the generated tools still answer.
+        assert sorted(t.name for t in await client.list_tools()) == before
+        read = await client.call_tool("read_resource", {"uri": "chainweaver://flows"})
+        assert not read.is_error
