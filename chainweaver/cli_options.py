@@ -1,0 +1,266 @@
+"""The ``chainweaver`` command line's arguments: the parser, its option groups, and the
+argument types that check values as they are read (see :mod:`chainweaver.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from . import __version__
+from .cli_build import EXIT_USAGE, CommandError
+from .errors import ChainWeaverError
+
+PROG = "chainweaver"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a flow file, or a directory searched for *.flow.yaml, "
+                             "*.flow.yml and *.flow.json")
+    common.add_argument("--tools", action="append", required=True, metavar="MODULE",
+                        help="a module (package.module) or a .py file whose Tool objects "
+                             "are registered; repeatable")
+    common.add_argument("--expose-schemas", action="store_true",
+                        help="publish schema resources")
+    common.add_argument("--expose-prompts", action="store_true", help="publish prompts")
+    common.add_argument("--prefix", default="", help="publish tools as PREFIX__flow_name")
+    common.add_argument("--name", default="chainweaver", help="the MCP server name")
+    common.add_argument("--lifecycle", action="append", metavar="LIFECYCLE",
+                        help="allowed lifecycles (default: active); repeatable or "
+                             "comma-separated")
+    common.add_argument("--side-effects", action="append", metavar="LEVEL",
+                        help="allowed side effects (default: none,read); repeatable or "
+                             "comma-separated")
+    common.add_argument("--owner", action="append", metavar="OWNER",
+                        help="publish only flows with these owners; repeatable or "
+                             "comma-separated")
+    common.add_argument("--allow-requires-approval", action="store_true",
+                        help="also publish flows whose safety requires approval")
+    common.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio",
+                        help="how to serve (default: stdio)")
+    common.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        help="FastMCP's log level while serving (logs go to stderr)")
+    _add_server_options(common)
+    _add_run_options(common)
+    _add_http_options(common)
+    _add_access_options(common)
+    _add_watch_options(common)
+    _add_task_options(common)
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("serve", parents=[common], help="serve flows over MCP",
+                        description="Serve the flows the policy allows over MCP.")
+    inspect = commands.add_parser(
+        "inspect", parents=[common], help="show what serve would publish",
+        description="Print the exposure decision and exit. Takes every serve option "
+                    "and checks it as serve does, but serves nothing.")
+    inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
+    inspect.add_argument("--graph", metavar="FLOW",
+                         help="print FLOW's steps as a Mermaid flowchart instead")
+    commands.add_parser(
+        "worker", parents=[common], help="run flows for background tasks (needs --tasks)",
+        description="Run the flows of background tasks that any server replica on the same "
+                    "Redis queue (--tasks redis://...) created. Loads flows and tools as "
+                    "serve does; serves no MCP transport.")
+    commands.add_parser("schema", help="print the JSON Schema of flow files",
+                        description="Print the JSON Schema that flow files follow, for "
+                                    "editors and CI checks.")
+    return parser
+
+
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    """The FlowServer settings that apply to every transport."""
+    group = parser.add_argument_group("server settings")
+    group.add_argument("--error-detail", choices=("full", "type_only", "generic"),
+                       help="how much of a failing tool's error text clients see "
+                            "(default: full)")
+    group.add_argument("--flow-timeout", type=_seconds, metavar="SECONDS",
+                       help="stop a flow call after this many seconds (default: none)")
+    group.add_argument("--page-size", type=_positive_int, metavar="N",
+                       help="list results per page (default: all in one page)")
+    # Not an argparse mutually exclusive group: those leave their argument group when
+    # copied through parents=, and the help would list these two elsewhere.
+    group.add_argument("--instructions", metavar="TEXT",
+                       help="instructions clients receive when they connect")
+    group.add_argument("--instructions-file", metavar="FILE",
+                       help="read the instructions from a UTF-8 text file (not with "
+                            "--instructions)")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How a run talks to its client: approval at run time."""
+    group = parser.add_argument_group("runs")
+    group.add_argument("--approval", choices=("exclude", "elicit"),
+                       help="flows that require approval: exclude them (default), or "
+                            "publish them and ask the user before each run (elicit)")
+    group.add_argument("--approval-timeout", type=_seconds, metavar="SECONDS",
+                       help="how long to wait for the user's answer (default: 300)")
+
+
+def _add_watch_options(parser: argparse.ArgumentParser) -> None:
+    """``serve --watch``: follow edits of the flow files while serving (``inspect``
+    accepts and ignores them, as it takes every serve option)."""
+    group = parser.add_argument_group("live reload (serve)")
+    group.add_argument("--watch", action="store_true",
+                       help="reload flow files when they change; a bad edit keeps the "
+                            "last good flows serving and is logged")
+    group.add_argument("--watch-interval", type=_seconds, default=1.0, metavar="SECONDS",
+                       help="how often --watch looks at the files (default: 1)")
+
+
+def _add_task_options(parser: argparse.ArgumentParser) -> None:
+    """Background tasks (docs/tasks.md): serve, inspect and worker take these."""
+    group = parser.add_argument_group("background tasks (needs the tasks extra)")
+    group.add_argument("--tasks", metavar="URL",
+                       help="let clients run flows as MCP background tasks: memory:// "
+                            "(one process) or redis://HOST:PORT/DB (replicas and workers)")
+    group.add_argument("--task-mode", choices=("forbidden", "optional", "required"),
+                       default="optional",
+                       help="task mode of flows whose file sets none (default: optional)")
+    group.add_argument("--task-concurrency", type=_non_negative_int, metavar="N",
+                       help="flows this process runs at once for tasks; 0: enqueue only, "
+                            "workers run them (default: 10)")
+    group.add_argument("--task-redelivery", type=_seconds, metavar="SECONDS",
+                       help="give a task whose worker stopped to another worker after "
+                            "this long (default: 300)")
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type for a count that may be 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _add_http_options(parser: argparse.ArgumentParser) -> None:
+    """Options that only streamable HTTP uses. Their defaults are applied after parsing
+    (see http_defaults), so that giving one with stdio can be told apart and refused."""
+    group = parser.add_argument_group("streamable HTTP (an error with --transport stdio)")
+    group.add_argument("--host", help=f"HTTP host (default: {HTTP_DEFAULTS['host']})")
+    group.add_argument("--port", type=_port,
+                       help=f"HTTP port (default: {HTTP_DEFAULTS['port']})")
+    group.add_argument("--stateless", action="store_true", default=None,
+                       help="HTTP without per-session state (for several processes "
+                            "behind one load balancer)")
+    group.add_argument("--allowed-host", action="append", metavar="HOST",
+                       type=_header_value("allowed_hosts"),
+                       help="also accept this Host header (NAME, NAME:PORT or NAME:*); "
+                            "repeatable")
+    group.add_argument("--allowed-origin", action="append", metavar="ORIGIN",
+                       type=_header_value("allowed_origins"),
+                       help="also accept this Origin header (http[s]://NAME[:PORT|:*]); "
+                            "repeatable")
+    group.add_argument("--auth-token-file", metavar="FILE",
+                       help="require 'Authorization: Bearer TOKEN' with a token listed in "
+                            "FILE (one per line; for development)")
+
+
+def _add_access_options(parser: argparse.ArgumentParser) -> None:
+    """Who may call, what each caller sees, how often, and what is recorded."""
+    group = parser.add_argument_group("access: tokens, views, limits, audit")
+    group.add_argument("--auth-jwks-uri", metavar="URL",
+                       help="require a JWT bearer token signed by a key from this JWKS "
+                            "URL (streamable HTTP)")
+    group.add_argument("--auth-public-key", metavar="FILE",
+                       help="require a JWT bearer token signed by the PEM public key in "
+                            "FILE (streamable HTTP)")
+    group.add_argument("--auth-issuer", metavar="ISSUER",
+                       help="the JWT 'iss' the token must carry")
+    group.add_argument("--auth-audience", metavar="AUDIENCE",
+                       help="the JWT 'aud' the token must carry")
+    group.add_argument("--visible-claim", metavar="CLAIM",
+                       help="each caller sees only the flows whose owner its token lists "
+                            "in CLAIM (a list or a space-separated string)")
+    group.add_argument("--rate-limit", type=_positive_int, metavar="N",
+                       help="at most N requests per caller per --rate-window")
+    group.add_argument("--rate-window", type=_seconds, metavar="SECONDS",
+                       help="the rate-limit window (default: 60)")
+    group.add_argument("--rate-limit-redis", metavar="URL",
+                       help="count --rate-limit in this Redis, shared by every replica "
+                            "(needs the tasks extra)")
+    group.add_argument("--audit-log", metavar="FILE",
+                       help="append an audit record per request to FILE (JSON Lines, "
+                            "rotated at 100 MB)")
+    group.add_argument("--resources-as-tools", action="store_true",
+                       help="also publish schema resources as tools (list_resources, "
+                            "read_resource) for tools-only clients")
+    group.add_argument("--prompts-as-tools", action="store_true",
+                       help="also publish prompts as tools (list_prompts, get_prompt)")
+
+
+HTTP_DEFAULTS: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "stateless": False,
+                                 "allowed_host": None, "allowed_origin": None,
+                                 "auth_token_file": None}
+
+
+def http_defaults(args: argparse.Namespace) -> None:
+    """Refuse HTTP options given with stdio (they would be silently ignored), then fill
+    in the defaults of those not given."""
+    given = [name for name in HTTP_DEFAULTS if getattr(args, name) is not None]
+    if args.transport != "streamable-http" and given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CommandError(EXIT_USAGE, f"{flags} only appl{'ies' if len(given) == 1 else 'y'}"
+                           f" to --transport streamable-http, not {args.transport}")
+    for name, default in HTTP_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
+def _seconds(text: str) -> float:
+    """argparse type for a duration: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number > 0")
+    return value
+
+
+def _header_value(setting: str) -> Any:
+    """argparse type for --allowed-host / --allowed-origin, checked by ServingConfig."""
+    def check(text: str) -> str:
+        try:
+            from .mcp import ServingConfig
+        except ImportError:
+            return text  # reported by build_server, with the install hint
+        try:
+            if setting == "allowed_hosts":
+                ServingConfig(allowed_hosts=[text])
+            else:
+                ServingConfig(allowed_origins=[text])
+        except ChainWeaverError as error:
+            raise argparse.ArgumentTypeError(str(error).split(": ", 1)[-1]) from None
+        return text
+
+    return check
+
+
+def _port(text: str) -> int:
+    """argparse type for --port: an integer from 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
