@@ -1,7 +1,8 @@
 """The security gate: authenticate -> rate-limit -> authorize -> audit, for every
 ``tools/call``, ``resources/read`` and ``prompts/get``; authenticate -> rate-limit ->
 audit for the lists (``tools/list``, ``resources/list``, ``resources/templates/list``,
-``prompts/list``) and ``completion/complete``.
+``prompts/list``), ``completion/complete`` and the background-task requests
+(``tasks/get``, ``tasks/cancel``, ``tasks/update``).
 
 The caller it establishes is the one whose view (see :mod:`.views`) the request is
 served from: a flow outside it is, to every later hook, the audit and the client,

@@ -13,12 +13,17 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
   a tool the provider resolves, so a hidden flow is refused exactly like an unknown tool.
   The task is stored under the flow tool's key, scoped to the caller (``client_id|sub``),
   as ``fastmcp-tasks`` does for its own tools, so ``tasks/get`` inlines the flow's result.
+- **Tasks answer their creator, in its view.** The gate's caller id is stored with the
+  task; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` (gated like lists) answer
+  only that caller, and only while the flow version is published and in its view;
+  otherwise exactly like an unknown id. (Under an ``authenticator`` hook the token
+  scope alone would let every caller reach every task.)
 - **No side effect twice.** A run writes a marker when it starts. A run that finds the
   marker is a redelivery (its worker died mid-run): it goes ahead only when the flow is
   idempotent by its effective safety; otherwise the task fails with a reason saying so.
 - **Status and audit.** Each step that starts becomes the task's status message
-  (``step 2/5 enrich``); creation and each state change are audited, completion with the
-  result's SHA-256 and length.
+  (``step 2/5 enrich``); creation and each state change are audited as the gate's
+  caller, completion with the result's SHA-256 and length.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ logger = logging.getLogger("chainweaver.mcp")
 # provider's lookups do not know it, so no client can call it.
 RUNNER_NAME = "chainweaver.flow_task"
 DURABLE_WAIT_SECONDS = 5.0
+# The keys of a flow task's stored payload (see FlowTaskRunner).
+FLOW_PAYLOAD = frozenset({"tool", "version", "arguments"})
 TaskStatus = Literal["working", "completed", "failed", "cancelled"]
 
 
@@ -340,8 +347,10 @@ class FlowTasksExtension(TasksExtension):
         if docket is None:
             return  # fastmcp-tasks answers "not found"
         payload = await load_task_args(docket, get_task_scope(), task_id)
-        if "tool" not in payload:
-            return  # no such task in this token scope: fastmcp-tasks answers it
+        if not FLOW_PAYLOAD <= payload.keys():
+            # No such task in this token scope (or not a flow task): fastmcp-tasks
+            # answers it.
+            return
         exposed = self.provider.exposure.tool(payload["tool"])
         if (payload.get("caller") != current_caller().id or exposed is None
                 or exposed.flow.version != payload.get("version")
