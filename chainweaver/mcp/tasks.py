@@ -345,7 +345,7 @@ class FlowTasksExtension(TasksExtension):
         """
         docket = _server_docket(self.server)
         if docket is None:
-            return  # fastmcp-tasks answers "not found"
+            return  # pragma: no cover - no request is served before the lifespan starts it
         payload = await load_task_args(docket, get_task_scope(), task_id)
         if not FLOW_PAYLOAD <= payload.keys():
             # No such task in this token scope (or not a flow task): fastmcp-tasks
