@@ -1,8 +1,9 @@
 """The security gate: authenticate -> rate-limit -> authorize -> audit, for every
 ``tools/call``, ``resources/read`` and ``prompts/get``; authenticate -> rate-limit ->
 audit for the lists (``tools/list``, ``resources/list``, ``resources/templates/list``,
-``prompts/list``), ``completion/complete`` and the subscriptions
-(``subscriptions/listen``, ``resources/subscribe``, ``resources/unsubscribe``).
+``prompts/list``), ``completion/complete``, the subscriptions
+(``subscriptions/listen``, ``resources/subscribe``, ``resources/unsubscribe``) and the
+background-task requests (``tasks/get``, ``tasks/cancel``, ``tasks/update``).
 
 The caller it establishes is the one whose view (see :mod:`.views`) the request is
 served from: a flow outside it is, to every later hook, the audit and the client,
@@ -52,6 +53,9 @@ logger = logging.getLogger("chainweaver.mcp.security")
 # "subscription"); the caller admitted is the one whose view they follow.
 SUBSCRIPTION_METHODS = frozenset({"subscriptions/listen", "resources/subscribe",
                                   "resources/unsubscribe"})
+# The tasks extension's requests (fastmcp-tasks): FastMCP dispatches them through the
+# middleware's on_request only.
+TASK_METHODS = frozenset({"tasks/get", "tasks/cancel", "tasks/update"})
 
 # The tool call the gate admitted, while it runs: a flow run audits its approval
 # decisions with the caller the gate established (see audit_approval).
@@ -127,7 +131,17 @@ class SecurityGate(Middleware):
         if context.method in SUBSCRIPTION_METHODS:
             return await self._guard_listing("subscription", context.method, context,
                                              call_next)
+        if context.method in TASK_METHODS:
+            return await self._guard_task(context, call_next)
         return await call_next(context)
+
+    async def _guard_task(self, context: MiddlewareContext, call_next: Any) -> Any:
+        """Authenticate, rate-limit and audit ``tasks/get``, ``tasks/cancel`` and
+        ``tasks/update`` (``kind="task"``, the method as name), and serve them as the
+        caller: the tasks extension answers only that caller's tasks, in its view."""
+        task_id = _task_id(context.message)
+        return await self._guard_listing("task", context.method or "", context, call_next,
+                                         task_id=task_id)
 
     async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard_listing("list", "tools/list", context, call_next)
@@ -144,11 +158,12 @@ class SecurityGate(Middleware):
         return await self._guard_listing("list", "prompts/list", context, call_next)
 
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
-                             call_next: Any, *, mounted: bool = False) -> Any:
-        """Authenticate, rate-limit and audit a list, a completion or a subscription
-        (never authorized: the caller's view narrows what it shows or tells).
-        ``mounted``: run by a parent's :class:`MountedGate`, for a request that came in
-        through the parent."""
+                             call_next: Any, *, mounted: bool = False,
+                             task_id: str | None = None) -> Any:
+        """Authenticate, rate-limit and audit a list, a completion, a subscription or a
+        task request (never authorized: the caller's view narrows what it shows or
+        tells). ``mounted``: run by a parent's :class:`MountedGate`, for a request that
+        came in through the parent."""
         if (not self.active or ADMITTED_BY.get() is self or CURRENT_CALLER.get() is not None
                 or not (mounted or reached_directly(self, context))):
             # Mounted (the parent's MountedGate guarded this list already), or listed by
@@ -159,10 +174,10 @@ class SecurityGate(Middleware):
             caller = await self._authenticate(gate)
             await self._limit(gate, caller)
         except GateRefused as refused:
-            await self._audit(gate, refused.caller, "denied", refused.reason)
+            await self._audit(gate, refused.caller, "denied", refused.reason, task_id=task_id)
             raise refusal_error(refused.reason) from None
         report_admitted(caller)
-        await self._audit(gate, caller, "allowed", "ok")
+        await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
         current = CURRENT_CALLER.set(caller)
         try:
@@ -175,11 +190,13 @@ class SecurityGate(Middleware):
             raise
         except Exception as error:
             await self._audit(gate, caller, "allowed", "ok", started=started,
-                              outcome="error", error_type=type(error).__name__)
+                              outcome="error", error_type=type(error).__name__,
+                              task_id=task_id)
             raise
         finally:
             CURRENT_CALLER.reset(current)
-        await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok")
+        await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
+                          task_id=task_id)
         return result
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
@@ -386,6 +403,7 @@ class SecurityGate(Middleware):
         result_length: int | None = None,
         phase: Literal["approval"] | None = None,
         step_id: str | None = None,
+        task_id: str | None = None,
     ) -> None:
         if self.audit_hook is None:
             return
@@ -405,6 +423,7 @@ class SecurityGate(Middleware):
             result_sha256=result_sha256,
             result_length=result_length,
             step_id=step_id,
+            task_id=task_id,
         )
         try:
             value = self.audit_hook(event)
@@ -418,6 +437,12 @@ def _gate_for(kind: RequestKind, name: str, exposed: ExposedFlow | None,
               headers: Mapping[str, str]) -> GateContext:
     return GateContext(kind, name, exposed.flow.name if exposed else None,
                        exposed.flow.version if exposed else None, headers)
+
+
+def _task_id(params: Any) -> str | None:
+    """The ``taskId`` of a ``tasks/*`` request, when it names one (for the audit)."""
+    task_id = params.get("taskId") if isinstance(params, Mapping) else None
+    return task_id if isinstance(task_id, str) else None
 
 
 def _completion_target(params: Any) -> str:

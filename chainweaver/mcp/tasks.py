@@ -13,24 +13,31 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
   a tool the provider resolves, so a hidden flow is refused exactly like an unknown tool.
   The task is stored under the flow tool's key, scoped to the caller (``client_id|sub``),
   as ``fastmcp-tasks`` does for its own tools, so ``tasks/get`` inlines the flow's result.
+- **Tasks answer their creator, in its view.** The gate's caller id is stored with the
+  task; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` (gated like lists) answer
+  only that caller, and only while the flow version is published and in its view;
+  otherwise exactly like an unknown id. (Under an ``authenticator`` hook the token
+  scope alone would let every caller reach every task.)
 - **No side effect twice.** A run writes a marker when it starts. A run that finds the
   marker is a redelivery (its worker died mid-run): it goes ahead only when the flow is
   idempotent by its effective safety; otherwise the task fails with a reason saying so.
 - **Status and audit.** Each step that starts becomes the task's status message
-  (``step 2/5 enrich``); creation and each state change are audited, completion with the
-  result's SHA-256 and length.
+  (``step 2/5 enrich``); creation and each state change are audited as the gate's
+  caller, completion with the result's SHA-256 and length.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import hashlib
 import inspect
 import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -38,6 +45,7 @@ from docket import CurrentExecution, Docket
 from docket.execution import Execution
 from fastmcp.dependencies import CurrentContext
 from fastmcp.server.context import Context
+from fastmcp.server.extensions import MethodBinding
 from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.tools.base import ToolResult
 from fastmcp.utilities.tasks import TASKS_EXTENSION_ID, TaskConfig
@@ -46,7 +54,7 @@ from fastmcp_tasks import TasksExtension
 from fastmcp_tasks.context import TaskContextSnapshot, get_task_scope, register_task_server
 from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS
 from fastmcp_tasks.dependencies import CurrentDocket
-from fastmcp_tasks.input_store import save_current_leg, save_task_args
+from fastmcp_tasks.input_store import load_task_args, save_current_leg, save_task_args
 from fastmcp_tasks.keys import build_task_key, task_redis_prefix
 from fastmcp_tasks.models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -54,7 +62,7 @@ from fastmcp_tasks.models import (
     missing_capability_error_data,
 )
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import PrivateAttr
 
@@ -63,6 +71,7 @@ from ..runner import StepRecord
 from .exposure import ExposedFlow
 from .flow_tool import FlowTool
 from .hooks import AuditEvent, AuditHook
+from .views import current_caller
 
 if TYPE_CHECKING:
     import mcp_types
@@ -77,6 +86,8 @@ logger = logging.getLogger("chainweaver.mcp")
 # provider's lookups do not know it, so no client can call it.
 RUNNER_NAME = "chainweaver.flow_task"
 DURABLE_WAIT_SECONDS = 5.0
+# The keys of a flow task's stored payload (see FlowTaskRunner).
+FLOW_PAYLOAD = frozenset({"tool", "version", "arguments"})
 TaskStatus = Literal["working", "completed", "failed", "cancelled"]
 
 
@@ -92,7 +103,8 @@ class TaskAudit:
         self.hook = hook
         self.timeout = timeout
 
-    async def record(self, exposed: ExposedFlow, task_id: str, status: str, *,
+    async def record(self, exposed: ExposedFlow, task_id: str, status: str,
+                     caller_id: str | None, *,
                      phase: Literal["decision", "state", "completed"] = "state",
                      reason: str = "ok", result: ToolResult | None = None) -> None:
         if self.hook is None:
@@ -104,11 +116,10 @@ class TaskAudit:
             data = text.encode("utf-8", "surrogatepass")
             digest, length = hashlib.sha256(data).hexdigest(), len(data)
             outcome = "error" if result.is_error else "ok"
-        scope = get_task_scope()
         event = AuditEvent(
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
-            caller_id=scope, decision="allowed", reason=reason, outcome=outcome,
+            caller_id=caller_id, decision="allowed", reason=reason, outcome=outcome,
             result_sha256=digest, result_length=length, task_id=task_id,
             task_status=status)
         try:
@@ -123,7 +134,8 @@ class FlowTaskRunner(FastMCPTool):
     """The one component Docket registers: runs the exposed flow its payload names.
 
     The payload is ``{"tool": published name, "version": flow version, "arguments":
-    {...}}``, written by :meth:`FlowTasksExtension.create`.
+    {...}, "caller": the gate's caller id}``, written by
+    :meth:`FlowTasksExtension.create`.
     """
 
     _provider: FlowProvider = PrivateAttr()
@@ -145,6 +157,7 @@ class FlowTaskRunner(FastMCPTool):
         docket: Docket = CurrentDocket(),  # noqa: B008
     ) -> ToolResult:
         task_id = ctx.task_id or execution.key
+        caller_id = arguments.get("caller")
         exposed = self._provider.exposure.tool(arguments["tool"])
         if exposed is None or exposed.flow.version != arguments["version"]:
             raise MCPError(code=INTERNAL_ERROR, message=(
@@ -154,20 +167,21 @@ class FlowTaskRunner(FastMCPTool):
             reason = (f"the worker running flow {exposed.flow.name!r} stopped during the run, "
                       "and the flow is not idempotent (by its effective safety), so it was "
                       "not run again")
-            await self._audit.record(exposed, task_id, "failed", reason="not_idempotent")
+            await self._audit.record(exposed, task_id, "failed", caller_id,
+                                     reason="not_idempotent")
             raise MCPError(code=INTERNAL_ERROR, message=reason)
-        await self._audit.record(exposed, task_id, "working")
+        await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
         reports = _StepReports(ctx)
         try:
             result = await tool.run_flow(arguments["arguments"], ctx, status=reports)
         except asyncio.CancelledError:
-            await self._audit.record(exposed, task_id, "cancelled")
+            await self._audit.record(exposed, task_id, "cancelled", caller_id)
             raise
         finally:
             await reports.drain()
-        await self._audit.record(exposed, task_id, "completed", phase="completed",
-                                 result=result)
+        await self._audit.record(exposed, task_id, "completed", caller_id,
+                                 phase="completed", result=result)
         return result
 
 
@@ -281,7 +295,12 @@ class FlowTasksExtension(TasksExtension):
         ttl_ms = int(docket.execution_ttl.total_seconds() * 1000)
         ttl = ttl_ms // 1000 + TASK_MAPPING_TTL_BUFFER_SECONDS
         poll_ms = int(tool.task_config.poll_interval.total_seconds() * 1000)
-        payload = {"tool": tool.name, "version": exposed.flow.version, "arguments": arguments}
+        # The gate's caller owns the task: every tasks/* request checks it (_owned), and
+        # the task's audit records name it. Stored with the arguments, which live (and
+        # are refreshed) exactly as long as the task's other keys.
+        caller_id = current_caller().id
+        payload = {"tool": tool.name, "version": exposed.flow.version, "arguments": arguments,
+                   "caller": caller_id}
         register_task_server(task_id, context.fastmcp)
         prefix = docket.key(f"{task_redis_prefix(scope)}:{task_id}")
         async with docket.redis() as redis:
@@ -294,11 +313,50 @@ class FlowTasksExtension(TasksExtension):
         await snapshot.save(docket, scope, task_id, ttl)
         await docket.add(runner_key(), key=task_key)(payload)
         await _wait_durable(docket, task_key)
-        await self.audit.record(exposed, task_id, "working", phase="decision",
+        await self.audit.record(exposed, task_id, "working", caller_id, phase="decision",
                                 reason="created")
         return CreateTaskResult(task_id=task_id, status="working", created_at=created_at,
                                 last_updated_at=created_at, ttl_ms=ttl_ms,
                                 poll_interval_ms=poll_ms)
+
+    def methods(self) -> Sequence[MethodBinding]:
+        """``tasks/get``, ``tasks/update`` and ``tasks/cancel``, answering only the
+        caller that created a flow task, while the flow is in its view."""
+        return [dataclasses.replace(binding, handler=self._owned(binding.handler))
+                for binding in super().methods()]
+
+    def _owned(self, handler: Any) -> Any:
+        async def handle(ctx: Any, params: Any) -> Any:
+            # The extension's own checks (capability, Mcp-Name header) come first, so
+            # that another caller's task id and an id that never existed get past them
+            # alike; fastmcp-tasks runs them again in ``handler`` (they are cheap).
+            self._check_task_request(ctx, params.task_id)
+            await self.check_reachable(params.task_id)
+            return await handler(ctx, params)
+
+        return handle
+
+    async def check_reachable(self, task_id: str) -> None:
+        """Refuse a flow task the current caller may not reach, exactly like an unknown id.
+
+        Reachable: created by this caller (the gate's caller id, stored with the task),
+        and its flow version is still published and in the caller's view. A run already
+        under way finishes either way; only answers about it stop.
+        """
+        docket = _server_docket(self.server)
+        if docket is None:
+            return  # pragma: no cover - no request is served before the lifespan starts it
+        payload = await load_task_args(docket, get_task_scope(), task_id)
+        if not FLOW_PAYLOAD <= payload.keys():
+            # No such task in this token scope (or not a flow task): fastmcp-tasks
+            # answers it.
+            return
+        exposed = self.provider.exposure.tool(payload["tool"])
+        if (payload.get("caller") != current_caller().id or exposed is None
+                or exposed.flow.version != payload.get("version")
+                or not self.provider.view().allows(exposed)):
+            # The text fastmcp-tasks gives for a missing, expired or cross-scope id.
+            raise MCPError(code=INVALID_PARAMS, message=f"Task {task_id} not found")
 
     @property
     def docket(self) -> Docket:

@@ -1,0 +1,82 @@
+"""Background tasks of JWT callers over streamable HTTP, against
+``tests/servers/task_jwt_server.py``: another subject's task, and a task whose flow left
+its caller's view, answer exactly like a task id that never existed."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+from fastmcp_tasks import ToolTask, call_tool_task
+from mcp import MCPError
+from support.procs import free_port, stop, wait_until_listening
+from support.tokens import KeyPair
+
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "task_jwt_server.py"
+NEVER = "A" * 43  # a well-formed task id that was never issued
+LIMIT = 30.0  # seconds: only to stop a hang
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[KeyPair, str]]:
+    keys = KeyPair()
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), str(port),
+                                    str(keys.write_public(tmp_path / "key.pem"))],
+                                   stdout=output, stderr=subprocess.STDOUT)
+    try:
+        wait_until_listening(process, port)
+        yield keys, f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(process)
+    assert "Traceback" not in log.read_text()
+
+
+def client(url: str, token: str) -> Client:
+    return Client(StreamableHttpTransport(url, auth=token))
+
+
+def handle(c: Client, task: ToolTask, task_id: str) -> ToolTask:
+    return ToolTask(c, "report", task.create_result.model_copy(update={"task_id": task_id}))
+
+
+async def answers(c: Client, task: ToolTask) -> tuple[Any, dict[str, Any]]:
+    """(what tasks/get answers this client for ``task``, the error for an id never issued,
+    naming ``task``'s id)."""
+    try:
+        value: Any = (await handle(c, task, task.task_id).status()).status
+    except MCPError as error:
+        value = error.error.model_dump()
+    with pytest.raises(MCPError) as never:
+        await handle(c, task, NEVER).status()
+    expected = never.value.error.model_dump()
+    return value, {**expected, "message": expected["message"].replace(NEVER, task.task_id)}
+
+
+@pytest.mark.anyio
+async def test_another_subject_and_a_narrowed_view_get_not_found(
+        served: tuple[KeyPair, str]) -> None:
+    keys, url = served
+    async with client(url, keys.token("alice", [], flows=["report"])) as c:
+        task = await call_tool_task(c, "report", {"n": 1})
+        result = await asyncio.wait_for(task.result(), LIMIT)
+    assert result.structured_content == {"n": 21}
+    async with client(url, keys.token("bob", [], flows=["report"])) as c:
+        bob, never = await answers(c, task)
+    assert bob == never and never["code"] == -32602
+    # The same subject (the same task scope) with a token whose view lost the flow.
+    async with client(url, keys.token("alice", [], flows=[])) as c:
+        narrowed, never = await answers(c, task)
+    assert narrowed == never
+    async with client(url, keys.token("alice", [], flows=["report"])) as c:
+        again, _ = await answers(c, task)
+    assert again == "completed"
