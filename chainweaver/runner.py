@@ -55,7 +55,8 @@ class StepRecord:
     counts tool calls (retries and a fallback included); ``attempt_errors`` holds the
     error of every failed attempt, in order; ``fallback`` names the fallback tool when
     it produced the output; ``steps`` holds a sub-flow's own step records (of its last
-    attempt).
+    attempt). ``started_ms`` is when the step started, in milliseconds after its run
+    started (steps that ran at the same time overlap).
     """
 
     index: int
@@ -70,6 +71,7 @@ class StepRecord:
     attempt_errors: tuple[ErrorInfo, ...] = ()
     fallback: str | None = None
     steps: list[StepRecord] | None = None
+    started_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -111,7 +113,7 @@ class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
-                 "failed_at", "waiting", "ready", "observer", "_lock")
+                 "failed_at", "waiting", "ready", "observer", "_lock", "begun")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -120,6 +122,7 @@ class RunState:
         self.writes: list[dict[str, Any] | None] = [None] * count
         self.records: list[StepRecord | None] = [None] * count
         self.started = 0  # how many records there are
+        self.begun = perf_counter()  # steps' started_ms count from here
         self.failure: ErrorInfo | None = None
         self.failed_at = count
         self.waiting: list[int] = []
@@ -205,6 +208,7 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
     if observer is not None:
         notify(observer.step_started, record)
     started = perf_counter()
+    record.started_ms = (started - state.begun) * 1000
     try:
         arguments = _gather(state, planned, planned.sources)
         record.inputs = arguments
@@ -235,6 +239,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
     if observer is not None:
         notify(observer.step_started, record)
     started = perf_counter()
+    record.started_ms = (started - state.begun) * 1000
     try:
         if planned.condition is not None and not _condition_holds(state, planned):
             record.status = "skipped"

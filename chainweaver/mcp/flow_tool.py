@@ -89,6 +89,7 @@ def _step_meta(records: list[StepRecord], error_detail: str) -> list[dict[str, A
     for record in records:
         entry: dict[str, Any] = {"id": record.step_id, "status": record.status,
                                  "attempts": record.attempts,
+                                 "started_ms": round(record.started_ms, 3),
                                  "duration_ms": round(record.duration_ms, 3)}
         if record.error is not None and error_detail != "generic":
             entry["error"] = record.error.type

@@ -8,10 +8,9 @@ the error type and fallback when the tool result's metadata carries them, which 
 governs). Never argument values, outputs or error messages.
 
 Spans are built from the step records the tool result carries (``_meta.chainweaver``)
-once the run is over: each step span has its measured duration, laid out one after the
-other in plan order from the run's start (exact for a linear flow; steps that ran
-concurrently appear in sequence). Spans cost next to nothing until an OpenTelemetry
-SDK is configured.
+once the run is over: each step span starts when the step started (``started_ms`` after
+the run's start) and lasts its measured duration, so steps that ran at the same time
+overlap. Spans cost next to nothing until an OpenTelemetry SDK is configured.
 """
 
 from __future__ import annotations
@@ -86,13 +85,13 @@ def record_run(span: Span, result: Any, started_ns: int) -> None:
         _step_spans(span, steps, started_ns)
 
 
-def _step_spans(parent: Span, steps: Sequence[Any], start_ns: int) -> int:
-    """One span per step, laid out from ``start_ns``; returns where the last one ended."""
+def _step_spans(parent: Span, steps: Sequence[Any], start_ns: int) -> None:
+    """One span per step, each placed at its own start after ``start_ns``."""
     context = trace.set_span_in_context(parent)
-    cursor = start_ns
     for step in steps:
         if not isinstance(step, Mapping):
             continue
+        begin = start_ns + int(float(step.get("started_ms", 0.0)) * 1_000_000)
         duration_ns = int(float(step.get("duration_ms", 0.0)) * 1_000_000)
         attributes: dict[str, Any] = {
             "chainweaver.step.id": str(step.get("id", "")),
@@ -104,12 +103,10 @@ def _step_spans(parent: Span, steps: Sequence[Any], start_ns: int) -> int:
             if isinstance(step.get(key), str):
                 attributes[f"chainweaver.step.{key}"] = step[key]
         span = TRACER.start_span(f"chainweaver.step {attributes['chainweaver.step.id']}",
-                                 context=context, start_time=cursor, attributes=attributes)
+                                 context=context, start_time=begin, attributes=attributes)
         if step.get("status") == "failed":
             span.set_status(Status(StatusCode.ERROR, "step failed"))
         nested = step.get("steps")
         if isinstance(nested, Sequence):
-            _step_spans(span, nested, cursor)
-        cursor += duration_ns
-        span.end(end_time=cursor)
-    return cursor
+            _step_spans(span, nested, begin)  # a sub-flow's steps count from its start
+        span.end(end_time=begin + duration_ns)

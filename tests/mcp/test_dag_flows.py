@@ -151,7 +151,9 @@ async def call(server: FlowServer, name: str, arguments: dict[str, Any]):
 def steps_meta(result) -> list[dict[str, Any]]:
     steps = result.meta["chainweaver"]["steps"]
     assert all(isinstance(s["duration_ms"], (int, float)) for s in steps)
-    return [{k: v for k, v in s.items() if k != "duration_ms"} for s in steps]
+    assert all(isinstance(s["started_ms"], (int, float)) for s in steps)
+    return [{k: v for k, v in s.items() if k not in ("duration_ms", "started_ms")}
+            for s in steps]
 
 
 @pytest.mark.anyio

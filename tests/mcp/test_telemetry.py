@@ -3,6 +3,7 @@ with no argument values; and the JSON Lines audit sink."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -13,8 +14,17 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
 from support.catalogue import build_catalogue
 
+from chainweaver import (
+    Flow,
+    FlowExecutor,
+    FlowRegistry,
+    FlowStep,
+    ToolSafetyContract,
+    tool,
+)
 from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, visible_claim
 from chainweaver.mcp.audit_log import JsonlAuditLog
 
@@ -156,3 +166,56 @@ def test_audit_log_settings_are_checked(tmp_path: Path) -> None:
         JsonlAuditLog(tmp_path / "x", fsync_every=0)
     with pytest.raises(ValueError):
         JsonlAuditLog(tmp_path / "x", max_bytes=0)
+
+
+class FanOut(BaseModel):
+    left: int
+    right: int
+
+
+def _fan_out_executor() -> FlowExecutor:
+    """A flow whose two middle steps run at the same time (async tools, one root)."""
+
+    @tool(safety=ToolSafetyContract("none"))
+    async def start(n: int) -> dict:
+        """Start."""
+        return {"n": n}
+
+    @tool(safety=ToolSafetyContract("none"))
+    async def left(n: int) -> dict:
+        """Wait, then answer."""
+        await asyncio.sleep(0.05)
+        return {"left": n}
+
+    @tool(safety=ToolSafetyContract("none"))
+    async def right(n: int) -> dict:
+        """Wait, then answer."""
+        await asyncio.sleep(0.05)
+        return {"right": n}
+
+    executor = FlowExecutor(FlowRegistry())
+    for each in (start, left, right):
+        executor.register_tool(each)
+    executor.registry.register_flow(Flow(
+        "fan", "Two steps at once.", version="1.0.0",
+        steps=[FlowStep("start"), FlowStep("left", after=["start"]),
+               FlowStep("right", after=["start"])],
+        output_schema=FanOut))
+    return executor
+
+
+@pytest.mark.anyio
+async def test_step_spans_start_when_their_steps_started(spans: InMemorySpanExporter) -> None:
+    server = FlowServer(_fan_out_executor())
+    async with Client(server.fastmcp) as client:
+        result = await client.call_tool("fan", {"n": 1})
+    assert result.structured_content == {"left": 1, "right": 1}
+    found = by_name(spans.get_finished_spans())
+    run = found["chainweaver.flow fan"]
+    first, left, right = (found[f"chainweaver.step {name}"]
+                          for name in ("start", "left", "right"))
+    assert run.start_time <= first.start_time <= first.end_time
+    # Both middle steps start after the root ended, and they overlap: they ran at once
+    # (laid out one after another, the second would start where the first ended).
+    assert first.end_time <= left.start_time and first.end_time <= right.start_time
+    assert left.start_time < right.end_time and right.start_time < left.end_time
