@@ -55,6 +55,11 @@ class Quote(BaseModel):
     total_cents: int
 
 
+async def _ignore_log(message: object) -> None:
+    """Drop a run's log message: the server sends it (measured); the client's default
+    handler would render it with rich, which is the client's cost, not the server's."""
+
+
 async def quote(data: QuoteInput) -> Quote:
     await asyncio.sleep(0)
     return Quote(sku=data.sku, total_cents=999 * data.quantity)
@@ -144,7 +149,7 @@ async def load(url: str, bearer: list[str], clients: int, count: int, seconds: f
     async def worker(token: str) -> None:
         nonlocal errors
         transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
-        async with Client(transport, mode=mode) as client:
+        async with Client(transport, mode=mode, log_handler=_ignore_log) as client:
             while time.perf_counter() < deadline:
                 n = next(issued)
                 if n >= count:

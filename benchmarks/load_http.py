@@ -88,6 +88,11 @@ def search(data: SearchInput) -> SearchOutput:
     return SearchOutput(items=items, total=len(items))
 
 
+async def _ignore_log(message: object) -> None:
+    """Drop a run's log message: the server sends it (measured); the client's default
+    handler would render it with rich, which is the client's cost, not the server's."""
+
+
 async def quote(data: QuoteInput) -> Quote:
     await asyncio.sleep(0)
     return Quote(sku=data.sku, total_cents=999 * data.quantity)
@@ -266,7 +271,7 @@ async def load(url: str, kind: str, clients: int, count: int, seconds: float,
     async def worker() -> None:
         nonlocal errors
         transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {TOKEN}"})
-        async with Client(transport, mode=mode) as client:
+        async with Client(transport, mode=mode, log_handler=_ignore_log) as client:
             while time.perf_counter() < deadline:
                 n = next(issued)
                 if n >= count:
