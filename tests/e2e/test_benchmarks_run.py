@@ -149,3 +149,13 @@ def test_bench_runs_prints_both_sides_and_the_ratio() -> None:
                  "on  (3 progress + 6 log notifications)"):
         assert re.search(re.escape(line) + r": best " + FIGURE, out), out
     assert re.search(r"ratio on/off: best \d+\.\d+x, median of paired chunks \d+\.\d+x", out)
+
+
+def test_bench_hidden_runs_and_checks_the_refusals_match() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hidden.py"),
+                           "--chunks", "1", "--number", "2"],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for kind in ("tools/call", "resources/read", "prompts/get"):
+        assert re.search(rf"{re.escape(kind)} +visible .* hidden / never existed "
+                         r"\d+\.\d+x", done.stdout), done.stdout
