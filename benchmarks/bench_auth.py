@@ -72,7 +72,7 @@ def verifier(key_file: str) -> Any:
                        audience=AUDIENCE)
 
 
-def views_server(key_file: str) -> Any:
+def views_server(key_file: str, run_notifications: bool = True) -> Any:
     from chainweaver import (
         Flow,
         FlowExecutor,
@@ -83,7 +83,7 @@ def views_server(key_file: str) -> Any:
         ToolSafetyContract,
         tool,
     )
-    from chainweaver.mcp import FlowServer, visible_claim
+    from chainweaver.mcp import FlowServer, ServingConfig, visible_claim
 
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(tool(safety=ToolSafetyContract(SideEffectLevel.READ))(quote))
@@ -95,7 +95,8 @@ def views_server(key_file: str) -> Any:
             f"quote_{number}", "Quote a price.", [FlowStep("quote")], input_schema=QuoteInput,
             output_schema=Quote, governance=FlowGovernance(owner=f"team-{number % 7}")))
     return FlowServer(executor, name="bench-views", auth=verifier(key_file),
-                      visible=visible_claim("teams"))
+                      visible=visible_claim("teams"),
+                      serving=ServingConfig(run_notifications=run_notifications))
 
 
 def bare_server(key_file: str) -> Any:
@@ -111,12 +112,12 @@ def bare_server(key_file: str) -> Any:
     return mcp
 
 
-def serve(kind: str, port: int, key_file: str) -> None:
+def serve(kind: str, port: int, key_file: str, run_notifications: bool = True) -> None:
     if kind == "bare":
         bare_server(key_file).run("streamable-http", host=HOST, port=port, show_banner=False,
                                   log_level="ERROR")
     else:
-        views_server(key_file).serve("streamable-http", host=HOST, port=port,
+        views_server(key_file, run_notifications).serve("streamable-http", host=HOST, port=port,
                                      log_level="ERROR")
 
 
@@ -175,10 +176,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(kind: str, key_file: str) -> tuple[subprocess.Popen, int]:
+def start(kind: str, key_file: str, quiet_runs: bool = False
+          ) -> tuple[subprocess.Popen, int]:
     port = free_port()
+    quiet = ["--quiet-runs"] if quiet_runs else []
     process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", kind,
-                                "--port", str(port), "--key", key_file],
+                                "--port", str(port), "--key", key_file, *quiet],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -209,6 +212,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--mode", choices=["auto", "legacy"], default="auto")
     parser.add_argument("--quick", action="store_true", help="a small run, for the tests")
+    parser.add_argument("--quiet-runs", action="store_true",
+                        help="the views server sends no per-step progress or log messages "
+                             "(ServingConfig(run_notifications=False)); FastMCP's client "
+                             "asks for both on every call, and bare FastMCP sends none")
     parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -266,7 +273,7 @@ def report(args: argparse.Namespace, stats: dict[str, dict[str, Any]]) -> int:
 def main() -> int:
     args = parse_args()
     if args.serve:
-        serve(args.serve, args.port, args.key)
+        serve(args.serve, args.port, args.key, not args.quiet_runs)
         return 0
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -280,7 +287,7 @@ def main() -> int:
         try:
             ports = {}
             for kind in TARGETS:
-                processes[kind], ports[kind] = start(kind, key_file)
+                processes[kind], ports[kind] = start(kind, key_file, args.quiet_runs)
             stats = asyncio.run(measure(args, ports, tokens(private_key)))
         finally:
             for process in processes.values():

@@ -93,13 +93,17 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    """How a run talks to its client: approval at run time."""
+    """How a run talks to its client: progress and log messages, approval at run time."""
     group = parser.add_argument_group("runs")
     group.add_argument("--approval", choices=("exclude", "elicit"),
                        help="flows that require approval: exclude them (default), or "
                             "publish them and ask the user before each run (elicit)")
     group.add_argument("--approval-timeout", type=_seconds, metavar="SECONDS",
                        help="how long to wait for the user's answer (default: 300)")
+    group.add_argument("--no-run-notifications", dest="run_notifications",
+                       action="store_false",
+                       help="send no per-step progress or log messages, even to clients "
+                            "that ask for them")
 
 
 def _add_watch_options(parser: argparse.ArgumentParser) -> None:

@@ -216,6 +216,11 @@ class ServingConfig:
     ``change_debounce`` (seconds) is how long the server waits after a registry change
     before telling clients, so a burst of changes is one notification
     (``docs/live-governance.md``).
+
+    ``run_notifications=False`` stops runs reporting per-step progress and log messages,
+    even to clients that ask (FastMCP's client asks for both on every call): each one is
+    a notification, which over HTTP turns the reply into an event stream. A background
+    task's status message is kept.
     """
 
     flow_timeout: float | None = None
@@ -225,12 +230,14 @@ class ServingConfig:
     freeze_gc: bool = False
     request_state_keys: Iterable[str | bytes] | None = None
     change_debounce: float = 0.05
+    run_notifications: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)
         check_bool("freeze_gc", self.freeze_gc)
+        check_bool("run_notifications", self.run_notifications)
         object.__setattr__(self, "change_debounce",
                            check_seconds("change_debounce", self.change_debounce))
         object.__setattr__(self, "allowed_hosts",

@@ -163,8 +163,10 @@ class FlowTool(FastMCPTool):
             # Called as tools/call does (run(arguments)), the default is the dependency
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
-        reporter = None if ctx is None or status is not None else RunReporter.wanted(
-            ctx, self.name, show_error_type=self._error_detail != "generic")
+        reporter = None
+        if ctx is not None and status is None and self._runs.notifications:
+            reporter = RunReporter.wanted(ctx, self.name,
+                                          show_error_type=self._error_detail != "generic")
         approval = None
         if self._exposed.needs_approval:
             if ctx is None:

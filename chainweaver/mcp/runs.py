@@ -49,6 +49,7 @@ class RunSettings:
 
     approval: bool = False  # ask the user before a run whose steps need approval
     approval_timeout: float = 300.0  # seconds to wait for an elicitation answer
+    notifications: bool = True  # per-step progress and log messages, when asked for
     # Sign the approval state handed to 2026-07-28 clients (the SDK also seals it): the
     # first signs, any verifies. Derived from the server's request-state keys when it
     # has them (replicas and workers then agree), else random per process.
@@ -57,12 +58,12 @@ class RunSettings:
 
     @classmethod
     def build(cls, approval: bool, approval_timeout: float,
-              keys: tuple[bytes, ...] | None) -> RunSettings:
+              keys: tuple[bytes, ...] | None, notifications: bool = True) -> RunSettings:
         if not keys:
-            return cls(approval, approval_timeout)
+            return cls(approval, approval_timeout, notifications)
         derived = tuple(hashlib.sha256(b"chainweaver/approval-state:" + key).digest()
                         for key in keys)
-        return cls(approval, approval_timeout, derived)
+        return cls(approval, approval_timeout, notifications, derived)
 
 
 # ------------------------------------------------------------------ reporting

@@ -147,7 +147,7 @@ class FlowServer:
                                       flow_timeout=serving.flow_timeout, owner=owner,
                                       runs=RunSettings.build(
                                           policy.approval == "elicit", approval_timeout,
-                                          keys),
+                                          keys, serving.run_notifications),
                                       views=views)
         # The gate reads the live reference like a snapshot: the request's pinned one.
         self._gate = SecurityGate(cast(Exposure, self._exposure), security, owner=owner,

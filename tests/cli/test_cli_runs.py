@@ -56,3 +56,14 @@ def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str], argv: list[s
         main(["inspect", *ARGS, *argv])
     assert exited.value.code == 2
     assert argv[0] in capsys.readouterr().err
+
+
+def test_no_run_notifications_reaches_the_server(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from chainweaver.mcp import FlowServer
+
+    served: list[FlowServer] = []
+    monkeypatch.setattr(FlowServer, "serve", lambda self, *a, **k: served.append(self))
+    assert run(capsys, "serve", *ARGS)[0] == 0
+    assert run(capsys, "serve", *ARGS, "--no-run-notifications")[0] == 0
+    assert [server.serving.run_notifications for server in served] == [True, False]

@@ -42,6 +42,8 @@ def bad_values() -> list[tuple[str, Any, Any]]:
         cases.append(("page_size", lambda v: ServingConfig(page_size=v), value))
     for value in NOT_BOOL:
         cases.append(("force_expose", lambda v: ExposurePolicy(force_expose=v), value))
+        cases.append(("run_notifications",
+                      lambda v: ServingConfig(run_notifications=v), value))
         cases.append(("allow_requires_approval",
                       lambda v: ExposurePolicy(allow_requires_approval=v), value))
         cases.append(("expose_schemas",

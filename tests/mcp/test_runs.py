@@ -15,7 +15,7 @@ from mcp_types import LOG_LEVEL_META_KEY
 from pydantic import BaseModel, ConfigDict
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig
+from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
 from chainweaver.mcp.runs import APPROVAL_KEY, Approval, RunSettings
 
 ERAS = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
@@ -137,6 +137,19 @@ async def test_progress_after_every_step(mode: str) -> None:
     assert seen.progress == [(1, 3, "step 'validate' completed"),
                              (2, 3, "step 'price' completed"),
                              (3, 3, "step 'summarize' completed")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ERAS)
+async def test_an_operator_can_switch_run_notifications_off(mode: str) -> None:
+    server, _ = build_server(serving=ServingConfig(run_notifications=False))
+    seen = Seen()
+    async with seen.client(server, mode) as client:
+        if mode == "legacy":
+            await client.set_logging_level("debug")
+        result = await client.call_tool("checkout", ORDER)
+    assert result.structured_content == {"card": SECRET, "cents": 101, "stage": 3}
+    assert seen.progress == [] and seen.logs == []
 
 
 @pytest.mark.anyio
