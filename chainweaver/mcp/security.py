@@ -179,14 +179,25 @@ class SecurityGate(Middleware):
         report_admitted(caller)
         await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
+        result = await self._run_admitted(gate, caller, context, call_next, started,
+                                          task_id=task_id)
+        await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
+                          task_id=task_id)
+        return result
+
+    async def _run_admitted(self, gate: GateContext, caller: CallerIdentity,
+                            context: MiddlewareContext, call_next: Any, started: float,
+                            *, task_id: str | None = None) -> Any:
+        """Serve an admitted request as ``caller``; audit it if it is cancelled (a
+        listen stream ends so too) or raises."""
         current = CURRENT_CALLER.set(caller)
         try:
-            result = await call_next(context)
+            return await call_next(context)
         except asyncio.CancelledError:
-            # The client cancelled (a listen stream ends so): a shielded async hook runs.
+            # Shielded, so an async audit hook still runs.
             with anyio.CancelScope(shield=True):
                 await self._audit(gate, caller, "allowed", "ok", started=started,
-                                  outcome="cancelled")
+                                  outcome="cancelled", task_id=task_id)
             raise
         except Exception as error:
             await self._audit(gate, caller, "allowed", "ok", started=started,
@@ -195,9 +206,6 @@ class SecurityGate(Middleware):
             raise
         finally:
             CURRENT_CALLER.reset(current)
-        await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
-                          task_id=task_id)
-        return result
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         return await self._guard("tool", context.message.name, context, call_next)
@@ -280,23 +288,11 @@ class SecurityGate(Middleware):
 
         started = time.perf_counter()
         token = _ADMITTED_CALL.set((self, gate, caller)) if kind == "tool" else None
-        current = CURRENT_CALLER.set(caller)
         try:
-            result = await call_next(context)
-        except asyncio.CancelledError:
-            # The client cancelled the request: shielded, so an async hook still runs.
-            with anyio.CancelScope(shield=True):
-                await self._audit(gate, caller, "allowed", "ok", started=started,
-                                  outcome="cancelled")
-            raise
-        except Exception as error:
-            await self._audit(gate, caller, "allowed", "ok", started=started,
-                              outcome="error", error_type=type(error).__name__)
-            raise
+            result = await self._run_admitted(gate, caller, context, call_next, started)
         finally:
             if token is not None:
                 _ADMITTED_CALL.reset(token)
-            CURRENT_CALLER.reset(current)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
