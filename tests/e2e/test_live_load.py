@@ -13,7 +13,7 @@ import gc
 import logging
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -77,26 +77,53 @@ class Record:
 INF = float("inf")
 
 
-async def client_loop(client: Client, record: Record, done: asyncio.Event, offset: int
-                      ) -> None:
+class Pause:
+    """Holds the clients between two rounds of requests, so memory is measured with no
+    request in flight (in-flight requests are not growth)."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.go.set()
+        self.busy = 0
+
+    async def quiet(self) -> None:
+        self.go.clear()
+        for _ in range(1000):  # bounded: a round of requests takes milliseconds
+            if self.busy == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the clients did not pause")
+
+
+async def client_loop(client: Client, record: Record, done: asyncio.Event, offset: int,
+                      pause: Pause) -> None:
     for index in range(100_000):  # bounded; ends when the changes are done
+        await asyncio.wait_for(pause.go.wait(), 60)
         if done.is_set():
             return
-        name = CHURN[(index + offset) % len(CHURN)]
-        await client.list_tools()
-        for kind, not_found in (("call", f"Unknown tool: '{name}'"),
-                                ("read", f"Resource not found: '{schema_uri(name)}'"),
-                                ("render", f"Unknown prompt: '{name}'")):
-            started = time.monotonic()
-            try:
-                await request(client, kind, name)
-                served = True
-            except (MCPError, ToolError) as error:
-                message = error.error.message if isinstance(error, MCPError) else str(error)
-                if message != not_found:
-                    record.errors.append(f"{kind} {name}: {message}")
-                served = False
-            record.outcomes.append((name, kind, started, time.monotonic(), served))
+        pause.busy += 1
+        try:
+            await one_round(client, record, CHURN[(index + offset) % len(CHURN)])
+        finally:
+            pause.busy -= 1
+
+
+async def one_round(client: Client, record: Record, name: str) -> None:
+    """List, then call, read and render ``name``, recording each outcome."""
+    await client.list_tools()
+    for kind, not_found in (("call", f"Unknown tool: '{name}'"),
+                            ("read", f"Resource not found: '{schema_uri(name)}'"),
+                            ("render", f"Unknown prompt: '{name}'")):
+        started = time.monotonic()
+        try:
+            await request(client, kind, name)
+            served = True
+        except (MCPError, ToolError) as error:
+            message = error.error.message if isinstance(error, MCPError) else str(error)
+            if message != not_found:
+                record.errors.append(f"{kind} {name}: {message}")
+            served = False
+        record.outcomes.append((name, kind, started, time.monotonic(), served))
 
 
 async def request(client: Client, kind: str, name: str) -> None:
@@ -109,10 +136,10 @@ async def request(client: Client, kind: str, name: str) -> None:
 
 
 async def change_flows(registry: FlowRegistry, record: Record,
-                       measure: Callable[[], None]) -> None:
+                       measure: Callable[[], Awaitable[None]]) -> None:
     for cycle in range(CYCLES):
         if cycle == WARM_UP:
-            measure()
+            await measure()
         name = CHURN[cycle % len(CHURN)]
         record.live[name][-1][1] = time.monotonic()  # retirement begins
         registry.set_lifecycle(name, "archived")
@@ -147,14 +174,17 @@ async def test_clients_under_load_while_flows_change(caplog: pytest.LogCaptureFi
     notices: list[list[float]] = [[] for _ in range(8)]
     done = asyncio.Event()
     memory: list[tracemalloc.Snapshot] = []
+    pause = Pause()
 
-    def measure() -> None:
+    async def measure() -> None:
+        await pause.quiet()
         # Everything allocated, but by this test's own records of what happened and by
         # the test harness (pytest's captures, warning registries, tracebacks it keeps).
         gc.collect()
         memory.append(tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, tracemalloc.__file__),
              *(tracemalloc.Filter(False, pattern) for pattern in HARNESS)]))
+        pause.go.set()
 
     def heard(slot: int) -> Callable[[Any], Any]:
         async def handler(message: Any) -> None:
@@ -181,12 +211,12 @@ async def test_clients_under_load_while_flows_change(caplog: pytest.LogCaptureFi
                     Client(server.fastmcp, mode=mode, message_handler=handler)))
             listeners = [asyncio.create_task(stream(clients[slot], slot))
                          for slot in range(4, 8)]
-            loops = [asyncio.create_task(client_loop(client, record, done, slot))
+            loops = [asyncio.create_task(client_loop(client, record, done, slot, pause))
                      for slot, client in enumerate(clients)]
             await asyncio.sleep(0.2)  # the listen streams are acknowledged
             await change_flows(registry, record, measure)
             await asyncio.sleep(NOTICE_BOUND)  # the last notices arrive
-            measure()
+            await measure()
             done.set()
             await asyncio.wait_for(asyncio.gather(*loops), 60)
             for listener in listeners:
