@@ -15,6 +15,11 @@ to does, through its ``exit_stack``, closed when the connection ends.
 The low-level server's ``get_tool_input_schema`` (what the SDK checks ``Mcp-Param-*``
 headers against) has no public setter, and the level a 2025-11-25 client set with
 ``logging/setLevel`` is kept in a private map: a run's log messages honour it.
+
+Background tasks (the ``tasks`` extra): fastmcp-tasks keeps the running Docket on the
+server, and a worker enters the server's lifespan without a transport, as
+fastmcp-tasks' own worker CLI does (both guarded by
+tests/mcp/test_tasks.py::test_the_private_fastmcp_entry_points_used_for_tasks_still_exist).
 """
 
 from __future__ import annotations
@@ -62,3 +67,13 @@ def session_log_level(ctx: Any) -> str | None:
 
     levels: dict[Any, str] = ctx.fastmcp._client_log_levels
     return levels.get(_log_level_session_key(ctx.session))
+
+
+def running_docket(server: FastMCP) -> Any:
+    """The Docket fastmcp-tasks started for ``server`` (None: not running)."""
+    return server._docket
+
+
+def lifespan_manager(server: FastMCP) -> Any:
+    """``server``'s lifespan (Docket and its task worker), entered without a transport."""
+    return server._lifespan_manager()

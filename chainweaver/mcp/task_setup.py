@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import ExposureConfigError
 from ..flows import TASK_MODES
 from .config import SecurityConfig, check_seconds, check_text
+from .fastmcp_seams import lifespan_manager
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -95,10 +96,10 @@ def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig
 def worker_lifespan(fastmcp: FastMCP) -> AbstractAsyncContextManager[Any]:
     """The server's lifespan without a transport: starts Docket and its task worker.
 
-    The one private FastMCP entry point used for tasks (``fastmcp-tasks``' own worker
-    CLI uses it the same way); tests/mcp/test_tasks.py fails loudly if it moves.
+    A private FastMCP entry point (``fastmcp-tasks``' own worker CLI uses it the same
+    way), reached through :mod:`.fastmcp_seams`.
     """
-    return cast("AbstractAsyncContextManager[Any]", fastmcp._lifespan_manager())
+    return cast("AbstractAsyncContextManager[Any]", lifespan_manager(fastmcp))
 
 
 def _set_encryption_key(key: str) -> None:

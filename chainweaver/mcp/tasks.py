@@ -69,6 +69,7 @@ from pydantic import PrivateAttr
 from ..run_events import RunObserver
 from ..runner import StepRecord
 from .exposure import ExposedFlow
+from .fastmcp_seams import running_docket
 from .flow_tool import FlowTool
 from .hooks import AuditEvent, AuditHook
 from .views import current_caller
@@ -373,9 +374,7 @@ def runner_key() -> str:
 
 
 def _server_docket(server: FastMCP) -> Docket | None:
-    # The one private attribute used here: fastmcp-tasks' lifespan keeps the running
-    # Docket on the server (tests/mcp/test_tasks.py fails loudly if that moves).
-    return server._docket
+    return cast("Docket | None", running_docket(server))
 
 
 def _requested_version(params: mcp_types.CallToolRequestParams) -> VersionSpec | None:

@@ -37,6 +37,7 @@ from chainweaver.mcp import (
     SecurityConfig,
     TaskSettings,
 )
+from chainweaver.mcp.fastmcp_seams import lifespan_manager, running_docket
 from chainweaver.mcp.provider import FlowProvider
 from chainweaver.mcp.tasks import RUNNER_NAME, effective_idempotent
 from chainweaver.registry import FlowRegistry
@@ -420,12 +421,14 @@ async def test_the_runner_is_never_a_published_tool() -> None:
 
 @pytest.mark.anyio
 async def test_the_private_fastmcp_entry_points_used_for_tasks_still_exist() -> None:
-    # tasks.py reads the running Docket from server._docket and task_setup.py enters
+    # fastmcp_seams reads the running Docket (server._docket) and enters
     # FastMCP._lifespan_manager() for workers: fail loudly when FastMCP moves them.
     flow_server = server()
     assert hasattr(flow_server.fastmcp, "_lifespan_manager")
+    assert running_docket(flow_server.fastmcp) is None  # not started yet
     async with Client(flow_server.fastmcp):
-        assert flow_server.fastmcp._docket is not None
+        assert running_docket(flow_server.fastmcp) is not None
+    assert callable(getattr(lifespan_manager(flow_server.fastmcp), "__aenter__", None))
 
 
 # ---------------------------------------------------------------- configuration
