@@ -193,6 +193,18 @@ def raised(what: str, error: BaseException, **where: Any) -> StepFailed:
 # ------------------------------------------------------------------ the step runner
 
 
+def _begin(state: RunState, planned: PlannedStep) -> tuple[StepRecord, float]:
+    """Record that ``planned`` starts (telling the observer); its start time."""
+    record = StepRecord(planned.index, planned.step.name, None, None, None, 0.0, planned.id)
+    state.records[planned.position] = record
+    state.started += 1
+    if state.observer is not None:
+        notify(state.observer.step_started, record)
+    started = perf_counter()
+    record.started_ms = (started - state.begun) * 1000
+    return record, started
+
+
 def run_plain_step(state: RunState, planned: PlannedStep) -> None:
     """:func:`run_step` for a plain step (``planned.plain``) in the sync lane.
 
@@ -201,14 +213,8 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
     """
     tool = planned.tool
     assert tool is not None
-    record = StepRecord(planned.index, planned.step.name, None, None, None, 0.0, planned.id)
-    state.records[planned.position] = record
-    state.started += 1
+    record, started = _begin(state, planned)
     observer = state.observer
-    if observer is not None:
-        notify(observer.step_started, record)
-    started = perf_counter()
-    record.started_ms = (started - state.begun) * 1000
     try:
         arguments = _gather(state, planned, planned.sources)
         record.inputs = arguments
@@ -232,14 +238,8 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
 def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, None]:
     """Run one step of ``state``'s plan, yielding tool calls, sleeps and sub-flow runs."""
     step = planned.step
-    record = StepRecord(planned.index, step.name, None, None, None, 0.0, planned.id)
-    state.records[planned.position] = record
-    state.started += 1
+    record, started = _begin(state, planned)
     observer = state.observer
-    if observer is not None:
-        notify(observer.step_started, record)
-    started = perf_counter()
-    record.started_ms = (started - state.begun) * 1000
     try:
         if planned.condition is not None and not _condition_holds(state, planned):
             record.status = "skipped"
