@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from typing import Any
 
 from . import __version__
@@ -134,17 +135,6 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
                             "this long (default: 300)")
 
 
-def _non_negative_int(text: str) -> int:
-    """argparse type for a count that may be 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
 def _add_http_options(parser: argparse.ArgumentParser) -> None:
     """Options that only streamable HTTP uses. Their defaults are applied after parsing
     (see http_defaults), so that giving one with stdio can be told apart and refused."""
@@ -230,14 +220,24 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number > 0")
-    return value
+def _whole_number(minimum: int) -> Callable[[str], int]:
+    """argparse type for a whole number of at least ``minimum`` (0 or 1)."""
+    bound = "> 0" if minimum == 1 else f">= {minimum}"
+
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number {bound}")
+        return value
+
+    return check
+
+
+_positive_int = _whole_number(1)
+_non_negative_int = _whole_number(0)
 
 
 def _header_value(setting: str) -> Any:
