@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_common import ignore_log
 from pydantic import BaseModel, Field
 
 HOST = "127.0.0.1"  # loopback only
@@ -54,10 +55,6 @@ class Quote(BaseModel):
     sku: str
     total_cents: int
 
-
-async def _ignore_log(message: object) -> None:
-    """Drop a run's log message: the server sends it (measured); the client's default
-    handler would render it with rich, which is the client's cost, not the server's."""
 
 
 async def quote(data: QuoteInput) -> Quote:
@@ -150,7 +147,7 @@ async def load(url: str, bearer: list[str], clients: int, count: int, seconds: f
     async def worker(token: str) -> None:
         nonlocal errors
         transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
-        async with Client(transport, mode=mode, log_handler=_ignore_log) as client:
+        async with Client(transport, mode=mode, log_handler=ignore_log) as client:
             while time.perf_counter() < deadline:
                 n = next(issued)
                 if n >= count:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench_common import ignore_log
 from fastmcp import Client
 from mcp import MCPError
 from pydantic import BaseModel
@@ -70,9 +71,6 @@ def caller(context: GateContext) -> CallerIdentity:
     return CallerIdentity("sam", {"teams": ["team-0"]}, subject="sam")
 
 
-async def _ignore_log(message: object) -> None:
-    """Drop the visible flow's run log messages (the client's rendering is not timed)."""
-
 
 async def timed(request: Callable[[], Awaitable[Any]], number: int) -> float:
     """Median microseconds of ``number`` requests (a refusal counts as an answer)."""
@@ -112,7 +110,7 @@ async def main(chunks: int, number: int) -> None:
                         security=SecurityConfig(authenticator=caller),
                         visible=visible_claim("teams"))
     targets = {"visible": "flow_000", "hidden": "flow_001", "never existed": "flow_zzz"}
-    async with Client(server.fastmcp, log_handler=_ignore_log) as client:
+    async with Client(server.fastmcp, log_handler=ignore_log) as client:
         kinds = {label: requests(client, name) for label, name in targets.items()}
         for label in targets:  # warm: views, components and caches built once
             for request in kinds[label].values():

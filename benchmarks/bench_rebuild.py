@@ -26,6 +26,7 @@ import statistics
 import threading
 import time
 
+from bench_common import ignore_log
 from bench_server import build_executor, fmt
 from fastmcp import Client
 
@@ -68,10 +69,6 @@ def bench_rebuild(size: int, repeats: int) -> None:
           f"({best(rebuilds) / base:6.3f}x)", flush=True)
 
 
-async def _ignore_log(message: object) -> None:
-    """Drop a run's log message: the server sends it (measured); the client's default
-    handler would render it with rich, which is the client's cost, not the server's."""
-
 
 async def drive(clients: list[Client], requests: int) -> list[float]:
     """``requests`` calls and reads spread over the clients; per-request seconds."""
@@ -106,7 +103,7 @@ async def bench_requests(size: int, requests: int, rounds: int) -> None:
     server = FlowServer(build_executor(size), expose_schemas=True)
     server.exposure_report()
     results: dict[str, list[float]] = {"quiet": [], "during rebuilds": []}
-    clients = [Client(server.fastmcp, log_handler=_ignore_log) for _ in range(CLIENTS)]
+    clients = [Client(server.fastmcp, log_handler=ignore_log) for _ in range(CLIENTS)]
     changes = 0
     for client in clients:
         await client.__aenter__()

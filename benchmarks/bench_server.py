@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from itertools import cycle
 from typing import Any, Literal
 
+from bench_common import ignore_log
 from fastmcp import Client, FastMCP
 from fastmcp.prompts.base import Message
 from fastmcp.prompts.function_prompt import FunctionPrompt
@@ -437,9 +438,6 @@ async def bench_first_lists(executor: FlowExecutor, flows: int, repeats: int,
     return rows
 
 
-async def _ignore_log(message: object) -> None:
-    """A client log handler that drops the message."""
-
 
 async def bench_call(flows: int, number: int, repeats: int, base: Client,
                      tool: str) -> list[Row]:
@@ -454,9 +452,9 @@ async def bench_call(flows: int, number: int, repeats: int, base: Client,
     loud = FlowServer(build_executor(1))
     # Printing log messages (the client's default handler renders each with rich) is the
     # client's work, not the server's: dropped.
-    async with Client(small.fastmcp, log_handler=_ignore_log) as c1, \
-            Client(large.fastmcp, log_handler=_ignore_log) as c2, \
-            Client(loud.fastmcp, log_handler=_ignore_log) as c3:
+    async with Client(small.fastmcp, log_handler=ignore_log) as c1, \
+            Client(large.fastmcp, log_handler=ignore_log) as c2, \
+            Client(loud.fastmcp, log_handler=ignore_log) as c3:
         results = [await c.call_tool(tool, ARGUMENTS) for c in (c1, c2, c3, base)]
         for result in results[:3]:
             assert result.structured_content == results[3].structured_content, results

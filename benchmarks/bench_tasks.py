@@ -12,7 +12,8 @@ Sections, each against a baseline measured in the same run:
    throughput scales with workers. The replica's creation rate is printed too.
    Needs ``redis-server`` (a private one on a random loopback port is started).
 4. Start-up with tasks: ``FlowServer(tasks="memory://")`` built and a client connected
-   (Docket started), over a large catalogue against 100 flows: it must not grow.
+   (Docket started), over a large catalogue against 100 flows, and against the same
+   catalogue without tasks: tasks must add nothing that grows with the catalogue.
 
 Each task's last step counts itself (in Redis for section 3), so completion is seen
 when it happens, not when a client happens to poll. This file is also the ``--tools``
@@ -37,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench_common import ignore_log
 from pydantic import BaseModel
 
 from chainweaver import SideEffectLevel, ToolSafetyContract, tool
@@ -162,7 +164,8 @@ async def handle_latency(flows: Path, calls: int) -> float:
     # Enqueue only: the handle's cost alone, not runs of earlier tasks in this process.
     tasked = build_server(flows, "memory://", task_mode="optional",
                           task_settings=TaskSettings(concurrency=0))
-    async with Client(plain.fastmcp) as p, Client(tasked.fastmcp) as t:
+    async with Client(plain.fastmcp, log_handler=ignore_log) as p, \
+            Client(tasked.fastmcp, log_handler=ignore_log) as t:
         await p.call_tool("bench_task", {"n": 1})
         await call_tool_task(t, "bench_task", {"n": 1})
         os.environ["BENCH_SLEEP"] = "0"  # the plain call: no simulated wait
@@ -189,7 +192,8 @@ async def memory_throughput(flows: Path, total: int) -> float:
     print(f"== 2. {total} short tasks in memory (50 at a time), vs {total} plain calls ==")
     plain = build_server(flows, "memory://", task_mode="forbidden")
     tasked = build_server(flows, "memory://", task_mode="optional")
-    async with Client(plain.fastmcp) as p, Client(tasked.fastmcp) as t:
+    async with Client(plain.fastmcp, log_handler=ignore_log) as p, \
+            Client(tasked.fastmcp, log_handler=ignore_log) as t:
         started = time.perf_counter()
         await bounded(total, 50, lambda i: p.call_tool("bench_task", {"n": i}))
         base = time.perf_counter() - started
@@ -264,7 +268,7 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float
         return int(await store.get("bench:done") or 0)
 
     try:
-        async with Client(replica.fastmcp) as client:
+        async with Client(replica.fastmcp, log_handler=ignore_log) as client:
             # Warm up: every worker has started and run something.
             await store.set("bench:go", 1)
             await bounded(workers * 20, 20, lambda i: call_tool_task(client, "bench_task",
@@ -292,30 +296,43 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float
     return total / elapsed
 
 
-async def startup(large: int) -> float:
+async def startup(large: int) -> tuple[float, float]:
+    """Best start (build + connect) of each catalogue size, with and without tasks, taken
+    in turns; returns (large / 100 flows with tasks, with / without tasks at large)."""
     from fastmcp import Client
 
     from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
     from chainweaver.mcp import FlowServer
 
     print(f"== 4. Start with tasks: build + connect, {large} flows vs 100 flows ==")
-    best = {}
+    executors = {}
     for flows in (100, large):
         executor = FlowExecutor(FlowRegistry())
         executor.register_tool(bench_first)
         for index in range(flows):
             executor.registry.register_flow(Flow(f"f{index:05d}", "d", [FlowStep("bench_first")]))
-        times = []
-        for _ in range(5):
+        executors[flows] = executor
+    cases = [(flows, tasks) for flows in (100, large) for tasks in (None, "memory://")]
+    times: dict[tuple[int, str | None], list[float]] = {case: [] for case in cases}
+    for _ in range(9):  # in turns, so noise (and the collector) hits every case
+        for flows, tasks in cases:
             started = time.perf_counter()
-            async with Client(FlowServer(executor, tasks="memory://").fastmcp):
+            async with Client(FlowServer(executors[flows], tasks=tasks).fastmcp):
                 pass
-            times.append(time.perf_counter() - started)
-        best[flows] = min(times)
-        print(row(f"{flows} flows", times))
-    ratio = best[large] / best[100]
-    print(f"  {large} flows / 100 flows (best): {ratio:.2f}x")
-    return ratio
+            times[flows, tasks].append(time.perf_counter() - started)
+    for flows, tasks in cases:
+        label = f"{flows} flows, {'tasks' if tasks else 'no tasks'}"
+        print(row(label, times[flows, tasks]))
+    best = {case: min(values) for case, values in times.items()}
+    growth = best[large, "memory://"] / best[100, "memory://"]
+    added = best[large, "memory://"] / best[large, None]
+    print(f"  with tasks, {large} flows / 100 flows (best): {growth:.2f}x")
+    print(f"  {large} flows, with tasks / without (best): {added:.2f}x")
+    extra = {flows: (best[flows, "memory://"] - best[flows, None]) * 1000
+             for flows in (100, large)}
+    print(f"  what tasks add to start (best): {extra[100]:.2f} ms at 100 flows, "
+          f"{extra[large]:.2f} ms at {large}")
+    return growth, added
 
 
 async def main() -> None:
@@ -331,13 +348,14 @@ async def main() -> None:
     handle = await handle_latency(flows, args.calls)
     memory = await memory_throughput(flows, args.tasks)
     scale = None if args.no_redis else await redis_throughput(flows, args.tasks)
-    start = await startup(2000 if args.quick else 20000)
+    growth, added = await startup(2000 if args.quick else 20000)
     print("== Summary ==")
     print(f"  task handle / plain call: {handle:.2f}x")
     print(f"  in-memory tasks vs plain calls (throughput): {memory:.2f}")
     if scale is not None:
         print(f"  Redis, 2 workers / 1 worker (throughput): {scale:.2f}x")
-    print(f"  start with tasks, large catalogue / 100 flows: {start:.2f}x")
+    print(f"  start with tasks, large catalogue / 100 flows: {growth:.2f}x")
+    print(f"  start, large catalogue, with tasks / without: {added:.2f}x")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_common import ignore_log
 from pydantic import BaseModel, Field
 
 HOST = "127.0.0.1"  # loopback only
@@ -87,10 +88,6 @@ def search(data: SearchInput) -> SearchOutput:
     items = [f"{data.query} #{i}" for i in range(min(data.limit, 3))]
     return SearchOutput(items=items, total=len(items))
 
-
-async def _ignore_log(message: object) -> None:
-    """Drop a run's log message: the server sends it (measured); the client's default
-    handler would render it with rich, which is the client's cost, not the server's."""
 
 
 async def quote(data: QuoteInput) -> Quote:
@@ -271,7 +268,7 @@ async def load(url: str, kind: str, clients: int, count: int, seconds: float,
     async def worker() -> None:
         nonlocal errors
         transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {TOKEN}"})
-        async with Client(transport, mode=mode, log_handler=_ignore_log) as client:
+        async with Client(transport, mode=mode, log_handler=ignore_log) as client:
             while time.perf_counter() < deadline:
                 n = next(issued)
                 if n >= count:

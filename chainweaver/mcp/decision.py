@@ -139,12 +139,6 @@ def _exclusion_reason(
             and policy.approval != "elicit":
         why = f" ({safety.approval_reason})" if safety.approval_reason else ""
         return f"requires approval{why} and allow_requires_approval is false"
-    if safety.requires_approval and policy.approval == "elicit" \
-            and task_mode(policy, flow) == "required":
-        # Asking inside a background task (input_required through tasks/update) is
-        # not supported yet: such a flow could never run.
-        return ("it runs only as a background task and asks for approval, which a "
-                "background task cannot do yet")
     return None
 
 
@@ -264,7 +258,5 @@ def _exposed_flow(
     uri = schema_uri(tool_name) if expose_schemas else None
     needs_approval = policy.approval == "elicit" and approval_request(plan) is not None
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
-                          invocation, needs_approval,
-                          # A run that asks for approval runs in the request only.
-                          "forbidden" if needs_approval else task_mode(policy, flow))
+                          invocation, needs_approval, task_mode(policy, flow))
     return exposed, tuple(overridden)

@@ -10,6 +10,7 @@ keeps construction linear and cheap and lookups O(1). Server start builds none:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import mcp_types
@@ -33,6 +34,12 @@ from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
 from .runs import RunSettings
 from .views import View, Views
+
+# True only while fastmcp-tasks' ``tasks/get`` builds a finished flow task's result: it
+# looks up the task's component by name, and for every flow task that is the one task
+# runner. Nothing else resolves the runner, so no client can list or call it (tasks.py).
+RESOLVING_TASK_RESULT: ContextVar[bool] = ContextVar("chainweaver_resolving_task_result",
+                                                     default=False)
 
 
 def _version_ok(version: VersionSpec | None, exposed: ExposedFlow | None) -> bool:
@@ -94,7 +101,7 @@ class FlowProvider(Provider):
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
         # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks).
-        self.task_runner: FastMCPComponent | None = None
+        self.task_runner: Tool | None = None
 
     def __repr__(self) -> str:
         return f"FlowProvider(prefix={self.exposure.policy.server_prefix!r})"
@@ -157,6 +164,9 @@ class FlowProvider(Provider):
                 for exposed in view.select(self.exposure.tools.values(), _itself)]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        runner = self.task_runner
+        if runner is not None and name == runner.name and RESOLVING_TASK_RESULT.get():
+            return runner
         exposed = self.exposure.tool(name)
         if not self.view().allows(exposed) or not _version_ok(version, exposed):
             return None

@@ -20,6 +20,7 @@ import json
 import logging
 import secrets
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -240,18 +241,25 @@ def approval_message(request: ApprovalRequest, tool_name: str) -> str:
             f"{request.side_effects!r} and which requires approval.{reason} Approve?")
 
 
+# Records the user's answer for one step: (step_id, answer), answer as Approval.outcome.
+ApprovalAudit = Callable[[str, str], Awaitable[None]]
+
+
 class Approval:
     """The ``approve`` hook of one call: asks the client's user, audits the answer.
 
     On 2026-07-28 (and in a background task) the first round cannot wait for the
     user: it sets :attr:`ask` (an ``input_required`` result for the tool to return)
-    and refuses; the client's retry carries the answer and the signed state.
+    and refuses. The client's retry carries the answer and the signed state; in a
+    task, ``tasks/update`` carries the answer and the next leg reads both.
     """
 
-    def __init__(self, ctx: Context, tool_name: str, settings: RunSettings) -> None:
+    def __init__(self, ctx: Context, tool_name: str, settings: RunSettings,
+                 audit: ApprovalAudit | None = None) -> None:
         self._ctx = ctx
         self._name = tool_name
         self._settings = settings
+        self._audit = audit or audit_approval  # the gate's, or a background task's
         self.ask: mcp_types.InputRequiredResult | None = None
         self.outcome = "not_asked"  # accept, decline, cancel, no_answer, unavailable, ...
 
@@ -266,7 +274,7 @@ class Approval:
         if answer is None:  # asked through input_required: decided on the retry
             return False
         self.outcome = answer
-        await audit_approval(request.step_id, answer)
+        await self._audit(request.step_id, answer)
         return answer == "accept"
 
     async def _elicit(self, request: ApprovalRequest) -> str:
@@ -306,7 +314,10 @@ class Approval:
                         requested_schema=APPROVAL_SCHEMA))},
                 request_state=self._mint(request))
             return None
-        if not self._verify(state, request):
+        # A background task's state never leaves the server (fastmcp-tasks keeps it with
+        # the task; the client answers by key), and the next leg may run on a worker
+        # with other secrets: there only the binding is checked.
+        if not self._verify(state, request, signed=not ctx.is_background_task):
             return "invalid_state"
         response = (ctx.input_responses or {}).get(APPROVAL_KEY)
         if not isinstance(response, mcp_types.ElicitResult):
@@ -333,10 +344,11 @@ class Approval:
                            secrets.token_hex(8)], separators=(",", ":"))
         return f"{body}|{self._sign(body)}"
 
-    def _verify(self, state: str, request: ApprovalRequest) -> bool:
+    def _verify(self, state: str, request: ApprovalRequest, *, signed: bool = True) -> bool:
         body, _, signature = state.rpartition("|")
-        if not any(hmac.compare_digest(signature, self._sign(body, secret))
-                   for secret in self._settings.secrets):
+        if signed and not any(
+                hmac.compare_digest(signature, self._sign(body, secret))
+                for secret in self._settings.secrets):
             return False
         try:
             flow, version, step, _ = json.loads(body)

@@ -11,8 +11,12 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
 - **Creation through the exposure and the gate.** :class:`FlowTasksExtension` decides
   a ``tools/call`` after the gate (FastMCP runs extensions after middleware) and only for
   a tool the provider resolves, so a hidden flow is refused exactly like an unknown tool.
-  The task is stored under the flow tool's key, scoped to the caller (``client_id|sub``),
-  as ``fastmcp-tasks`` does for its own tools, so ``tasks/get`` inlines the flow's result.
+  The task is stored as ``fastmcp-tasks`` stores its own (scoped to the token's
+  ``client_id|sub``), under the runner's key, so its ``tasks/get``, ``tasks/update``
+  and ``tasks/cancel`` serve flow tasks unchanged.
+- **Approval inside a task.** A flow that asks for approval returns the ask from its
+  first leg (no step has run); ``fastmcp-tasks`` parks the task ``input_required``,
+  and ``tasks/update`` enqueues the runner again with the answer (the next leg).
 - **Tasks answer their creator, in its view.** The gate's caller id is stored with the
   task; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` (gated like lists) answer
   only that caller, and only while the flow version is published and in its view;
@@ -46,15 +50,22 @@ from docket.execution import Execution
 from fastmcp.dependencies import CurrentContext
 from fastmcp.server.context import Context
 from fastmcp.server.extensions import MethodBinding
+from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from fastmcp.tools.base import Tool as FastMCPTool
-from fastmcp.tools.base import ToolResult
 from fastmcp.utilities.tasks import TASKS_EXTENSION_ID, TaskConfig
 from fastmcp.utilities.versions import VersionSpec
 from fastmcp_tasks import TasksExtension
 from fastmcp_tasks.context import TaskContextSnapshot, get_task_scope, register_task_server
 from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS
 from fastmcp_tasks.dependencies import CurrentDocket
-from fastmcp_tasks.input_store import load_task_args, save_current_leg, save_task_args
+from fastmcp_tasks.input_store import (
+    is_cancelled,
+    load_current_leg,
+    load_task_args,
+    read_outstanding_inputs,
+    save_current_leg,
+    save_task_args,
+)
 from fastmcp_tasks.keys import build_task_key, task_redis_prefix
 from fastmcp_tasks.models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -72,6 +83,7 @@ from .exposure import ExposedFlow
 from .fastmcp_seams import running_docket
 from .flow_tool import FlowTool
 from .hooks import AuditEvent, AuditHook
+from .provider import RESOLVING_TASK_RESULT
 from .views import current_caller
 
 if TYPE_CHECKING:
@@ -89,7 +101,7 @@ RUNNER_NAME = "chainweaver.flow_task"
 DURABLE_WAIT_SECONDS = 5.0
 # The keys of a flow task's stored payload (see FlowTaskRunner).
 FLOW_PAYLOAD = frozenset({"tool", "version", "arguments"})
-TaskStatus = Literal["working", "completed", "failed", "cancelled"]
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 
 
 def effective_idempotent(exposed: ExposedFlow) -> bool:
@@ -104,10 +116,11 @@ class TaskAudit:
         self.hook = hook
         self.timeout = timeout
 
-    async def record(self, exposed: ExposedFlow, task_id: str, status: str,
+    async def record(self, exposed: ExposedFlow, task_id: str, status: TaskStatus,
                      caller_id: str | None, *,
-                     phase: Literal["decision", "state", "completed"] = "state",
-                     reason: str = "ok", result: ToolResult | None = None) -> None:
+                     phase: Literal["decision", "state", "completed", "approval"] = "state",
+                     reason: str = "ok", result: ToolResult | None = None,
+                     step_id: str | None = None) -> None:
         if self.hook is None:
             return
         digest = length = None
@@ -120,9 +133,10 @@ class TaskAudit:
         event = AuditEvent(
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
-            caller_id=caller_id, decision="allowed", reason=reason, outcome=outcome,
-            result_sha256=digest, result_length=length, task_id=task_id,
-            task_status=status)
+            caller_id=caller_id,
+            decision="denied" if phase == "approval" and reason != "accept" else "allowed",
+            reason=reason, outcome=outcome, result_sha256=digest, result_length=length,
+            task_id=task_id, task_status=status, step_id=step_id)
         try:
             value = self.hook(event)
             if inspect.isawaitable(value):
@@ -135,8 +149,8 @@ class FlowTaskRunner(FastMCPTool):
     """The one component Docket registers: runs the exposed flow its payload names.
 
     The payload is ``{"tool": published name, "version": flow version, "arguments":
-    {...}, "caller": the gate's caller id}``, written by
-    :meth:`FlowTasksExtension.create`.
+    {...}, "caller": the gate's caller id, "approval": whether the flow asks for
+    approval where the task was created}``, written by :meth:`FlowTasksExtension.create`.
     """
 
     _provider: FlowProvider = PrivateAttr()
@@ -164,6 +178,13 @@ class FlowTaskRunner(FastMCPTool):
             raise MCPError(code=INTERNAL_ERROR, message=(
                 f"flow {arguments['tool']!r} version {arguments['version']} is no longer "
                 "published here; the task did not run"))
+        if arguments.get("approval") and not exposed.needs_approval:
+            # A worker whose policy differs (no --approval elicit, but
+            # --allow-requires-approval) would otherwise run it without asking.
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"flow {arguments['tool']!r} asks for approval where the task was created, "
+                "but not on this worker (start it with --approval elicit); the task did "
+                "not run"))
         if not await _first_run(docket, execution.key) and not effective_idempotent(exposed):
             reason = (f"the worker running flow {exposed.flow.name!r} stopped during the run, "
                       "and the flow is not idempotent (by its effective safety), so it was "
@@ -174,13 +195,25 @@ class FlowTaskRunner(FastMCPTool):
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
         reports = _StepReports(ctx)
+
+        async def audit_answer(step_id: str, answer: str) -> None:
+            await self._audit.record(exposed, task_id, "working", caller_id,
+                                     phase="approval", reason=answer, step_id=step_id)
+
         try:
-            result = await tool.run_flow(arguments["arguments"], ctx, status=reports)
+            result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
+                                         audit_approval=audit_answer)
         except asyncio.CancelledError:
             await self._audit.record(exposed, task_id, "cancelled", caller_id)
             raise
         finally:
             await reports.drain()
+        if isinstance(result, InputRequiredToolResult):
+            # The flow asks for approval before any step runs. fastmcp-tasks' wrapper
+            # keeps the ask with the task (input_required) and ends this leg; the
+            # client's tasks/update enqueues the runner again, carrying the answer.
+            await self._audit.record(exposed, task_id, "input_required", caller_id)
+            return result
         await self._audit.record(exposed, task_id, "completed", caller_id,
                                  phase="completed", result=result)
         return result
@@ -288,11 +321,15 @@ class FlowTasksExtension(TasksExtension):
         the one runner. Returns once ``tasks/get`` resolves the task on any replica.
         """
         docket = self.docket
+        runner = self.runner
         exposed = tool.exposed
         scope = get_task_scope()
         task_id = secrets.token_urlsafe(32)
         created_at = datetime.now(timezone.utc).isoformat()
-        task_key = build_task_key(scope, task_id, "tool", tool.key)
+        # Under the runner's key: fastmcp-tasks re-enters an answered task (tasks/update)
+        # through the component registered with Docket under the task's key, and builds a
+        # finished task's result through the tool of that name (see RESOLVING_TASK_RESULT).
+        task_key = build_task_key(scope, task_id, "tool", runner.key)
         ttl_ms = int(docket.execution_ttl.total_seconds() * 1000)
         ttl = ttl_ms // 1000 + TASK_MAPPING_TTL_BUFFER_SECONDS
         poll_ms = int(tool.task_config.poll_interval.total_seconds() * 1000)
@@ -301,7 +338,7 @@ class FlowTasksExtension(TasksExtension):
         # are refreshed) exactly as long as the task's other keys.
         caller_id = current_caller().id
         payload = {"tool": tool.name, "version": exposed.flow.version, "arguments": arguments,
-                   "caller": caller_id}
+                   "caller": caller_id, "approval": exposed.needs_approval}
         register_task_server(task_id, context.fastmcp)
         prefix = docket.key(f"{task_redis_prefix(scope)}:{task_id}")
         async with docket.redis() as redis:
@@ -312,7 +349,7 @@ class FlowTasksExtension(TasksExtension):
         await save_current_leg(docket, scope, task_id, task_key, 1, ttl)
         snapshot = TaskContextSnapshot.capture(owning_tool_name=tool.name)
         await snapshot.save(docket, scope, task_id, ttl)
-        await docket.add(runner_key(), key=task_key)(payload)
+        await docket.add(runner.key, key=task_key)(payload)
         await _wait_durable(docket, task_key)
         await self.audit.record(exposed, task_id, "working", caller_id, phase="decision",
                                 reason="created")
@@ -323,41 +360,72 @@ class FlowTasksExtension(TasksExtension):
     def methods(self) -> Sequence[MethodBinding]:
         """``tasks/get``, ``tasks/update`` and ``tasks/cancel``, answering only the
         caller that created a flow task, while the flow is in its view."""
-        return [dataclasses.replace(binding, handler=self._owned(binding.handler))
+        return [dataclasses.replace(binding, handler=self._owned(binding.method, binding.handler))
                 for binding in super().methods()]
 
-    def _owned(self, handler: Any) -> Any:
+    def _owned(self, method: str, handler: Any) -> Any:
         async def handle(ctx: Any, params: Any) -> Any:
             # The extension's own checks (capability, Mcp-Name header) come first, so
             # that another caller's task id and an id that never existed get past them
             # alike; fastmcp-tasks runs them again in ``handler`` (they are cheap).
             self._check_task_request(ctx, params.task_id)
-            await self.check_reachable(params.task_id)
+            exposed = await self.check_reachable(params.task_id)
+            if method == "tasks/get":
+                # fastmcp-tasks builds a finished task's result through the tool its key
+                # names: for a flow task, the runner, found by name only in here.
+                token = RESOLVING_TASK_RESULT.set(True)
+                try:
+                    return await handler(ctx, params)
+                finally:
+                    RESOLVING_TASK_RESULT.reset(token)
+            if method == "tasks/cancel" and exposed is not None:
+                return await self._cancel(exposed, params.task_id, handler, ctx, params)
             return await handler(ctx, params)
 
         return handle
 
-    async def check_reachable(self, task_id: str) -> None:
+    async def _cancel(self, exposed: ExposedFlow, task_id: str, handler: Any, ctx: Any,
+                      params: Any) -> Any:
+        """Cancel; audit it here when the task was waiting for an answer (no run is
+        under way to audit its own cancellation)."""
+        docket, scope = self.docket, get_task_scope()
+        _, leg = await load_current_leg(docket, scope, task_id)
+        waiting = bool(await read_outstanding_inputs(docket, scope, task_id, leg))
+        result = await handler(ctx, params)
+        if waiting and await is_cancelled(docket, scope, task_id):
+            await self.audit.record(exposed, task_id, "cancelled", current_caller().id)
+        return result
+
+    async def check_reachable(self, task_id: str) -> ExposedFlow | None:
         """Refuse a flow task the current caller may not reach, exactly like an unknown id.
 
         Reachable: created by this caller (the gate's caller id, stored with the task),
         and its flow version is still published and in the caller's view. A run already
-        under way finishes either way; only answers about it stop.
+        under way finishes either way; only answers about it stop. Returns the task's
+        exposed flow (None when the id names no flow task here: fastmcp-tasks answers).
         """
         docket = _server_docket(self.server)
         if docket is None:
-            return  # pragma: no cover - no request is served before the lifespan starts it
+            return None  # pragma: no cover - no request is served before the lifespan starts it
         payload = await load_task_args(docket, get_task_scope(), task_id)
         if not FLOW_PAYLOAD <= payload.keys():
             # No such task in this token scope (or not a flow task): fastmcp-tasks
             # answers it.
-            return
+            return None
         exposed = self.provider.exposure.tool(payload["tool"])
         if (payload.get("caller") != current_caller().id or exposed is None
                 or exposed.flow.version != payload.get("version")
                 or not self.provider.view().allows(exposed)):
             # The text fastmcp-tasks gives for a missing, expired or cross-scope id.
             raise MCPError(code=INVALID_PARAMS, message=f"Task {task_id} not found")
+        return exposed
+
+    @property
+    def runner(self) -> FastMCPTool:
+        """The one task function (registered with Docket from the provider's tasks)."""
+        runner = self.provider.task_runner
+        assert runner is not None  # set with this extension (task_setup.add_tasks)
+        return runner
 
     @property
     def docket(self) -> Docket:
@@ -366,11 +434,6 @@ class FlowTasksExtension(TasksExtension):
         if docket is None:
             raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
         return docket
-
-
-def runner_key() -> str:
-    """The Docket function name of the runner (its component key)."""
-    return f"{FlowTaskRunner.make_key(RUNNER_NAME)}@"
 
 
 def _server_docket(server: FastMCP) -> Docket | None:

@@ -24,6 +24,7 @@ FIGURES = [
     r"  in-memory tasks vs plain calls \(throughput\): \d+\.\d+",
     r"  Redis, 2 workers / 1 worker \(throughput\): \d+\.\d+x",
     r"  start with tasks, large catalogue / 100 flows: \d+\.\d+x",
+    r"  start, large catalogue, with tasks / without: \d+\.\d+x",
     r"  1 worker\(s\): +\d+\.\d tasks/s",
     r"  2 worker\(s\): +\d+\.\d tasks/s",
 ]

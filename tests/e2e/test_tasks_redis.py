@@ -55,8 +55,8 @@ def _command(command: str, queue: str, *options: str) -> list[str]:
     # 100 clients polling one replica at once need more than redis-py's default pool of
     # 100 connections (docs/tasks.md): without it some tasks/get fail with -32603.
     return [sys.executable, "-m", "chainweaver", command, str(FLOWS), "--tools", str(TOOLS),
-            "--side-effects", "read,write", "--tasks", f"{queue}?max_connections=1000",
-            *options]
+            "--side-effects", "read,write", "--approval", "elicit",
+            "--tasks", f"{queue}?max_connections=1000", *options]
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +127,13 @@ def handle(on: Client, task: ToolTask) -> ToolTask:
     return ToolTask(on, task._tool_name, task.create_result)
 
 
-async def update(on: Client, task_id: str) -> Any:
+async def update(on: Client, task_id: str, responses: dict[str, Any] | None = None) -> Any:
     """``tasks/update`` (no ToolTask method sends it: it answers an input request)."""
     import mcp_types
     from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
 
-    request = UpdateTaskRequest(params=UpdateTaskRequestParams(task_id=task_id,
-                                                               input_responses={}))
+    request = UpdateTaskRequest(params=UpdateTaskRequestParams(
+        task_id=task_id, input_responses=responses or {}))
     return await on.session.send_request(request, mcp_types.Result)
 
 
@@ -254,10 +254,34 @@ async def test_a_task_cancelled_on_one_replica_stops_on_the_worker(
     assert follow.status == "completed"  # and the worker keeps serving
 
 
+@pytest.mark.anyio
+async def test_an_approval_answered_on_another_replica_runs_on_another_worker(
+        replicas: list[int], workers: Workers, queue: str) -> None:
+    """The ask is kept in Redis, not in a process: the answer reaches the task through
+    either replica, and the answered leg runs on a worker that did not ask (whose
+    request-state secrets differ from the first worker's)."""
+    first = workers.start()
+    async with client(replicas[0]) as on_a, client(replicas[1]) as on_b:
+        task = await call_tool_task(on_a, "refund_order", {"order": "R-1"})
+        asked = await handle(on_b, task).wait(state="input_required", timeout=LIMIT)
+        assert asked.input_requests and count(queue, "refund:R-1") == 0
+        stop(first)
+        workers.start()
+        await update(on_b, task.task_id, {key: {"action": "accept",
+                                               "content": {"approve": True}}
+                                         for key in asked.input_requests})
+        done = await final(handle(on_a, task))
+        result = await handle(on_a, task).result()
+    assert done.status == "completed"
+    assert result.structured_content == {"order": "R-1", "count": 1}
+    assert count(queue, "refund:R-1") == 1
+
+
 # ------------------------------------------------ in process: FlowServer.run_worker_async
 
 
-def _in_process_server(queue: str, version: str, concurrency: int | None) -> Any:
+def _in_process_server(queue: str, version: str, concurrency: int | None,
+                       flows: tuple[str, ...] = ("report",), **options: Any) -> Any:
     import dataclasses
 
     sys.path.insert(0, str(TOOLS.parent))
@@ -268,13 +292,14 @@ def _in_process_server(queue: str, version: str, concurrency: int | None) -> Any
     from chainweaver.mcp import FlowServer, TaskSettings
 
     executor = FlowExecutor(FlowRegistry())
-    for tool in (task_tools.fetch, task_tools.enrich, task_tools.finish):
+    for tool in (task_tools.fetch, task_tools.enrich, task_tools.finish, task_tools.refund):
         executor.register_tool(tool)
-    for flow in load_flows(find_flow_files([FLOWS / "report.flow.yaml"]),
+    for flow in load_flows(find_flow_files([FLOWS / f"{name}.flow.yaml" for name in flows]),
                            tools=executor.tools):
         executor.registry.register_flow(dataclasses.replace(flow, version=version))
     return FlowServer(executor, tasks=queue,
-                      task_settings=TaskSettings(concurrency=concurrency, name="cw-inproc"))
+                      task_settings=TaskSettings(concurrency=concurrency, name="cw-inproc"),
+                      **options)
 
 
 @pytest.mark.anyio
@@ -296,3 +321,31 @@ async def test_a_worker_runs_only_the_flow_version_the_task_was_created_for(
             if expected == "failed":
                 assert done.status_message == ("flow 'report' version 1.0.0 is no longer "
                                                "published here; the task did not run")
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_would_not_ask_for_approval_does_not_run_the_task(
+        queue: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from chainweaver.mcp import ExposurePolicy
+
+    monkeypatch.setenv("CW_TASK_REDIS", queue)  # the tool counts its runs in Redis
+
+    write = ["read", "write"]
+    replica = _in_process_server(queue, "1.0.0", 0, ("refund",), approval="elicit",
+                                 policy=ExposurePolicy(allowed_side_effects=write))
+    careless = _in_process_server(queue, "1.0.0", None, ("refund",), policy=ExposurePolicy(
+        allowed_side_effects=write, allow_requires_approval=True))
+    async with Client(replica.fastmcp) as on_replica:
+        worker = asyncio.create_task(careless.run_worker_async())
+        try:
+            task = await call_tool_task(on_replica, "refund_order", {"order": "W-1"})
+            done = await final(task)
+        finally:
+            worker.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await worker
+    assert done.status == "failed"
+    assert done.status_message == (
+        "flow 'refund_order' asks for approval where the task was created, but not on "
+        "this worker (start it with --approval elicit); the task did not run")
+    assert count(queue, "refund:W-1") == 0

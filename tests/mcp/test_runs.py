@@ -448,6 +448,12 @@ def test_approval_state_is_bound_to_flow_version_and_step() -> None:
     stranger = Approval.__new__(Approval)
     stranger._settings = RunSettings(approval=True)  # another server's secret
     assert not stranger._verify(state, request)
+    # In a background task the state is the server's own (kept with the task, never
+    # sent to the client), and the answered leg may run on another worker: only what
+    # it is bound to is checked there.
+    assert stranger._verify(state, request, signed=False)
+    assert not stranger._verify(state, other, signed=False)
+    assert not stranger._verify("not|signed", request, signed=False)
 
 
 @pytest.mark.anyio

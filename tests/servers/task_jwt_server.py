@@ -28,7 +28,7 @@ def main() -> None:
     port, key = int(sys.argv[1]), Path(sys.argv[2]).read_text()
     executor = FlowExecutor(FlowRegistry())
     for tool in (task_tools.fetch, task_tools.enrich, task_tools.finish, task_tools.charge,
-                 task_tools.lookup):
+                 task_tools.lookup, task_tools.refund):
         executor.register_tool(tool)
     for flow in load_flows(find_flow_files([FLOWS]), tools=executor.tools):
         executor.registry.register_flow(flow)

@@ -18,6 +18,8 @@ from chainweaver import SideEffectLevel, ToolSafetyContract, tool
 
 READ = ToolSafetyContract(SideEffectLevel.READ)
 WRITE = ToolSafetyContract(SideEffectLevel.WRITE, idempotent=False)
+APPROVED_WRITE = ToolSafetyContract(SideEffectLevel.WRITE, idempotent=False,
+                                    requires_approval=True, approval_reason="refunds money")
 COUNTS: Counter[str] = Counter()
 HOLD: asyncio.Event | None = None
 
@@ -90,3 +92,9 @@ async def lookup(order: str) -> Counted:
     await _pause()
     await _count(f"lookup-finished:{order}")
     return Counted(order=order, count=count)
+
+
+@tool(safety=APPROVED_WRITE)
+async def refund(order: str) -> Counted:
+    """Refund an order once, after the user approved it (``--approval elicit``)."""
+    return Counted(order=order, count=await _count(f"refund:{order}"))
