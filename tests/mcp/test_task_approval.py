@@ -18,6 +18,7 @@ import pytest
 from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
 from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
+from fastmcp_tasks.input_store import load_current_leg
 from mcp import MCPError
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
@@ -80,6 +81,14 @@ async def update(task: ToolTask, responses: dict[str, Any]) -> Any:
     request = UpdateTaskRequest(params=UpdateTaskRequestParams(
         task_id=task.task_id, input_responses=responses))
     return await task._client.session.send_request(request, mcp_types.Result)
+
+
+async def leg(server: FlowServer, task: ToolTask) -> int:
+    """The task's current leg (1: the first run; each answer that re-enters adds one).
+    ``tasks/update`` advances it before it answers, so a re-entry shows at once."""
+    docket = running_docket(server.fastmcp)
+    assert docket is not None
+    return (await load_current_leg(docket, None, task.task_id))[1]  # no token: no scope
 
 
 def reply(requests: dict[str, Any], action: str, content: Any = None) -> dict[str, Any]:
@@ -171,8 +180,9 @@ async def test_answers_to_nothing_asked_leave_the_task_waiting() -> None:
         assert still.status == "input_required" and still.input_requests == requests
         await update(task, reply(requests, "accept", {"approve": True}))
         await task.wait(timeout=LIMIT)
+        assert await leg(server, task) == 2
         await update(task, reply(requests, "accept", {"approve": True}))  # answered once
-        await asyncio.sleep(0.2)
+        assert await leg(server, task) == 2  # no leg was enqueued again
     assert CHARGED == [100]
 
 
@@ -184,7 +194,7 @@ async def test_cancelling_a_waiting_task_ends_it_and_is_audited() -> None:
         requests = await waiting(task)
         await task.cancel()
         await update(task, reply(requests, "accept", {"approve": True}))  # too late
-        await asyncio.sleep(0.2)
+        assert await leg(server, task) == 1  # the answer enqueued nothing
         status = await task.status()
     assert status.status == "cancelled" and CHARGED == []
     assert [(e.phase, e.task_status) for e in audit if e.kind == "task" and e.task_status
@@ -198,6 +208,8 @@ async def test_an_ask_left_unanswered_expires_with_the_task() -> None:
     async with Client(server.fastmcp) as client:
         docket = running_docket(server.fastmcp)
         assert docket is not None
+        # What docs/tasks.md promises (fastmcp-tasks builds its Docket with the default).
+        assert docket.execution_ttl == timedelta(minutes=15)
         docket.execution_ttl = timedelta(seconds=1)
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
