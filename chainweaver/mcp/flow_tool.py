@@ -27,7 +27,7 @@ from ..run_events import RunObserver
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
 from .exposure import ExposedFlow
-from .runs import Approval, ApprovalAudit, RunReporter, RunSettings
+from .runs import Approval, ApprovalInTask, RunReporter, RunSettings
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -150,11 +150,11 @@ class FlowTool(FastMCPTool):
 
     async def run_flow(self, arguments: dict[str, Any], ctx: Context | Any = None, *,
                        status: RunObserver | None = None,
-                       audit_approval: ApprovalAudit | None = None) -> ToolResult:
+                       in_task: ApprovalInTask | None = None) -> ToolResult:
         """Run the flow: ``tools/call`` comes here through :meth:`run`, a background
         task's runner directly, with ``status`` observing the steps (the task's status
-        message) in place of the client's progress and log reports, and
-        ``audit_approval`` recording the user's answer in the task's audit."""
+        message) in place of the client's progress and log reports, and ``in_task``
+        saying how its approval is asked and audited."""
         flow = self._exposed.flow
         if not _sendable(arguments):
             # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
@@ -173,7 +173,7 @@ class FlowTool(FastMCPTool):
         if self._exposed.needs_approval:
             if ctx is None:
                 return self._error_result("ApprovalDenied", "no client to ask for approval")
-            approval = Approval(ctx, self.name, self._runs, audit=audit_approval)
+            approval = Approval(ctx, self.name, self._runs, in_task)
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,

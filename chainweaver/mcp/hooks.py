@@ -104,6 +104,11 @@ class AuditEvent:
     task_status: str | None = None
 
 
+def approval_decision(answer: str) -> Literal["allowed", "denied"]:
+    """An approval record's ``decision``: only an ``accept`` allows the run."""
+    return "allowed" if answer == "accept" else "denied"
+
+
 Authenticator = Callable[[GateContext], "CallerIdentity | None | Awaitable[CallerIdentity | None]"]
 Authorizer = Callable[[GateContext], "bool | AuthorizationDecision | Awaitable[Any]"]
 AuditHook = Callable[[AuditEvent], Any]

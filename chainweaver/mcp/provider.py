@@ -9,7 +9,8 @@ keeps construction linear and cheap and lookups O(1). Server start builds none:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -35,11 +36,24 @@ from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_reso
 from .runs import RunSettings
 from .views import View, Views
 
-# True only while fastmcp-tasks' ``tasks/get`` builds a finished flow task's result: it
-# looks up the task's component by name, and for every flow task that is the one task
-# runner. Nothing else resolves the runner, so no client can list or call it (tasks.py).
-RESOLVING_TASK_RESULT: ContextVar[bool] = ContextVar("chainweaver_resolving_task_result",
-                                                     default=False)
+# True while a ``tasks/get`` is served (see task_runner_resolvable).
+_RUNNER_RESOLVABLE: ContextVar[bool] = ContextVar("chainweaver_runner_resolvable",
+                                                  default=False)
+
+
+@contextmanager
+def task_runner_resolvable() -> Iterator[None]:
+    """Let the task runner be looked up by name, for the ``tasks/get`` served inside.
+
+    fastmcp-tasks builds a finished task's result through the tool its task key names,
+    and every flow task's key names the one runner (``chainweaver.mcp.tasks``). Nowhere
+    else is it found, so no client can list or call it.
+    """
+    token = _RUNNER_RESOLVABLE.set(True)
+    try:
+        yield
+    finally:
+        _RUNNER_RESOLVABLE.reset(token)
 
 
 def _version_ok(version: VersionSpec | None, exposed: ExposedFlow | None) -> bool:
@@ -165,7 +179,7 @@ class FlowProvider(Provider):
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         runner = self.task_runner
-        if runner is not None and name == runner.name and RESOLVING_TASK_RESULT.get():
+        if runner is not None and name == runner.name and _RUNNER_RESOLVABLE.get():
             return runner
         exposed = self.exposure.tool(name)
         if not self.view().allows(exposed) or not _version_ok(version, exposed):

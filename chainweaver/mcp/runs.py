@@ -241,8 +241,17 @@ def approval_message(request: ApprovalRequest, tool_name: str) -> str:
             f"{request.side_effects!r} and which requires approval.{reason} Approve?")
 
 
-# Records the user's answer for one step: (step_id, answer), answer as Approval.outcome.
-ApprovalAudit = Callable[[str, str], Awaitable[None]]
+@dataclass(frozen=True)
+class ApprovalInTask:
+    """How a run inside a background task asks for approval (``chainweaver.mcp.tasks``).
+
+    ``audit`` records the user's answer for a step (``step_id``, answer) in the task's
+    audit; ``client_can_answer``: the client that created the task declared elicitation,
+    so it can answer the ask through ``tasks/update``.
+    """
+
+    audit: Callable[[str, str], Awaitable[None]]
+    client_can_answer: bool
 
 
 class Approval:
@@ -255,19 +264,20 @@ class Approval:
     """
 
     def __init__(self, ctx: Context, tool_name: str, settings: RunSettings,
-                 audit: ApprovalAudit | None = None) -> None:
+                 in_task: ApprovalInTask | None = None) -> None:
         self._ctx = ctx
         self._name = tool_name
         self._settings = settings
-        self._audit = audit or audit_approval  # the gate's, or a background task's
+        self._in_task = in_task
+        self._audit = in_task.audit if in_task is not None else audit_approval
         self.ask: mcp_types.InputRequiredResult | None = None
         self.outcome = "not_asked"  # accept, decline, cancel, no_answer, unavailable, ...
 
     async def __call__(self, request: ApprovalRequest) -> bool:
         ctx = self._ctx
         rc = ctx.request_context
-        if ctx.is_background_task or (rc is not None
-                                      and rc.protocol_version in MODERN_PROTOCOL_VERSIONS):
+        if self._in_task is not None or (rc is not None
+                                         and rc.protocol_version in MODERN_PROTOCOL_VERSIONS):
             answer = self._from_retry(request)
         else:
             answer = await self._elicit(request)
@@ -317,7 +327,7 @@ class Approval:
         # A background task's state never leaves the server (fastmcp-tasks keeps it with
         # the task; the client answers by key), and the next leg may run on a worker
         # with other secrets: there only the binding is checked.
-        if not self._verify(state, request, signed=not ctx.is_background_task):
+        if not self._verify(state, request, signed=self._in_task is None):
             return "invalid_state"
         response = (ctx.input_responses or {}).get(APPROVAL_KEY)
         if not isinstance(response, mcp_types.ElicitResult):
@@ -331,8 +341,8 @@ class Approval:
         return "accept" if answer.approve else "decline"
 
     def _can_ask(self) -> bool:
-        if self._ctx.is_background_task:
-            return True  # the task's client answers through tasks/update
+        if self._in_task is not None:
+            return self._in_task.client_can_answer  # through tasks/update
         capabilities = self._ctx.session.client_capabilities
         return capabilities is not None and capabilities.elicitation is not None
 

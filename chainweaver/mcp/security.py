@@ -43,6 +43,7 @@ from .hooks import (
     CallerIdentity,
     GateContext,
     RequestKind,
+    approval_decision,
 )
 from .prompts import malformed_prompt_request, refuse_malformed
 from .views import CURRENT_CALLER, Views, caller_from_token, report_admitted
@@ -69,8 +70,8 @@ async def audit_approval(step_id: str, answer: str) -> None:
     if admitted is None:
         return  # no gate hooks: there is no audit to write to
     gate, request, caller = admitted
-    await gate._audit(request, caller, "allowed" if answer == "accept" else "denied",
-                      answer, phase="approval", step_id=step_id)
+    await gate._audit(request, caller, approval_decision(answer), answer, phase="approval",
+                      step_id=step_id)
 
 
 class GateRefused(Exception):

@@ -38,15 +38,13 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from docket import CurrentExecution, Docket
-from docket.execution import Execution
+from docket.execution import Execution, ExecutionState
 from fastmcp.dependencies import CurrentContext
 from fastmcp.server.context import Context
 from fastmcp.server.extensions import MethodBinding
@@ -55,18 +53,10 @@ from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.utilities.tasks import TASKS_EXTENSION_ID, TaskConfig
 from fastmcp.utilities.versions import VersionSpec
 from fastmcp_tasks import TasksExtension
-from fastmcp_tasks.context import TaskContextSnapshot, get_task_scope, register_task_server
-from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS
+from fastmcp_tasks.context import get_task_scope
+from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS, create_task
 from fastmcp_tasks.dependencies import CurrentDocket
-from fastmcp_tasks.input_store import (
-    is_cancelled,
-    load_current_leg,
-    load_task_args,
-    read_outstanding_inputs,
-    save_current_leg,
-    save_task_args,
-)
-from fastmcp_tasks.keys import build_task_key, task_redis_prefix
+from fastmcp_tasks.input_store import is_cancelled, load_current_leg, load_task_args
 from fastmcp_tasks.models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CreateTaskResult,
@@ -82,8 +72,9 @@ from ..runner import StepRecord
 from .exposure import ExposedFlow
 from .fastmcp_seams import running_docket
 from .flow_tool import FlowTool
-from .hooks import AuditEvent, AuditHook
-from .provider import RESOLVING_TASK_RESULT
+from .hooks import AuditEvent, AuditHook, approval_decision
+from .provider import task_runner_resolvable
+from .runs import ApprovalInTask
 from .views import current_caller
 
 if TYPE_CHECKING:
@@ -96,11 +87,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("chainweaver.mcp")
 
 # The Docket function name of the one task function. Never a published tool: the
-# provider's lookups do not know it, so no client can call it.
+# provider finds it only inside a tasks/get (provider.task_runner_resolvable), so no
+# client can list or call it.
 RUNNER_NAME = "chainweaver.flow_task"
-DURABLE_WAIT_SECONDS = 5.0
-# The keys of a flow task's stored payload (see FlowTaskRunner).
-FLOW_PAYLOAD = frozenset({"tool", "version", "arguments"})
+# Keys every flow task's payload has (how a flow task is told from fastmcp-tasks' own).
+FLOW_TASK_KEYS = frozenset({"tool", "version", "arguments"})
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 
 
@@ -134,7 +125,7 @@ class TaskAudit:
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
             caller_id=caller_id,
-            decision="denied" if phase == "approval" and reason != "accept" else "allowed",
+            decision=approval_decision(reason) if phase == "approval" else "allowed",
             reason=reason, outcome=outcome, result_sha256=digest, result_length=length,
             task_id=task_id, task_status=status, step_id=step_id)
         try:
@@ -150,7 +141,8 @@ class FlowTaskRunner(FastMCPTool):
 
     The payload is ``{"tool": published name, "version": flow version, "arguments":
     {...}, "caller": the gate's caller id, "approval": whether the flow asks for
-    approval where the task was created}``, written by :meth:`FlowTasksExtension.create`.
+    approval where the task was created, "client_can_answer": whether the creating
+    client declared elicitation}``, written by :meth:`FlowTasksExtension.create`.
     """
 
     _provider: FlowProvider = PrivateAttr()
@@ -185,7 +177,10 @@ class FlowTaskRunner(FastMCPTool):
                 f"flow {arguments['tool']!r} asks for approval where the task was created, "
                 "but not on this worker (start it with --approval elicit); the task did "
                 "not run"))
-        if not await _first_run(docket, execution.key) and not effective_idempotent(exposed):
+        # A leg that will only ask for approval runs no step: safe to run again, unmarked.
+        asks_only = exposed.needs_approval and ctx.request_state is None
+        if (not asks_only and not await _first_run(docket, execution.key)
+                and not effective_idempotent(exposed)):
             reason = (f"the worker running flow {exposed.flow.name!r} stopped during the run, "
                       "and the flow is not idempotent (by its effective safety), so it was "
                       "not run again")
@@ -200,9 +195,10 @@ class FlowTaskRunner(FastMCPTool):
             await self._audit.record(exposed, task_id, "working", caller_id,
                                      phase="approval", reason=answer, step_id=step_id)
 
+        asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True))
         try:
             result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
-                                         audit_approval=audit_answer)
+                                         in_task=asking)
         except asyncio.CancelledError:
             await self._audit.record(exposed, task_id, "cancelled", caller_id)
             raise
@@ -314,48 +310,27 @@ class FlowTasksExtension(TasksExtension):
 
     async def create(self, tool: FlowTool, arguments: dict[str, Any],
                      context: Context) -> CreateTaskResult:
-        """Store and enqueue a task for ``tool``, as ``fastmcp-tasks`` stores its own.
+        """Create and enqueue a task running ``tool``'s flow, through fastmcp-tasks.
 
-        The same Redis keys, scope and snapshot as ``fastmcp_tasks.creation``, so its
-        ``tasks/get`` and ``tasks/cancel`` serve the task; only the Docket function is
-        the one runner. Returns once ``tasks/get`` resolves the task on any replica.
+        fastmcp-tasks creates it for the one runner (under the runner's key, scoped to
+        the token), with the flow named in the payload, so its ``tasks/get``,
+        ``tasks/update`` and ``tasks/cancel`` serve it unchanged. Returns once
+        ``tasks/get`` resolves the task on any replica.
         """
-        docket = self.docket
-        runner = self.runner
         exposed = tool.exposed
-        scope = get_task_scope()
-        task_id = secrets.token_urlsafe(32)
-        created_at = datetime.now(timezone.utc).isoformat()
-        # Under the runner's key: fastmcp-tasks re-enters an answered task (tasks/update)
-        # through the component registered with Docket under the task's key, and builds a
-        # finished task's result through the tool of that name (see RESOLVING_TASK_RESULT).
-        task_key = build_task_key(scope, task_id, "tool", runner.key)
-        ttl_ms = int(docket.execution_ttl.total_seconds() * 1000)
-        ttl = ttl_ms // 1000 + TASK_MAPPING_TTL_BUFFER_SECONDS
-        poll_ms = int(tool.task_config.poll_interval.total_seconds() * 1000)
         # The gate's caller owns the task: every tasks/* request checks it (_owned), and
         # the task's audit records name it. Stored with the arguments, which live (and
         # are refreshed) exactly as long as the task's other keys.
         caller_id = current_caller().id
+        capabilities = context.session.client_capabilities
         payload = {"tool": tool.name, "version": exposed.flow.version, "arguments": arguments,
-                   "caller": caller_id, "approval": exposed.needs_approval}
-        register_task_server(task_id, context.fastmcp)
-        prefix = docket.key(f"{task_redis_prefix(scope)}:{task_id}")
-        async with docket.redis() as redis:
-            await redis.set(prefix, task_key, ex=ttl)
-            await redis.set(f"{prefix}:created_at", created_at, ex=ttl)
-            await redis.set(f"{prefix}:poll_interval", str(poll_ms), ex=ttl)
-        await save_task_args(docket, scope, task_id, payload, ttl)
-        await save_current_leg(docket, scope, task_id, task_key, 1, ttl)
-        snapshot = TaskContextSnapshot.capture(owning_tool_name=tool.name)
-        await snapshot.save(docket, scope, task_id, ttl)
-        await docket.add(runner.key, key=task_key)(payload)
-        await _wait_durable(docket, task_key)
-        await self.audit.record(exposed, task_id, "working", caller_id, phase="decision",
-                                reason="created")
-        return CreateTaskResult(task_id=task_id, status="working", created_at=created_at,
-                                last_updated_at=created_at, ttl_ms=ttl_ms,
-                                poll_interval_ms=poll_ms)
+                   "caller": caller_id, "approval": exposed.needs_approval,
+                   "client_can_answer": capabilities is not None
+                   and capabilities.elicitation is not None}
+        created = await create_task(self.runner, payload, context)
+        await self.audit.record(exposed, created.task_id, "working", caller_id,
+                                phase="decision", reason="created")
+        return created
 
     def methods(self) -> Sequence[MethodBinding]:
         """``tasks/get``, ``tasks/update`` and ``tasks/cancel``, answering only the
@@ -369,15 +344,10 @@ class FlowTasksExtension(TasksExtension):
             # that another caller's task id and an id that never existed get past them
             # alike; fastmcp-tasks runs them again in ``handler`` (they are cheap).
             self._check_task_request(ctx, params.task_id)
-            exposed = await self.check_reachable(params.task_id)
+            exposed = await self.reachable_flow(params.task_id)
             if method == "tasks/get":
-                # fastmcp-tasks builds a finished task's result through the tool its key
-                # names: for a flow task, the runner, found by name only in here.
-                token = RESOLVING_TASK_RESULT.set(True)
-                try:
+                with task_runner_resolvable():
                     return await handler(ctx, params)
-                finally:
-                    RESOLVING_TASK_RESULT.reset(token)
             if method == "tasks/cancel" and exposed is not None:
                 return await self._cancel(exposed, params.task_id, handler, ctx, params)
             return await handler(ctx, params)
@@ -386,17 +356,19 @@ class FlowTasksExtension(TasksExtension):
 
     async def _cancel(self, exposed: ExposedFlow, task_id: str, handler: Any, ctx: Any,
                       params: Any) -> Any:
-        """Cancel; audit it here when the task was waiting for an answer (no run is
-        under way to audit its own cancellation)."""
+        """Cancel, and audit it here when no run is under way (a task waiting for an
+        answer, or queued): a running flow audits its own stop (FlowTaskRunner)."""
         docket, scope = self.docket, get_task_scope()
-        _, leg = await load_current_leg(docket, scope, task_id)
-        waiting = bool(await read_outstanding_inputs(docket, scope, task_id, leg))
+        leg_key, _ = await load_current_leg(docket, scope, task_id)
+        execution = await docket.get_execution(leg_key) if leg_key else None
+        running = execution is not None and execution.state == ExecutionState.RUNNING
+        already = await is_cancelled(docket, scope, task_id)
         result = await handler(ctx, params)
-        if waiting and await is_cancelled(docket, scope, task_id):
+        if not running and not already and await is_cancelled(docket, scope, task_id):
             await self.audit.record(exposed, task_id, "cancelled", current_caller().id)
         return result
 
-    async def check_reachable(self, task_id: str) -> ExposedFlow | None:
+    async def reachable_flow(self, task_id: str) -> ExposedFlow | None:
         """Refuse a flow task the current caller may not reach, exactly like an unknown id.
 
         Reachable: created by this caller (the gate's caller id, stored with the task),
@@ -408,7 +380,7 @@ class FlowTasksExtension(TasksExtension):
         if docket is None:
             return None  # pragma: no cover - no request is served before the lifespan starts it
         payload = await load_task_args(docket, get_task_scope(), task_id)
-        if not FLOW_PAYLOAD <= payload.keys():
+        if not FLOW_TASK_KEYS <= payload.keys():
             # No such task in this token scope (or not a flow task): fastmcp-tasks
             # answers it.
             return None
@@ -445,13 +417,3 @@ def _requested_version(params: mcp_types.CallToolRequestParams) -> VersionSpec |
 
     text = extract_version_spec(cast("dict[str, Any] | None", params.meta))
     return VersionSpec(eq=text) if text else None
-
-
-async def _wait_durable(docket: Docket, task_key: str) -> None:
-    """Return once the execution is visible, so an immediate ``tasks/get`` resolves."""
-    deadline = time.monotonic() + DURABLE_WAIT_SECONDS
-    while await docket.get_execution(task_key) is None:
-        if time.monotonic() >= deadline:
-            raise MCPError(code=INTERNAL_ERROR,
-                           message="the task backend did not record the task in time")
-        await asyncio.sleep(0.02)

@@ -25,6 +25,7 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp import MCPError
+from support.mcp_client import send_task_update
 from support.procs import free_port, stop, wait_until_listening
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,25 +117,20 @@ def workers(queue: str, tmp_path: Path) -> Iterator[Workers]:
         started.stop_all()
 
 
+async def by_hand(message: str, response_type: Any, params: Any, context: Any) -> Any:
+    raise AssertionError("the test answers a task's ask by hand (tasks/update)")
+
+
 def client(port: int, caller: int = 0) -> Client:
+    """A caller's client; it declares elicitation, so its tasks may ask for approval."""
     transport = StreamableHttpTransport(
         f"http://127.0.0.1:{port}/mcp", headers={"Authorization": f"Bearer {TOKENS[caller]}"})
-    return Client(transport)
+    return Client(transport, elicitation_handler=by_hand)
 
 
 def handle(on: Client, task: ToolTask) -> ToolTask:
     """The same task id, asked through another connection (public ToolTask API)."""
     return ToolTask(on, task._tool_name, task.create_result)
-
-
-async def update(on: Client, task_id: str, responses: dict[str, Any] | None = None) -> Any:
-    """``tasks/update`` (no ToolTask method sends it: it answers an input request)."""
-    import mcp_types
-    from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
-
-    request = UpdateTaskRequest(params=UpdateTaskRequestParams(
-        task_id=task_id, input_responses=responses or {}))
-    return await on.session.send_request(request, mcp_types.Result)
 
 
 async def final(task: ToolTask) -> Any:
@@ -173,7 +169,7 @@ async def test_another_caller_cannot_see_or_cancel_a_task(
         task = await call_tool_task(alice, "report", {"n": 1})
         answers = []
         for probe in (handle(bob, task).status, handle(bob, task).cancel,
-                      lambda: update(bob, task.task_id)):
+                      lambda: send_task_update(bob, task.task_id)):
             with pytest.raises(MCPError) as refused:
                 await probe()
             answers.append((refused.value.error.code, refused.value.error.message))
@@ -267,7 +263,7 @@ async def test_an_approval_answered_on_another_replica_runs_on_another_worker(
         assert asked.input_requests and count(queue, "refund:R-1") == 0
         stop(first)
         workers.start()
-        await update(on_b, task.task_id, {key: {"action": "accept",
+        await send_task_update(on_b, task.task_id, {key: {"action": "accept",
                                                "content": {"approve": True}}
                                          for key in asked.input_requests})
         done = await final(handle(on_a, task))

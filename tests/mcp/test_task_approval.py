@@ -13,13 +13,12 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import mcp_types
 import pytest
 from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
-from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
 from fastmcp_tasks.input_store import load_current_leg
 from mcp import MCPError
+from support.mcp_client import send_task_update
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
 from chainweaver.mcp import (
@@ -78,9 +77,16 @@ async def waiting(task: ToolTask) -> dict[str, Any]:
 
 
 async def update(task: ToolTask, responses: dict[str, Any]) -> Any:
-    request = UpdateTaskRequest(params=UpdateTaskRequestParams(
-        task_id=task.task_id, input_responses=responses))
-    return await task._client.session.send_request(request, mcp_types.Result)
+    return await send_task_update(task._client, task.task_id, responses)
+
+
+async def by_hand(message: str, response_type: Any, params: Any, context: Any) -> Any:
+    raise AssertionError("this test answers the task's ask by hand (tasks/update)")
+
+
+def answering(server: FlowServer) -> Client:
+    """A client that declares elicitation (so its tasks may ask) and answers by hand."""
+    return Client(server.fastmcp, elicitation_handler=by_hand)
 
 
 async def leg(server: FlowServer, task: ToolTask) -> int:
@@ -102,7 +108,7 @@ def reply(requests: dict[str, Any], action: str, content: Any = None) -> dict[st
 async def test_an_approval_turns_the_task_input_required_before_any_step() -> None:
     audit: list[AuditEvent] = []
     server, _ = paying(audit)
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
         assert CHARGED == []  # nothing ran: the ask comes before the first step
@@ -142,7 +148,7 @@ async def test_a_refused_approval_completes_the_task_with_an_error_and_no_side_e
         action: str, content: Any, answer: str) -> None:
     audit: list[AuditEvent] = []
     server, _ = paying(audit)
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
         await update(task, reply(await waiting(task), action, content))
         done = await task.wait(timeout=LIMIT)
@@ -170,7 +176,7 @@ async def test_the_client_answers_through_its_elicitation_handler() -> None:
 
 async def test_answers_to_nothing_asked_leave_the_task_waiting() -> None:
     server, _ = paying()
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
         await update(task, {"not-a-request": {"action": "accept",
@@ -189,7 +195,7 @@ async def test_answers_to_nothing_asked_leave_the_task_waiting() -> None:
 async def test_cancelling_a_waiting_task_ends_it_and_is_audited() -> None:
     audit: list[AuditEvent] = []
     server, _ = paying(audit)
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
         await task.cancel()
@@ -205,7 +211,7 @@ async def test_an_ask_left_unanswered_expires_with_the_task() -> None:
     # The ask is a finished leg: Docket keeps it for its execution TTL (15 minutes by
     # default, shortened here), then the task is gone, with no step run.
     server, _ = paying()
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         docket = running_docket(server.fastmcp)
         assert docket is not None
         # What docs/tasks.md promises (fastmcp-tasks builds its Docket with the default).
@@ -225,7 +231,7 @@ async def test_an_ask_left_unanswered_expires_with_the_task() -> None:
 
 async def test_only_the_tasks_caller_can_answer_it() -> None:
     server, switch = paying()
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
         switch.who = "mallory"
@@ -249,7 +255,7 @@ async def test_a_required_task_flow_that_asks_for_approval_is_published() -> Non
     server, _ = paying()
     (report,) = [r for r in server.exposure_report() if r.flow_name == "pay_later"]
     assert report.exposed and report.needs_approval
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         tools = {t.name: t for t in await client.list_tools()}
     assert tools["pay_later"].meta["chainweaver"]["task_mode"] == "required"
     assert tools["pay"].meta["chainweaver"]["task_mode"] == "optional"
@@ -272,7 +278,7 @@ async def test_the_runner_stays_unreachable_after_serving_a_result() -> None:
     # tasks/get resolves the runner by name to build a finished task's result; no
     # request after (or beside) it may find it.
     server, _ = paying()
-    async with Client(server.fastmcp) as client:
+    async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
         await update(task, reply(await waiting(task), "accept", {"approve": True}))
         await task.result()
@@ -282,3 +288,39 @@ async def test_the_runner_stays_unreachable_after_serving_a_result() -> None:
     assert runner.is_error and runner.content[0].text.replace(RUNNER_NAME, "X") == \
         never.content[0].text.replace("never_existed", "X")
     assert await server.fastmcp.get_tool(RUNNER_NAME) is None
+
+
+async def test_a_client_that_cannot_answer_gets_the_refusal_at_once() -> None:
+    """A client that declared no elicitation could never answer: its task does not
+    wait 15 minutes for it, it completes refused, as a call would."""
+    audit: list[AuditEvent] = []
+    server, _ = paying(audit)
+    async with Client(server.fastmcp) as client:  # no elicitation handler
+        task = await call_tool_task(client, "pay_later", ORDER, raise_on_error=False)
+        done = await task.wait(timeout=LIMIT)
+        result = await task.result()
+    assert done.status == "completed" and result.is_error and CHARGED == []
+    assert result.content[0].text.endswith("(answer: unavailable)")
+    (approval,) = [e for e in audit if e.phase == "approval"]
+    assert (approval.decision, approval.reason, approval.kind) == (
+        "denied", "unavailable", "task")
+
+
+async def test_a_leg_that_only_asks_is_not_marked_as_a_run() -> None:
+    # The mark is how a redelivered run of a non-idempotent flow knows it may have had
+    # side effects; the asking leg has none, so a worker dying there loses nothing.
+    server, _ = paying()
+
+    async def marks() -> int:
+        docket = running_docket(server.fastmcp)
+        async with docket.redis() as redis:
+            return len([key async for key in redis.scan_iter(match="*chainweaver:task-run:*")])
+
+    async with answering(server) as client:
+        task = await call_tool_task(client, "pay", ORDER)
+        requests = await waiting(task)
+        asked = await marks()
+        await update(task, reply(requests, "accept", {"approve": True}))
+        await task.wait(timeout=LIMIT)
+        ran = await marks()
+    assert (asked, ran) == (0, 1) and CHARGED == [100]

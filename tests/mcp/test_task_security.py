@@ -14,13 +14,12 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import mcp_types
 import pytest
 from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
-from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
 from mcp import MCPError
 from servers import task_tools
+from support.mcp_client import send_task_update
 
 from chainweaver.mcp import (
     GATE_REFUSED,
@@ -83,9 +82,7 @@ def handle(task: ToolTask, task_id: str) -> ToolTask:
 
 
 async def update(task: ToolTask) -> Any:
-    request = UpdateTaskRequest(params=UpdateTaskRequestParams(task_id=task.task_id,
-                                                               input_responses={}))
-    return await task._client.session.send_request(request, mcp_types.Result)
+    return await send_task_update(task._client, task.task_id)
 
 
 async def answer(call: Any) -> dict[str, Any] | str:

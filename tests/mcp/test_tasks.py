@@ -189,6 +189,9 @@ async def test_a_cancelled_task_stops_and_reports_cancelled() -> None:
         task_tools.HOLD.set()
         await asyncio.sleep(0.1)
     assert task_tools.COUNTS["finish"] == 0
+    # One record of the cancellation: the run's own (the extension audits only a task
+    # that had no run under way, one waiting for an answer or queued).
+    assert [e.task_status for e in audit if e.task_status == "cancelled"] == ["cancelled"]
 
 
 @pytest.mark.anyio
