@@ -233,9 +233,10 @@ def _serve_warnings(args: argparse.Namespace) -> list[str]:
         # Only a JWT carries claims: token-file and anonymous callers have none.
         warnings.append(f"--visible-claim {args.visible_claim} without --auth-jwks-uri or "
                         "--auth-public-key: no caller has the claim, so none sees a flow")
-    if args.auth_token_file is not None and _readable_by_others(args.auth_token_file):
-        warnings.append(f"--auth-token-file {args.auth_token_file} is readable by other "
-                        f"users (chmod 600 {args.auth_token_file})")
+    for flag, path in (("--auth-token-file", args.auth_token_file),
+                       ("--request-state-key-file", args.request_state_key_file)):
+        if path is not None and _readable_by_others(path):
+            warnings.append(f"{flag} {path} is readable by other users (chmod 600 {path})")
     return warnings
 
 

@@ -226,6 +226,8 @@ def build_server(args: argparse.Namespace) -> Built:
     loaded = load_flows_by_file(files, tools=executor.tools)
     for flow in loaded.values():
         registry.register_flow(flow)
+    state_keys = (load_state_keys(args.request_state_key_file)
+                  if args.request_state_key_file is not None else None)
     with _quiet_exposure_log():
         server = FlowServer(
             executor,
@@ -244,7 +246,8 @@ def build_server(args: argparse.Namespace) -> Built:
             serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
                                   allowed_hosts=args.allowed_host,
                                   allowed_origins=args.allowed_origin,
-                                  run_notifications=args.run_notifications),
+                                  run_notifications=args.run_notifications,
+                                  request_state_keys=state_keys),
             instructions=instructions,
             **_given(approval=args.approval, approval_timeout=args.approval_timeout),
             **access.server,
@@ -314,6 +317,26 @@ def _read_text(path: str, flag: str) -> str:
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise CommandError(EXIT_MISSING, f"{flag} {path}: cannot be read: {reason}") from None
+
+
+def load_state_keys(path: str) -> list[str]:
+    """The request-state keys listed in ``path``: one per line, at least 32 bytes each
+    (blank lines and lines starting with ``#`` are skipped). Never echoes a key."""
+    keys = []
+    for number, line in enumerate(_read_text(path, "--request-state-key-file").splitlines(),
+                                  1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if len(key.encode("utf-8")) < 32:
+            raise CommandError(EXIT_INVALID, f"--request-state-key-file {path}, line {number}: "
+                               "a key needs at least 32 bytes (make one with: python -c "
+                               "'import secrets; print(secrets.token_hex(32))')")
+        keys.append(key)
+    if not keys:
+        raise CommandError(EXIT_INVALID, f"--request-state-key-file {path}: the file lists "
+                           "no keys")
+    return keys
 
 
 # RFC 6750's token68 alphabet: what may follow "Bearer " in an Authorization header.

@@ -101,6 +101,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                             "publish them and ask the user before each run (elicit)")
     group.add_argument("--approval-timeout", type=_seconds, metavar="SECONDS",
                        help="how long to wait for the user's answer (default: 300)")
+    group.add_argument("--request-state-key-file", metavar="FILE",
+                       help="keys (one per line, 32+ characters; the first seals, all "
+                            "unseal) protecting the approval state a 2026-07-28 client "
+                            "echoes; give every replica the same file")
     group.add_argument("--no-run-notifications", dest="run_notifications",
                        action="store_false",
                        help="send no per-step progress or log messages, even to clients "

@@ -209,9 +209,10 @@ class ServingConfig:
 
     ``request_state_keys`` (secrets of at least 32 bytes; the first seals, all unseal)
     protect the state a 2026-07-28 client echoes when it answers an approval question
-    (and an approval inside a background task). Without them each process uses a key of
-    its own, so the answer must reach the process that asked: give every replica and
-    worker the same keys when there are several.
+    inside a call. Without them each process uses a key of its own, so the answer must
+    reach the process that asked: give every replica the same keys when there are
+    several (CLI: ``--request-state-key-file``). An approval inside a background task
+    needs none: its state stays on the server.
 
     ``change_debounce`` (seconds) is how long the server waits after a registry change
     before telling clients, so a burst of changes is one notification

@@ -29,7 +29,7 @@ from fastmcp.server.context import Context
 from mcp.server.connection import allowed_log_levels
 from mcp_types import LoggingLevel
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StrictBool, ValidationError
 
 from ..run_events import ApprovalRequest, RunObserver
 from ..runner import ErrorInfo, ExecutionResult, StepRecord
@@ -223,7 +223,9 @@ class RunReporter(RunObserver):
 class ApprovalAnswer(BaseModel):
     """The form a user fills in to approve a run."""
 
-    approve: bool = Field(title="Approve", description="Run the flow, side effects included")
+    # Strict: only a JSON true approves ("yes", "on", 1 would otherwise pass as True).
+    approve: StrictBool = Field(title="Approve",
+                                description="Run the flow, side effects included")
 
 
 APPROVAL_SCHEMA: dict[str, Any] = {

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from docket import CurrentExecution, Docket
-from docket.execution import Execution, ExecutionState
+from docket.execution import Execution
 from fastmcp.dependencies import CurrentContext
 from fastmcp.server.context import Context
 from fastmcp.server.extensions import MethodBinding
@@ -53,25 +53,25 @@ from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.utilities.tasks import TASKS_EXTENSION_ID, TaskConfig
 from fastmcp.utilities.versions import VersionSpec
 from fastmcp_tasks import TasksExtension
-from fastmcp_tasks.context import get_task_scope
+from fastmcp_tasks.context import get_task_context, get_task_scope
 from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS, create_task
 from fastmcp_tasks.dependencies import CurrentDocket
-from fastmcp_tasks.input_store import is_cancelled, load_current_leg, load_task_args
+from fastmcp_tasks.input_store import is_cancelled, load_task_args
 from fastmcp_tasks.models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CreateTaskResult,
     missing_capability_error_data,
 )
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, TextContent
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import PrivateAttr
 
 from ..run_events import RunObserver
 from ..runner import StepRecord
+from .composition import flow_of, owned_meta
 from .exposure import ExposedFlow
 from .fastmcp_seams import running_docket
-from .flow_tool import FlowTool
 from .hooks import AuditEvent, AuditHook, approval_decision
 from .provider import task_runner_resolvable
 from .runs import ApprovalInTask
@@ -165,6 +165,41 @@ class FlowTaskRunner(FastMCPTool):
     ) -> ToolResult:
         task_id = ctx.task_id or execution.key
         caller_id = arguments.get("caller")
+        task = get_task_context()
+        if await is_cancelled(docket, task.task_scope if task else None, task_id):
+            # Cancelled while queued, or as its answer arrived: a leg Docket could not
+            # stop any more (FlowTasksExtension audited the cancellation). Nothing runs.
+            return ToolResult(content=[TextContent(type="text", text="cancelled")],
+                              is_error=True)
+        exposed = await self._runnable(arguments, ctx, execution, docket)
+        await self._audit.record(exposed, task_id, "working", caller_id)
+        tool = self._provider.flow_tool(exposed)
+        reports = _StepReports(ctx)
+
+        async def audit_answer(step_id: str, answer: str) -> None:
+            await self._audit.record(exposed, task_id, "working", caller_id,
+                                     phase="approval", reason=answer, step_id=step_id)
+
+        asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True))
+        try:
+            result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
+                                         in_task=asking)
+        finally:
+            await reports.drain()
+        if isinstance(result, InputRequiredToolResult):
+            # The flow asks for approval before any step runs. fastmcp-tasks' wrapper
+            # keeps the ask with the task (input_required) and ends this leg; the
+            # client's tasks/update enqueues the runner again, carrying the answer.
+            await self._audit.record(exposed, task_id, "input_required", caller_id)
+            return result
+        await self._audit.record(exposed, task_id, "completed", caller_id,
+                                 phase="completed", result=result)
+        return result
+
+    async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
+                        docket: Docket) -> ExposedFlow:
+        """The exposed flow the payload names, if this process may run it now; else the
+        task fails (MCPError) with the reason as its status message."""
         exposed = self._provider.exposure.tool(arguments["tool"])
         if exposed is None or exposed.flow.version != arguments["version"]:
             raise MCPError(code=INTERNAL_ERROR, message=(
@@ -181,38 +216,13 @@ class FlowTaskRunner(FastMCPTool):
         asks_only = exposed.needs_approval and ctx.request_state is None
         if (not asks_only and not await _first_run(docket, execution.key)
                 and not effective_idempotent(exposed)):
-            reason = (f"the worker running flow {exposed.flow.name!r} stopped during the run, "
-                      "and the flow is not idempotent (by its effective safety), so it was "
-                      "not run again")
-            await self._audit.record(exposed, task_id, "failed", caller_id,
-                                     reason="not_idempotent")
-            raise MCPError(code=INTERNAL_ERROR, message=reason)
-        await self._audit.record(exposed, task_id, "working", caller_id)
-        tool = self._provider.flow_tool(exposed)
-        reports = _StepReports(ctx)
-
-        async def audit_answer(step_id: str, answer: str) -> None:
-            await self._audit.record(exposed, task_id, "working", caller_id,
-                                     phase="approval", reason=answer, step_id=step_id)
-
-        asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True))
-        try:
-            result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
-                                         in_task=asking)
-        except asyncio.CancelledError:
-            await self._audit.record(exposed, task_id, "cancelled", caller_id)
-            raise
-        finally:
-            await reports.drain()
-        if isinstance(result, InputRequiredToolResult):
-            # The flow asks for approval before any step runs. fastmcp-tasks' wrapper
-            # keeps the ask with the task (input_required) and ends this leg; the
-            # client's tasks/update enqueues the runner again, carrying the answer.
-            await self._audit.record(exposed, task_id, "input_required", caller_id)
-            return result
-        await self._audit.record(exposed, task_id, "completed", caller_id,
-                                 phase="completed", result=result)
-        return result
+            await self._audit.record(exposed, ctx.task_id or execution.key, "failed",
+                                     arguments.get("caller"), reason="not_idempotent")
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"the worker running flow {exposed.flow.name!r} stopped during the run, "
+                "and the flow is not idempotent (by its effective safety), so it was not "
+                "run again"))
+        return exposed
 
 
 class _StepReports(RunObserver):
@@ -261,10 +271,14 @@ class _StepReports(RunObserver):
 
 async def _first_run(docket: Docket, execution_key: str) -> bool:
     """Mark this execution as started; False when it was already (a redelivery)."""
-    marker = docket.key(f"chainweaver:task-run:{execution_key}")
+    return await _mark_once(docket, f"chainweaver:task-run:{execution_key}")
+
+
+async def _mark_once(docket: Docket, name: str) -> bool:
+    """Set a marker that lives as long as a task's keys; False when it was set already."""
     ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
     async with docket.redis() as redis:
-        return bool(await redis.set(marker, "1", nx=True, ex=ttl))
+        return bool(await redis.set(docket.key(name), "1", nx=True, ex=ttl))
 
 
 class FlowTasksExtension(TasksExtension):
@@ -288,11 +302,14 @@ class FlowTasksExtension(TasksExtension):
         for anything that is not an exposed flow, the ordinary call.
         """
         # An unknown or hidden name is None here: the ordinary call answers it, exactly
-        # as for any name that never existed.
+        # as for any name that never existed. The flow is found from the owner mark in
+        # the tool's metadata, so a transform on server.fastmcp (a rename) keeps its mode.
         tool = await context.fastmcp.get_tool(params.name, _requested_version(params))
-        if not isinstance(tool, FlowTool) or tool.exposed.task_mode == "forbidden":
+        meta = owned_meta(tool, self.provider.owner)
+        exposed = flow_of(self.provider.exposure.current, meta) if meta is not None else None
+        if exposed is None or exposed.task_mode == "forbidden":
             return await call_next()
-        mode = tool.exposed.task_mode
+        mode = exposed.task_mode
         request = context.request_context
         opted_in = (request is not None
                     and request.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -300,34 +317,34 @@ class FlowTasksExtension(TasksExtension):
         if mode == "required" and not opted_in:
             raise MCPError(
                 code=MISSING_REQUIRED_CLIENT_CAPABILITY,
-                message=f"Tool {tool.name!r} runs only as a background task: the client must "
+                message=f"Tool {params.name!r} runs only as a background task: the client must "
                 f"support the tasks extension ({TASKS_EXTENSION_ID}), which needs protocol "
                 "2026-07-28 or later, and ask for a task",
                 data=missing_capability_error_data())
         if not opted_in:
             return await call_next()
-        return await self.create(tool, dict(params.arguments or {}), context)
+        return await self.create(exposed, dict(params.arguments or {}), context)
 
-    async def create(self, tool: FlowTool, arguments: dict[str, Any],
+    async def create(self, exposed: ExposedFlow, arguments: dict[str, Any],
                      context: Context) -> CreateTaskResult:
-        """Create and enqueue a task running ``tool``'s flow, through fastmcp-tasks.
+        """Create and enqueue a task running ``exposed``'s flow, through fastmcp-tasks.
 
         fastmcp-tasks creates it for the one runner (under the runner's key, scoped to
         the token), with the flow named in the payload, so its ``tasks/get``,
         ``tasks/update`` and ``tasks/cancel`` serve it unchanged. Returns once
         ``tasks/get`` resolves the task on any replica.
         """
-        exposed = tool.exposed
         # The gate's caller owns the task: every tasks/* request checks it (_owned), and
         # the task's audit records name it. Stored with the arguments, which live (and
         # are refreshed) exactly as long as the task's other keys.
         caller_id = current_caller().id
         capabilities = context.session.client_capabilities
-        payload = {"tool": tool.name, "version": exposed.flow.version, "arguments": arguments,
+        payload = {"tool": exposed.tool_name, "version": exposed.flow.version,
+                   "arguments": arguments,
                    "caller": caller_id, "approval": exposed.needs_approval,
                    "client_can_answer": capabilities is not None
                    and capabilities.elicitation is not None}
-        created = await create_task(self.runner, payload, context)
+        created = await create_task(await self.registered_runner(), payload, context)
         await self.audit.record(exposed, created.task_id, "working", caller_id,
                                 phase="decision", reason="created")
         return created
@@ -356,15 +373,13 @@ class FlowTasksExtension(TasksExtension):
 
     async def _cancel(self, exposed: ExposedFlow, task_id: str, handler: Any, ctx: Any,
                       params: Any) -> Any:
-        """Cancel, and audit it here when no run is under way (a task waiting for an
-        answer, or queued): a running flow audits its own stop (FlowTaskRunner)."""
-        docket, scope = self.docket, get_task_scope()
-        leg_key, _ = await load_current_leg(docket, scope, task_id)
-        execution = await docket.get_execution(leg_key) if leg_key else None
-        running = execution is not None and execution.state == ExecutionState.RUNNING
-        already = await is_cancelled(docket, scope, task_id)
+        """Cancel, and audit the cancellation exactly once, whatever the task was doing
+        (running, waiting for an answer, queued) and however many cancels race; a
+        finished task is not cancelled, so nothing is audited for it."""
         result = await handler(ctx, params)
-        if not running and not already and await is_cancelled(docket, scope, task_id):
+        docket, scope = self.docket, get_task_scope()
+        if (await is_cancelled(docket, scope, task_id)
+                and await _mark_once(docket, f"chainweaver:task-cancel:{scope}:{task_id}")):
             await self.audit.record(exposed, task_id, "cancelled", current_caller().id)
         return result
 
@@ -392,12 +407,13 @@ class FlowTasksExtension(TasksExtension):
             raise MCPError(code=INVALID_PARAMS, message=f"Task {task_id} not found")
         return exposed
 
-    @property
-    def runner(self) -> FastMCPTool:
-        """The one task function (registered with Docket from the provider's tasks)."""
-        runner = self.provider.task_runner
-        assert runner is not None  # set with this extension (task_setup.add_tasks)
-        return runner
+    async def registered_runner(self) -> FastMCPTool:
+        """The runner as Docket registered it: through the server's transforms (a
+        Namespace renames it), so its key is the one Docket and tasks/update know."""
+        for component in await self.server.get_tasks():
+            if isinstance(component, FlowTaskRunner):
+                return component
+        raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
 
     @property
     def docket(self) -> Docket:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import mcp_types
 import pytest
 from fastmcp import Client
 from mcp import MCPError
 from mcp_types import LOG_LEVEL_META_KEY
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+from support.mcp_client import raw_call
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
@@ -370,18 +370,6 @@ async def test_no_answer_in_time_refuses() -> None:
         result = await client.call_tool("pay", ORDER, raise_on_error=False)
     assert result.is_error and "(answer: no_answer)" in result.content[0].text
     assert CHARGED == []
-
-
-class Raw(BaseModel):
-    """Any result, as the wire carried it."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-async def raw_call(client: Client, params: dict[str, Any]) -> dict[str, Any]:
-    request = mcp_types.Request[dict[str, Any], str](method="tools/call", params=params)
-    result = await client.session.send_request(request, Raw)
-    return result.model_dump(by_alias=True)
 
 
 ACCEPT = {APPROVAL_KEY: {"action": "accept", "content": {"approve": True}}}

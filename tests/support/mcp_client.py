@@ -12,6 +12,7 @@ import mcp_types
 import pytest
 from fastmcp import Client
 from mcp import MCPError
+from pydantic import BaseModel, ConfigDict
 
 from chainweaver.mcp import FlowServer, prompt_render
 
@@ -198,3 +199,17 @@ async def send_task_update(client: Client, task_id: str,
     request = UpdateTaskRequest(params=UpdateTaskRequestParams(
         task_id=task_id, input_responses=responses or {}))
     return await client.session.send_request(request, mcp_types.Result)
+
+
+class RawResult(BaseModel):
+    """Any result, as the wire carried it."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+async def raw_call(client: Client, params: dict[str, Any]) -> dict[str, Any]:
+    """A ``tools/call`` with exactly these params (``inputResponses``, ``requestState``
+    included), and its result as the wire carried it (``resultType`` included)."""
+    request = mcp_types.Request[dict[str, Any], str](method="tools/call", params=params)
+    result = await client.session.send_request(request, RawResult)
+    return result.model_dump(by_alias=True)
