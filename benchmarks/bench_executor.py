@@ -143,7 +143,7 @@ def thread_hop(executor: FlowExecutor, number: int, repeats: int) -> float:
 
     async def main() -> float:
         loop = asyncio.get_running_loop()
-        pool = executor._thread_pool()
+        pool = executor._lanes.thread_pool()
         samples = []
         for _ in range(repeats):
             started = time.perf_counter()

@@ -5,48 +5,26 @@ wrong shape, or a missing context key ends the run with ``success=False`` and an
 error naming the step, the tool and the field; the steps before it stay recorded.
 Only programming errors about *which* flow to run (unknown name or version) raise.
 
-Both lanes run the same step runner (:mod:`chainweaver.runner`): ``execute_flow`` runs
-the steps one at a time in plan order; ``execute_flow_async`` runs every ready step at
-once (up to ``max_concurrent_steps``), awaiting async tools and running sync tools in
-worker threads. Results (failures included) never depend on timing.
+Both lanes (:mod:`chainweaver.lanes`) run the same step runner (:mod:`chainweaver.runner`):
+``execute_flow`` runs the steps one at a time in plan order; ``execute_flow_async`` runs
+every ready step at once (up to ``max_concurrent_steps``), awaiting async tools and running
+sync tools in worker threads. Results (failures included) never depend on timing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Generator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
-from . import outcome
-from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
+from .lanes import Lanes
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
-from .run_events import (
-    Approver,
-    Cancellation,
-    RunCancelled,
-    RunObserver,
-    approval_request,
-    ask_approval,
-    notify,
-)
-from .runner import (
-    CALL,
-    SLEEP,
-    ErrorInfo,
-    ExecutionResult,
-    RunState,
-    StepFailed,
-    StepRecord,
-    run_plain_step,
-    run_step,
-)
+from .run_events import Approver, Cancellation, RunObserver
+from .runner import ErrorInfo, ExecutionResult, StepRecord
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
 
@@ -64,9 +42,7 @@ class FlowExecutor:
         self._tools: dict[str, Tool] = {}
         # (name, version) -> (plan, problems); compiled once per flow version.
         self._plans: dict[tuple[str, str], tuple[Plan, list[Problem]]] = {}
-        self._max_threads = max_threads
-        self._max_concurrent = max_concurrent_steps
-        self._pool: ThreadPoolExecutor | None = None
+        self._lanes = Lanes(max_threads, max_concurrent_steps)
         self.plans_compiled = 0  # how many times a plan was compiled (benchmarks read it)
 
     # ------------------------------------------------------------------ tools
@@ -255,8 +231,8 @@ class FlowExecutor:
         compiled with, whatever was registered since. ``observer`` is told about each
         step; ``cancel`` (set from another thread) stops the run before its next step.
         """
-        return self._run_sync(self._plan_to_run(name, version, plan), input,
-                              observer=observer, cancel=cancel)
+        return self._lanes.run_sync(self._plan_to_run(name, version, plan), input,
+                                    observer=observer, cancel=cancel)
 
     def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
         if plan is None:
@@ -268,29 +244,6 @@ class FlowExecutor:
             raise ValueError(f"plan is of flow {plan.flow.name!r} {plan.flow.version}, not "
                              f"{name!r}{'' if version is None else ' ' + version}")
         return plan
-
-    def _run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
-                  stop: Stop | None = None, *, observer: RunObserver | None = None,
-                  cancel: Cancellation | None = None) -> ExecutionResult:
-        started = time.perf_counter()
-        try:
-            state = outcome.start(plan, input)
-        except StepFailed as failure:
-            return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
-        if observer is not None:
-            _observe(state, observer)
-        for planned in plan.steps:
-            if stop is not None and stop.is_set():
-                break  # the caller is gone: the result is discarded
-            if cancel is not None and cancel.cancelled:
-                return _reported(outcome.cancelled(state, started), observer)
-            if planned.plain and stop is None:  # nothing can stop it between steps
-                run_plain_step(state, planned)
-            else:
-                self._drive_sync(run_step(state, planned), stop)
-            if state.failure is not None:
-                break
-        return _reported(outcome.finish(state, started), observer)
 
     async def execute_flow_async(
         self,
@@ -322,235 +275,6 @@ class FlowExecutor:
         unless it returns ``True`` the run fails with ``ApprovalDenied`` and no step
         runs.
         """
-        return await self._run_async(self._plan_to_run(name, version, plan), input, timeout,
-                                     None, asyncio.Semaphore(self._max_concurrent),
-                                     observer, cancel, approve)
-
-    async def _run_async(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
-                         timeout: float | None, parent: Stop | None,
-                         slots: asyncio.Semaphore, observer: RunObserver | None = None,
-                         cancel: Cancellation | None = None,
-                         approve: Approver | None = None) -> ExecutionResult:
-        """Run ``plan``; ``slots`` bounds the tool steps running at once in the whole call
-        (sub-flows share it; a sub-flow step itself takes no slot, so none waits for
-        itself)."""
-        started = time.perf_counter()
-        try:
-            state = outcome.start(plan, input)
-        except StepFailed as failure:
-            return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
-        if approve is not None:
-            refused = await _approval(plan, approve)
-            if refused is not None:
-                return _reported(outcome.failed(plan.flow, refused, [], started), observer)
-        if observer is not None:
-            _observe(state, observer)
-        state.schedule()
-        # Set when this call is over (or its caller's is): steps running in worker
-        # threads then make no further call, retry, sleep or fallback.
-        abandoned = Stop(parent)
-        work = self._schedule(state, abandoned, slots)
-        try:
-            if timeout is not None:
-                work = asyncio.wait_for(work, timeout)
-            if cancel is None:
-                await work
-            else:
-                await cancel.guard(work)
-        except asyncio.TimeoutError:
-            abandoned.set()
-            return _reported(outcome.timed_out(state, timeout, started), observer)
-        except RunCancelled:
-            abandoned.set()
-            return _reported(outcome.cancelled(state, started), observer)
-        except asyncio.CancelledError:
-            # The task awaiting the run was cancelled: no result, but the observer
-            # still learns which steps were cancelled.
-            abandoned.set()
-            if observer is not None:
-                outcome.cancelled(state, started)
-            raise
-        finally:
-            abandoned.set()
-        return _reported(outcome.finish(state, started), observer)
-
-    async def _schedule(self, state: RunState, abandoned: Stop,
-                        slots: asyncio.Semaphore) -> None:
-        """Start every ready step (bounded) until none is left that the sync lane would run.
-
-        After a failure, steps earlier in plan order than the first failure still start
-        (the sync lane runs them); steps after it do not start, and those already running
-        are cancelled and left out of the records, so both lanes give the same result.
-        """
-        steps = state.plan.steps
-        running: dict[asyncio.Future, int] = {}
-        stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                while state.ready and len(running) < self._max_concurrent:
-                    position = state.ready.pop()
-                    if position > state.failed_at:
-                        state.ready.clear()  # pop() takes the earliest: all are later
-                        break
-                    if steps[position].runs_in_thread and not running and not state.ready:
-                        # Alone: one worker-thread hop runs it and the chain of sync steps
-                        # after it (nothing else runs, so the state is the thread's).
-                        async with slots:
-                            await loop.run_in_executor(self._thread_pool(), self._run_chain,
-                                                       state, position, abandoned)
-                        continue
-                    running[asyncio.ensure_future(
-                        self._run_one(state, position, abandoned, slots))] = position
-                if not running:
-                    return
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    del running[task]
-                    task.result()  # the runner turns failures into data; this re-raises bugs
-                for task, position in list(running.items()):
-                    if position > state.failed_at:  # its record is dropped: stop it
-                        task.cancel()
-                        del running[task]
-                        stopped.append(task)
-        finally:
-            for task in running:
-                task.cancel()
-            if running or stopped:
-                await asyncio.gather(*running, *stopped, return_exceptions=True)
-
-    async def _run_one(self, state: RunState, position: int, abandoned: Stop,
-                       slots: asyncio.Semaphore) -> None:
-        planned = state.plan.steps[position]
-        if planned.subflow is not None:
-            await self._drive_async(run_step(state, planned), abandoned, slots)
-        else:
-            async with slots:
-                runner = run_step(state, planned)
-                if planned.runs_in_thread:
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._thread_pool(), self._drive_sync, runner, abandoned)
-                else:
-                    await self._drive_async(runner, abandoned, slots)
-        state.finish(position)
-
-    def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
-        steps = state.plan.steps
-        while True:
-            self._drive_sync(run_step(state, steps[position]), abandoned)
-            state.finish(position)
-            if abandoned.is_set() or len(state.ready) != 1 \
-                    or not steps[state.ready[0]].runs_in_thread \
-                    or state.ready[0] > state.failed_at:
-                return
-            position = state.ready.pop()
-
-    def _thread_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._max_threads, thread_name_prefix="chainweaver")
-        return self._pool
-
-    # ------------------------------------------------------------------ lanes
-
-    def _drive_sync(self, runner: Generator[tuple, Any, None], stop: Stop | None) -> None:
-        """Answer a step's requests by calling directly (the sync lane, or a worker thread).
-
-        Once ``stop`` is set (the async call that started it is over) it makes no further
-        call, sleep or sub-flow run: the step is closed where it stands.
-        """
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                request = runner.send(reply) if error is None else runner.throw(error)
-            except StopIteration:
-                return
-            if stop is not None and stop.is_set():
-                runner.close()
-                return
-            reply = error = None
-            try:
-                if request[0] is CALL:
-                    tool = request[1]
-                    if request[3] is None and not tool.is_async:
-                        reply = tool.fn(request[2])  # the common case, called directly
-                    else:
-                        reply = call_blocking(tool, request[2], request[3])
-                elif request[0] is SLEEP:
-                    if stop is None:
-                        time.sleep(request[1])
-                    else:
-                        stop.wait(request[1])
-                else:  # a sub-flow runs in this lane too
-                    reply = self._subflow_blocking(request[1], request[2], request[3], stop)
-            except (Exception, asyncio.CancelledError) as caught:
-                # Nothing cancels this thread: a CancelledError is the tool's own failure.
-                error = caught
-
-    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop,
-                           slots: asyncio.Semaphore) -> None:
-        """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                request = runner.send(reply) if error is None else runner.throw(error)
-            except StopIteration:
-                return
-            reply = error = None
-            try:
-                if request[0] is CALL:
-                    tool, model, timeout = request[1], request[2], request[3]
-                    if tool.is_async:
-                        reply = await with_timeout(tool.fn(model), timeout)
-                    else:
-                        reply = await asyncio.get_running_loop().run_in_executor(
-                            self._thread_pool(), call_blocking, tool, model, timeout)
-                elif request[0] is SLEEP:
-                    await asyncio.sleep(request[1])
-                else:
-                    reply = await self._run_async(request[1], request[2], request[3], stop,
-                                                  slots)
-            except asyncio.CancelledError as caught:
-                # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
-                cancelling = getattr(asyncio.current_task(), "cancelling", None)
-                if cancelling is None or cancelling():
-                    raise  # this run is being cancelled (a timeout, a failure, the caller)
-                error = caught  # the tool's own CancelledError: a failure like any other
-            except Exception as caught:
-                error = caught
-
-    def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
-                          stop: Stop | None) -> ExecutionResult:
-        if timeout is None:
-            return self._run_sync(plan, input, stop)
-        # A run of its own on a private loop: its own bound.
-        return run_coroutine_blocking(self._run_async(
-            plan, input, timeout, stop, asyncio.Semaphore(self._max_concurrent)))
-
-
-def _observe(state: RunState, observer: RunObserver) -> None:
-    state.observer = observer
-    plan = state.plan
-    notify(observer.run_started, plan.flow.name, plan.flow.version, len(plan.steps))
-
-
-def _reported(result: ExecutionResult, observer: RunObserver | None) -> ExecutionResult:
-    if observer is not None:
-        notify(observer.run_finished, result)
-    return result
-
-
-async def _approval(plan: Plan, approve: Approver) -> ErrorInfo | None:
-    """Why the run may not start (None: no step needs approval, or it was approved)."""
-    request = approval_request(plan)
-    if request is None:
-        return None
-    refused = await ask_approval(approve, request)
-    if refused is None:
-        return None
-    why = f" ({request.reason})" if request.reason else ""
-    return ErrorInfo("ApprovalDenied",
-                     f"flow {plan.flow.name!r}: step {request.step_id!r} needs approval{why} "
-                     f"and {refused}", step_index=request.step_index,
-                     tool_name=request.tool_name, step_id=request.step_id)
+        return await self._lanes.run_async(self._plan_to_run(name, version, plan), input,
+                                           timeout, observer=observer, cancel=cancel,
+                                           approve=approve)

@@ -1,9 +1,10 @@
-"""The flow-file format as pydantic models: the keys :mod:`chainweaver.files` accepts, and
-the JSON Schema editors validate flow files with (``chainweaver schema`` prints it).
+"""The flow-file format as pydantic models: the keys :mod:`chainweaver.flow_data` accepts,
+and the JSON Schema editors validate flow files with (``chainweaver schema`` prints it).
 
-:mod:`chainweaver.files` reads files with its own checks, so that every error names the
-file, the field and what is wrong in flow-author words; it takes the allowed keys of each
-part from these models, so the schema and the reader cannot drift apart.
+:mod:`chainweaver.flow_data` builds flows from file content with its own checks, so that
+every error names the file, the field and what is wrong in flow-author words; it takes the
+allowed keys of each part from these models, so the schema and the reader cannot drift
+apart.
 """
 
 from __future__ import annotations

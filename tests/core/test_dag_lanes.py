@@ -129,7 +129,7 @@ def test_no_retry_or_fallback_after_the_async_call_returned(with_other_branch) -
     result = asyncio.run(executor.execute_flow_async("f", {"x": 1}, timeout=0.05))
     assert result.error.type == "TimeoutError"
     released.set()
-    executor._thread_pool().shutdown(wait=True)  # the abandoned step has ended
+    executor._lanes.thread_pool().shutdown(wait=True)  # the abandoned step has ended
     assert calls == ["flaky"]
 
 

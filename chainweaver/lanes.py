@@ -1,0 +1,314 @@
+"""The two lanes that drive a plan's steps through the step runner (:mod:`chainweaver.runner`).
+
+The sync lane runs the steps one at a time in plan order and answers each step's requests
+by calling directly. The async lane starts every ready step at once (up to
+``max_concurrent``), awaiting async tools and sub-flows and running sync tools in worker
+threads. Both report to the run's observer, and give the same result whatever the timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Generator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pydantic import BaseModel
+
+from . import outcome
+from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
+from .plan import Plan
+from .run_events import (
+    Approver,
+    Cancellation,
+    RunCancelled,
+    RunObserver,
+    approval_request,
+    ask_approval,
+    notify,
+)
+from .runner import (
+    CALL,
+    SLEEP,
+    ErrorInfo,
+    ExecutionResult,
+    RunState,
+    StepFailed,
+    run_plain_step,
+    run_step,
+)
+
+
+class Lanes:
+    """Runs plans in either lane; holds the worker-thread pool (made on first use) and
+    the bound on tool steps running at once in one async call."""
+
+    def __init__(self, max_threads: int, max_concurrent: int) -> None:
+        self.max_threads = max_threads
+        self.max_concurrent = max_concurrent
+        self._pool: ThreadPoolExecutor | None = None
+
+    def thread_pool(self) -> ThreadPoolExecutor:
+        """The worker threads for sync tools in the async lane."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="chainweaver")
+        return self._pool
+
+    # ------------------------------------------------------------- sync lane
+
+    def run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
+                 stop: Stop | None = None, *, observer: RunObserver | None = None,
+                 cancel: Cancellation | None = None) -> ExecutionResult:
+        """Run ``plan`` one step at a time in plan order; ``stop`` is set when the async
+        run that started this one (a sub-flow in a worker thread) is over: then nothing
+        further runs."""
+        started = time.perf_counter()
+        try:
+            state = outcome.start(plan, input)
+        except StepFailed as failure:
+            return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        if observer is not None:
+            _observe(state, observer)
+        for planned in plan.steps:
+            if stop is not None and stop.is_set():
+                break  # the caller is gone: the result is discarded
+            if cancel is not None and cancel.cancelled:
+                return _reported(outcome.cancelled(state, started), observer)
+            if planned.plain and stop is None:  # nothing can stop it between steps
+                run_plain_step(state, planned)
+            else:
+                self._drive_sync(run_step(state, planned), stop)
+            if state.failure is not None:
+                break
+        return _reported(outcome.finish(state, started), observer)
+
+    # ------------------------------------------------------------ async lane
+
+    async def run_async(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
+                        timeout: float | None = None, *, parent: Stop | None = None,
+                        slots: asyncio.Semaphore | None = None,
+                        observer: RunObserver | None = None,
+                        cancel: Cancellation | None = None,
+                        approve: Approver | None = None) -> ExecutionResult:
+        """Run ``plan``, ready steps at once; ``parent`` is set when the run that started
+        this one is over. ``slots`` bounds the tool steps running at once in the whole
+        call: a new call makes them (``max_concurrent``); sub-flows share their caller's
+        (a sub-flow step itself takes no slot, so none waits for itself)."""
+        if slots is None:
+            slots = asyncio.Semaphore(self.max_concurrent)
+        started = time.perf_counter()
+        try:
+            state = outcome.start(plan, input)
+        except StepFailed as failure:
+            return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        if approve is not None:
+            refused = await _approval(plan, approve)
+            if refused is not None:
+                return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+        if observer is not None:
+            _observe(state, observer)
+        state.schedule()
+        # Set when this call is over (or its caller's is): steps running in worker
+        # threads then make no further call, retry, sleep or fallback.
+        abandoned = Stop(parent)
+        work = self._schedule(state, abandoned, slots)
+        try:
+            if timeout is not None:
+                work = asyncio.wait_for(work, timeout)
+            if cancel is None:
+                await work
+            else:
+                await cancel.guard(work)
+        except asyncio.TimeoutError:
+            abandoned.set()
+            return _reported(outcome.timed_out(state, timeout, started), observer)
+        except RunCancelled:
+            abandoned.set()
+            return _reported(outcome.cancelled(state, started), observer)
+        except asyncio.CancelledError:
+            # The task awaiting the run was cancelled: no result, but the observer
+            # still learns which steps were cancelled.
+            abandoned.set()
+            if observer is not None:
+                outcome.cancelled(state, started)
+            raise
+        finally:
+            abandoned.set()
+        return _reported(outcome.finish(state, started), observer)
+
+    async def _schedule(self, state: RunState, abandoned: Stop,
+                        slots: asyncio.Semaphore) -> None:
+        """Start every ready step (bounded) until none is left that the sync lane would run.
+
+        After a failure, steps earlier in plan order than the first failure still start
+        (the sync lane runs them); steps after it do not start, and those already running
+        are cancelled and left out of the records, so both lanes give the same result.
+        """
+        steps = state.plan.steps
+        running: dict[asyncio.Future, int] = {}
+        stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                while state.ready and len(running) < self.max_concurrent:
+                    position = state.ready.pop()
+                    if position > state.failed_at:
+                        state.ready.clear()  # pop() takes the earliest: all are later
+                        break
+                    if steps[position].runs_in_thread and not running and not state.ready:
+                        # Alone: one worker-thread hop runs it and the chain of sync steps
+                        # after it (nothing else runs, so the state is the thread's).
+                        async with slots:
+                            await loop.run_in_executor(self.thread_pool(), self._run_chain,
+                                                       state, position, abandoned)
+                        continue
+                    running[asyncio.ensure_future(
+                        self._run_one(state, position, abandoned, slots))] = position
+                if not running:
+                    return
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    del running[task]
+                    task.result()  # the runner turns failures into data; this re-raises bugs
+                for task, position in list(running.items()):
+                    if position > state.failed_at:  # its record is dropped: stop it
+                        task.cancel()
+                        del running[task]
+                        stopped.append(task)
+        finally:
+            for task in running:
+                task.cancel()
+            if running or stopped:
+                await asyncio.gather(*running, *stopped, return_exceptions=True)
+
+    async def _run_one(self, state: RunState, position: int, abandoned: Stop,
+                       slots: asyncio.Semaphore) -> None:
+        planned = state.plan.steps[position]
+        if planned.subflow is not None:
+            await self._drive_async(run_step(state, planned), abandoned, slots)
+        else:
+            async with slots:
+                runner = run_step(state, planned)
+                if planned.runs_in_thread:
+                    await asyncio.get_running_loop().run_in_executor(
+                        self.thread_pool(), self._drive_sync, runner, abandoned)
+                else:
+                    await self._drive_async(runner, abandoned, slots)
+        state.finish(position)
+
+    def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
+        steps = state.plan.steps
+        while True:
+            self._drive_sync(run_step(state, steps[position]), abandoned)
+            state.finish(position)
+            if abandoned.is_set() or len(state.ready) != 1 \
+                    or not steps[state.ready[0]].runs_in_thread \
+                    or state.ready[0] > state.failed_at:
+                return
+            position = state.ready.pop()
+
+
+    # ------------------------------------------------------- answering steps
+
+    def _drive_sync(self, runner: Generator[tuple, Any, None], stop: Stop | None) -> None:
+        """Answer a step's requests by calling directly (the sync lane, or a worker thread).
+
+        Once ``stop`` is set (the async call that started it is over) it makes no further
+        call, sleep or sub-flow run: the step is closed where it stands.
+        """
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                request = runner.send(reply) if error is None else runner.throw(error)
+            except StopIteration:
+                return
+            if stop is not None and stop.is_set():
+                runner.close()
+                return
+            reply = error = None
+            try:
+                if request[0] is CALL:
+                    tool = request[1]
+                    if request[3] is None and not tool.is_async:
+                        reply = tool.fn(request[2])  # the common case, called directly
+                    else:
+                        reply = call_blocking(tool, request[2], request[3])
+                elif request[0] is SLEEP:
+                    if stop is None:
+                        time.sleep(request[1])
+                    else:
+                        stop.wait(request[1])
+                else:  # a sub-flow runs in this lane too
+                    reply = self._subflow_blocking(request[1], request[2], request[3], stop)
+            except (Exception, asyncio.CancelledError) as caught:
+                # Nothing cancels this thread: a CancelledError is the tool's own failure.
+                error = caught
+
+    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop,
+                           slots: asyncio.Semaphore) -> None:
+        """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                request = runner.send(reply) if error is None else runner.throw(error)
+            except StopIteration:
+                return
+            reply = error = None
+            try:
+                if request[0] is CALL:
+                    tool, model, timeout = request[1], request[2], request[3]
+                    if tool.is_async:
+                        reply = await with_timeout(tool.fn(model), timeout)
+                    else:
+                        reply = await asyncio.get_running_loop().run_in_executor(
+                            self.thread_pool(), call_blocking, tool, model, timeout)
+                elif request[0] is SLEEP:
+                    await asyncio.sleep(request[1])
+                else:
+                    reply = await self.run_async(request[1], request[2], request[3],
+                                                 parent=stop, slots=slots)
+            except asyncio.CancelledError as caught:
+                # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
+                cancelling = getattr(asyncio.current_task(), "cancelling", None)
+                if cancelling is None or cancelling():
+                    raise  # this run is being cancelled (a timeout, a failure, the caller)
+                error = caught  # the tool's own CancelledError: a failure like any other
+            except Exception as caught:
+                error = caught
+
+    def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
+                          stop: Stop | None) -> ExecutionResult:
+        if timeout is None:
+            return self.run_sync(plan, input, stop)
+        # A run of its own on a private loop: its own bound.
+        return run_coroutine_blocking(self.run_async(plan, input, timeout, parent=stop))
+
+
+def _observe(state: RunState, observer: RunObserver) -> None:
+    state.observer = observer
+    plan = state.plan
+    notify(observer.run_started, plan.flow.name, plan.flow.version, len(plan.steps))
+
+
+def _reported(result: ExecutionResult, observer: RunObserver | None) -> ExecutionResult:
+    if observer is not None:
+        notify(observer.run_finished, result)
+    return result
+
+
+async def _approval(plan: Plan, approve: Approver) -> ErrorInfo | None:
+    """Why the run may not start (None: no step needs approval, or it was approved)."""
+    request = approval_request(plan)
+    if request is None:
+        return None
+    refused = await ask_approval(approve, request)
+    if refused is None:
+        return None
+    why = f" ({request.reason})" if request.reason else ""
+    return ErrorInfo("ApprovalDenied",
+                     f"flow {plan.flow.name!r}: step {request.step_id!r} needs approval{why} "
+                     f"and {refused}", step_index=request.step_index,
+                     tool_name=request.tool_name, step_id=request.step_id)
