@@ -207,6 +207,7 @@ async def test_cancelling_a_waiting_task_ends_it_and_is_audited() -> None:
             ][-2:] == [("state", "input_required"), ("state", "cancelled")]
 
 
+@pytest.mark.slow  # waits out a (shortened) TTL
 async def test_an_ask_left_unanswered_expires_with_the_task() -> None:
     # The ask is a finished leg: Docket keeps it for its execution TTL (15 minutes by
     # default, shortened here), then the task is gone, with no step run.

@@ -63,10 +63,14 @@ async def fetch(n: int) -> Number:
 
 @tool(safety=READ)
 async def enrich(n: int) -> Number:
-    """Enrich it (waits for HOLD when a test set one)."""
+    """Enrich it (waits for HOLD when a test set one; counts being cancelled there)."""
     COUNTS["enrich"] += 1
     if HOLD is not None:
-        await HOLD.wait()
+        try:
+            await HOLD.wait()
+        except asyncio.CancelledError:
+            COUNTS["enrich-cancelled"] += 1
+            raise
     return Number(n=n * 10)
 
 
