@@ -107,7 +107,45 @@ def flow_of(exposure: Exposure, meta: Mapping[str, Any]) -> ExposedFlow | None:
     return exposed
 
 
-class MountedGate(Middleware):
+class GateHooks(Middleware):
+    """FastMCP's hooks the gate and its mounted twin take over: a call, read or render
+    goes through ``_guard`` (authenticated, rate-limited, authorized and audited), a
+    list through ``_guard_listing`` (the same, never authorized: the caller's view
+    narrows it)."""
+
+    async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
+                     call_next: Any) -> Any:
+        raise NotImplementedError
+
+    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+                             call_next: Any) -> Any:
+        raise NotImplementedError
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard("tool", context.message.name, context, call_next)
+
+    async def on_read_resource(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard("resource", str(context.message.uri), context, call_next)
+
+    async def on_get_prompt(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard("prompt", context.message.name, context, call_next)
+
+    async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "tools/list", context, call_next)
+
+    async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "resources/list", context, call_next)
+
+    async def on_list_resource_templates(self, context: MiddlewareContext,
+                                         call_next: Any) -> Any:
+        return await self._guard_listing("list", "resources/templates/list", context,
+                                         call_next)
+
+    async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
+        return await self._guard_listing("list", "prompts/list", context, call_next)
+
+
+class MountedGate(GateHooks):
     """A mounted FlowServer's gate, run in the parent server's middleware chain.
 
     A request is this server's when the component its name resolves to on the parent
@@ -132,34 +170,9 @@ class MountedGate(Middleware):
                                              context, call_next)
         return await call_next(context)
 
-    # Lists through the parent: authenticated, rate-limited and audited by this gate,
-    # and narrowed to the caller's view, exactly as when the server stands alone.
-    async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "tools/list", context, call_next)
-
-    async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "resources/list", context, call_next)
-
-    async def on_list_resource_templates(self, context: MiddlewareContext,
-                                         call_next: Any) -> Any:
-        return await self._guard_listing("list", "resources/templates/list", context,
-                                         call_next)
-
-    async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "prompts/list", context, call_next)
-
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any) -> Any:
         return await self.gate._guard_listing(kind, name, context, call_next, mounted=True)
-
-    async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard("tool", context.message.name, context, call_next)
-
-    async def on_read_resource(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard("resource", str(context.message.uri), context, call_next)
-
-    async def on_get_prompt(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard("prompt", context.message.name, context, call_next)
 
     async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
                      call_next: Any, otherwise: Any = None) -> Any:

@@ -4,6 +4,9 @@ authenticator, a rate limiter, an authorizer or an audit sink.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -102,6 +105,19 @@ class AuditEvent:
     step_id: str | None = None
     task_id: str | None = None
     task_status: str | None = None
+
+
+async def deliver_audit(hook: AuditHook, event: AuditEvent, timeout: float) -> None:
+    """Send ``event`` to ``hook``, awaiting an async hook up to ``timeout`` seconds. A
+    hook that fails or times out is logged, never raised: auditing must never break a
+    request or a task."""
+    try:
+        value = hook(event)
+        if inspect.isawaitable(value):
+            await asyncio.wait_for(value, timeout)
+    except Exception as error:
+        logging.getLogger("chainweaver.mcp.security").warning(
+            "audit hook failed: %s", type(error).__name__)
 
 
 def approval_decision(answer: str) -> Literal["allowed", "denied"]:

@@ -29,11 +29,18 @@ from typing import Any, Literal
 import anyio
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import MiddlewareContext
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
 
-from .composition import ADMITTED_BY, find_component, flow_of, owned_meta, reached_directly
+from .composition import (
+    ADMITTED_BY,
+    GateHooks,
+    find_component,
+    flow_of,
+    owned_meta,
+    reached_directly,
+)
 from .config import SecurityConfig
 from .exposure import ExposedFlow, Exposure
 from .hooks import (
@@ -44,6 +51,7 @@ from .hooks import (
     GateContext,
     RequestKind,
     approval_decision,
+    deliver_audit,
 )
 from .prompts import malformed_prompt_request, refuse_malformed
 from .views import CURRENT_CALLER, Views, caller_from_token, report_admitted
@@ -99,7 +107,7 @@ def payload_text(kind: RequestKind, result: Any) -> str:
     return "\n".join(getattr(m.content, "text", "") for m in result.messages)
 
 
-class SecurityGate(Middleware):
+class SecurityGate(GateHooks):
     """FastMCP middleware applying the gate to tools, resources and prompts alike."""
 
     def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "",
@@ -143,20 +151,6 @@ class SecurityGate(Middleware):
         task_id = _task_id(context.message)
         return await self._guard_listing("task", context.method or "", context, call_next,
                                          task_id=task_id)
-
-    async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "tools/list", context, call_next)
-
-    async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "resources/list", context, call_next)
-
-    async def on_list_resource_templates(self, context: MiddlewareContext,
-                                         call_next: Any) -> Any:
-        return await self._guard_listing("list", "resources/templates/list", context,
-                                         call_next)
-
-    async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "prompts/list", context, call_next)
 
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any, *, mounted: bool = False,
@@ -207,15 +201,6 @@ class SecurityGate(Middleware):
             raise
         finally:
             CURRENT_CALLER.reset(current)
-
-    async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard("tool", context.message.name, context, call_next)
-
-    async def on_read_resource(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard("resource", str(context.message.uri), context, call_next)
-
-    async def on_get_prompt(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard("prompt", context.message.name, context, call_next)
 
     def published_target(self, kind: RequestKind, name: str) -> ExposedFlow | None:
         """The exposed flow a published name belongs to (None: no flow, or not published).
@@ -422,12 +407,7 @@ class SecurityGate(Middleware):
             step_id=step_id,
             task_id=task_id,
         )
-        try:
-            value = self.audit_hook(event)
-            if inspect.isawaitable(value):
-                await asyncio.wait_for(value, self.hook_timeout)
-        except Exception as error:  # auditing must never break a request
-            logger.warning("audit hook failed: %s", type(error).__name__)
+        await deliver_audit(self.audit_hook, event, self.hook_timeout)
 
 
 def _gate_for(kind: RequestKind, name: str, exposed: ExposedFlow | None,

@@ -36,7 +36,6 @@ import asyncio
 import contextvars
 import dataclasses
 import hashlib
-import inspect
 import logging
 import threading
 import time
@@ -72,9 +71,10 @@ from ..runner import StepRecord
 from .composition import flow_of, owned_meta
 from .exposure import ExposedFlow
 from .fastmcp_seams import running_docket
-from .hooks import AuditEvent, AuditHook, approval_decision
+from .hooks import AuditEvent, AuditHook, approval_decision, deliver_audit
 from .provider import task_runner_resolvable
 from .runs import ApprovalInTask
+from .security import payload_text
 from .views import current_caller
 
 if TYPE_CHECKING:
@@ -117,8 +117,9 @@ class TaskAudit:
         digest = length = None
         outcome: Literal["ok", "error"] | None = None
         if result is not None:
-            text = "".join(getattr(part, "text", "") for part in result.content)
-            data = text.encode("utf-8", "surrogatepass")
+            # Hashed as the gate hashes a call's result, so a task's digest and a call's
+            # agree for the same result.
+            data = payload_text("tool", result).encode("utf-8", "surrogatepass")
             digest, length = hashlib.sha256(data).hexdigest(), len(data)
             outcome = "error" if result.is_error else "ok"
         event = AuditEvent(
@@ -128,12 +129,7 @@ class TaskAudit:
             decision=approval_decision(reason) if phase == "approval" else "allowed",
             reason=reason, outcome=outcome, result_sha256=digest, result_length=length,
             task_id=task_id, task_status=status, step_id=step_id)
-        try:
-            value = self.hook(event)
-            if inspect.isawaitable(value):
-                await asyncio.wait_for(value, self.timeout)
-        except Exception as error:  # auditing must never break a task
-            logger.warning("audit hook failed: %s", type(error).__name__)
+        await deliver_audit(self.hook, event, self.timeout)
 
 
 class FlowTaskRunner(FastMCPTool):
