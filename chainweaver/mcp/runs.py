@@ -243,6 +243,12 @@ def approval_message(request: ApprovalRequest, tool_name: str) -> str:
             f"{request.side_effects!r} and which requires approval.{reason} Approve?")
 
 
+def declared_elicitation(ctx: Context) -> bool:
+    """The client declared the elicitation capability: its user can be asked."""
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and capabilities.elicitation is not None
+
+
 @dataclass(frozen=True)
 class ApprovalInTask:
     """How a run inside a background task asks for approval (``chainweaver.mcp.tasks``).
@@ -271,7 +277,6 @@ class Approval:
         self._name = tool_name
         self._settings = settings
         self._in_task = in_task
-        self._audit = in_task.audit if in_task is not None else audit_approval
         self.ask: mcp_types.InputRequiredResult | None = None
         self.outcome = "not_asked"  # accept, decline, cancel, no_answer, unavailable, ...
 
@@ -286,7 +291,8 @@ class Approval:
         if answer is None:  # asked through input_required: decided on the retry
             return False
         self.outcome = answer
-        await self._audit(request.step_id, answer)
+        audit = self._in_task.audit if self._in_task is not None else audit_approval
+        await audit(request.step_id, answer)
         return answer == "accept"
 
     async def _elicit(self, request: ApprovalRequest) -> str:
@@ -345,8 +351,7 @@ class Approval:
     def _can_ask(self) -> bool:
         if self._in_task is not None:
             return self._in_task.client_can_answer  # through tasks/update
-        capabilities = self._ctx.session.client_capabilities
-        return capabilities is not None and capabilities.elicitation is not None
+        return declared_elicitation(self._ctx)
 
     # The SDK seals request_state and binds it to the tool, arguments and caller; this
     # signature also binds it to the flow version and step, so the state of another

@@ -73,7 +73,7 @@ from .exposure import ExposedFlow
 from .fastmcp_seams import running_docket
 from .hooks import AuditEvent, AuditHook, approval_decision, deliver_audit
 from .provider import task_runner_resolvable
-from .runs import ApprovalInTask
+from .runs import ApprovalInTask, declared_elicitation
 from .security import payload_text
 from .views import current_caller
 
@@ -167,7 +167,7 @@ class FlowTaskRunner(FastMCPTool):
             # stop any more (FlowTasksExtension audited the cancellation). Nothing runs.
             return ToolResult(content=[TextContent(type="text", text="cancelled")],
                               is_error=True)
-        exposed = await self._runnable(arguments, ctx, execution, docket)
+        exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
         reports = _StepReports(ctx)
@@ -193,7 +193,7 @@ class FlowTaskRunner(FastMCPTool):
         return result
 
     async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
-                        docket: Docket) -> ExposedFlow:
+                        docket: Docket, task_id: str) -> ExposedFlow:
         """The exposed flow the payload names, if this process may run it now; else the
         task fails (MCPError) with the reason as its status message."""
         exposed = self._provider.exposure.tool(arguments["tool"])
@@ -212,8 +212,8 @@ class FlowTaskRunner(FastMCPTool):
         asks_only = exposed.needs_approval and ctx.request_state is None
         if (not asks_only and not await _first_run(docket, execution.key)
                 and not effective_idempotent(exposed)):
-            await self._audit.record(exposed, ctx.task_id or execution.key, "failed",
-                                     arguments.get("caller"), reason="not_idempotent")
+            await self._audit.record(exposed, task_id, "failed", arguments.get("caller"),
+                                     reason="not_idempotent")
             raise MCPError(code=INTERNAL_ERROR, message=(
                 f"the worker running flow {exposed.flow.name!r} stopped during the run, "
                 "and the flow is not idempotent (by its effective safety), so it was not "
@@ -334,12 +334,10 @@ class FlowTasksExtension(TasksExtension):
         # the task's audit records name it. Stored with the arguments, which live (and
         # are refreshed) exactly as long as the task's other keys.
         caller_id = current_caller().id
-        capabilities = context.session.client_capabilities
         payload = {"tool": exposed.tool_name, "version": exposed.flow.version,
-                   "arguments": arguments,
-                   "caller": caller_id, "approval": exposed.needs_approval,
-                   "client_can_answer": capabilities is not None
-                   and capabilities.elicitation is not None}
+                   "arguments": arguments, "caller": caller_id,
+                   "approval": exposed.needs_approval,
+                   "client_can_answer": declared_elicitation(context)}
         created = await create_task(await self.registered_runner(), payload, context)
         await self.audit.record(exposed, created.task_id, "working", caller_id,
                                 phase="decision", reason="created")
