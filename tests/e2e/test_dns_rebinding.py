@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from support.conformance import CONFORMANCE_TIMEOUT, conformance_command
 from support.procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 from chainweaver.mcp.http_guard import HostOriginRules, matches
@@ -31,9 +31,6 @@ SERVE = [CHAINWEAVER, "serve", "examples/flows", "--tools", "examples/flow_tools
 
 # 0.1.13 is the newest release that runs on Node 20 (later ones need Node 22's
 # fs.globSync); its dns-rebinding-protection scenario is the same as in 0.1.16.
-CONFORMANCE = "@modelcontextprotocol/conformance@0.1.13"
-CONFORMANCE_DIR = ROOT / ".cache" / "conformance-0.1.13"
-CONFORMANCE_TIMEOUT = 300.0
 SCENARIO_CHECKS = {"localhost-host-rebinding-rejected", "localhost-host-valid-accepted"}
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -192,20 +189,7 @@ async def test_the_guard_in_process(bind: str, host: str, origin: str | None,
 @pytest.fixture(scope="module")
 def conformance() -> list[str]:
     """The command that runs the conformance suite, installed into .cache/ once."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are not installed: the MCP conformance suite is an npm "
-                    "package (the plain HTTP tests in this file cover the same rules)")
-    entry = CONFORMANCE_DIR / "node_modules" / "@modelcontextprotocol" / "conformance" / \
-        "dist" / "index.js"
-    if not entry.is_file():
-        CONFORMANCE_DIR.mkdir(parents=True, exist_ok=True)
-        installed = subprocess.run(
-            [npm, "install", "--prefix", str(CONFORMANCE_DIR), "--no-audit", "--no-fund",
-             "--no-save", CONFORMANCE], capture_output=True, text=True,
-            timeout=CONFORMANCE_TIMEOUT)
-        assert installed.returncode == 0, installed.stderr
-    return [node, str(entry)]
+    return conformance_command("the plain HTTP tests in this file cover the same rules")
 
 
 def run_scenario(command: list[str], url: str, output: Path) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.elicitation import ElicitResult
 from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+from support.conformance import CONFORMANCE_TIMEOUT, conformance_command
 from support.procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,9 +30,6 @@ SERVE = ["serve", "tests/servers/runs", "--tools", "tests/servers/runs/run_tools
 MODES = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
 TRANSPORTS = ["stdio", "http", "http-stateless"]
 SCENARIOS = ["tools-call-with-progress", "tools-call-with-logging"]
-CONFORMANCE = "@modelcontextprotocol/conformance@0.1.13"  # as in test_dns_rebinding.py
-CONFORMANCE_DIR = ROOT / ".cache" / "conformance-0.1.13"
-CONFORMANCE_TIMEOUT = 300.0
 
 
 class HttpServer:
@@ -178,20 +175,7 @@ async def test_cancellation_reaches_the_running_step(transport: str, mode: str,
 @pytest.fixture(scope="module")
 def conformance() -> list[str]:
     """The conformance suite's command (the same install test_dns_rebinding uses)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are not installed: the MCP conformance suite is an npm "
-                    "package (the other tests in this file check the same behaviour)")
-    entry = CONFORMANCE_DIR / "node_modules" / "@modelcontextprotocol" / "conformance" / \
-        "dist" / "index.js"
-    if not entry.is_file():
-        CONFORMANCE_DIR.mkdir(parents=True, exist_ok=True)
-        installed = subprocess.run(
-            [npm, "install", "--prefix", str(CONFORMANCE_DIR), "--no-audit", "--no-fund",
-             "--no-save", CONFORMANCE], capture_output=True, text=True,
-            timeout=CONFORMANCE_TIMEOUT)
-        assert installed.returncode == 0, installed.stderr
-    return [node, str(entry)]
+    return conformance_command("the other tests in this file check the same behaviour")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -9,13 +9,11 @@ import asyncio
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
-from support.mcp_client import send_task_update
+from support.task_asks import answering, send_task_update
 
 from chainweaver import FlowExecutor, FlowRegistry
 from chainweaver.files import find_flow_files, load_flows
@@ -53,17 +51,10 @@ def refunds(queue: str, order: str) -> int:
     return int(redis.Redis.from_url(queue).get(f"cw-test:refund:{order}") or 0)
 
 
-async def update(client: Client, task_id: str, responses: dict[str, Any]) -> Any:
-    return await send_task_update(client, task_id, responses)
 
 
-async def by_hand(*_: Any) -> Any:
-    raise AssertionError("these tests answer a task's ask by hand (tasks/update)")
 
 
-def answering(server: FlowServer) -> Client:
-    """A client that declares elicitation (its tasks may ask) and answers by hand."""
-    return Client(server.fastmcp, elicitation_handler=by_hand)
 
 
 def trail(audit: list[AuditEvent], task_id: str) -> list[tuple[str, str | None]]:
@@ -83,7 +74,7 @@ async def test_a_waiting_task_cancelled_on_the_other_replica_is_audited_and_neve
             asked = await theirs.wait(state="input_required", timeout=LIMIT)
             assert asked.input_requests
             await theirs.cancel()
-            await update(ca, task.task_id, {key: {"action": "accept",
+            await send_task_update(ca, task.task_id, {key: {"action": "accept",
                                                   "content": {"approve": True}}
                                             for key in asked.input_requests})
             await asyncio.sleep(1.0)
@@ -110,8 +101,8 @@ async def test_an_answer_through_the_other_replica_runs_once_on_the_worker(
             answer = {key: {"action": "accept", "content": {"approve": True}}
                       for key in asked.input_requests}
             # The same answer through both replicas at once: one next leg.
-            await asyncio.gather(update(ca, task.task_id, answer),
-                                 update(cb, task.task_id, answer))
+            await asyncio.gather(send_task_update(ca, task.task_id, answer),
+                                 send_task_update(cb, task.task_id, answer))
             done = await task.wait(timeout=LIMIT)
             await asyncio.sleep(0.5)
     finally:

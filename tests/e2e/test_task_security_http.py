@@ -1,16 +1,20 @@
 """Background tasks of JWT callers over streamable HTTP, against
 ``tests/servers/task_jwt_server.py``: another subject's task, and a task whose flow left
-its caller's view, answer exactly like a task id that never existed."""
+its caller's view, answer exactly like a task id that never existed; a ``tasks/*``
+request whose ``Mcp-Name`` header disagrees with its ``taskId`` is refused the same way
+whoever owns the id, so the header cannot probe another caller's tasks."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
@@ -41,8 +45,27 @@ def served(tmp_path: Path) -> Iterator[tuple[KeyPair, str]]:
     assert "Traceback" not in log.read_text()
 
 
-def client(url: str, token: str) -> Client:
-    return Client(StreamableHttpTransport(url, auth=token))
+def tampering(name: str) -> Any:
+    """An httpx client factory whose tasks/* requests carry ``Mcp-Name: name``."""
+
+    async def rewrite(request: httpx2.Request) -> None:
+        try:
+            method = json.loads(request.content).get("method", "")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(method, str) and method.startswith("tasks/"):
+            request.headers["Mcp-Name"] = name
+
+    def factory(**options: Any) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(event_hooks={"request": [rewrite]}, **options)
+
+    return factory
+
+
+def client(url: str, token: str, header: str | None = None) -> Client:
+    """A JWT caller's client; ``header``: the ``Mcp-Name`` its tasks/* requests carry."""
+    factory = tampering(header) if header is not None else None
+    return Client(StreamableHttpTransport(url, auth=token, httpx_client_factory=factory))
 
 
 def handle(c: Client, task: ToolTask, task_id: str) -> ToolTask:
@@ -80,3 +103,33 @@ async def test_another_subject_and_a_narrowed_view_get_not_found(
     async with client(url, keys.token("alice", [], flows=["report"])) as c:
         again, _ = await answers(c, task)
     assert again == "completed"
+
+
+async def error_of(c: Client, task: ToolTask, task_id: str, method: str) -> dict[str, Any]:
+    theirs = ToolTask(c, "report", task.create_result.model_copy(update={"task_id": task_id}))
+    call = theirs.status() if method == "get" else theirs.cancel()
+    with pytest.raises(MCPError) as refused:
+        await call
+    error = refused.value.error.model_dump()
+    return {**error, "message": str(error["message"]).replace(task_id, "<id>")}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("method", ["get", "cancel"])
+async def test_a_mismatched_name_header_answers_alike_for_every_task_id(
+        served: tuple[KeyPair, str], method: str) -> None:
+    keys, url = served
+    async with client(url, keys.token("alice", [], flows=["report"])) as c:
+        task = await call_tool_task(c, "report", {"n": 1})
+        await asyncio.wait_for(task.result(), LIMIT)
+    errors = []
+    for who in ("alice", "bob"):
+        token = keys.token(who, [], flows=["report"])
+        async with client(url, token, header="not-the-task-id") as c:
+            errors.append(await error_of(c, task, task.task_id, method))
+            errors.append(await error_of(c, task, NEVER, method))
+    assert all(error == errors[0] for error in errors), errors
+    assert errors[0]["code"] not in (-32603, -32602), errors[0]
+    async with client(url, keys.token("alice", [], flows=["report"])) as c:
+        still = await ToolTask(c, "report", task.create_result).status()
+    assert still.status == "completed"

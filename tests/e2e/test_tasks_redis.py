@@ -25,8 +25,8 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp import MCPError
-from support.mcp_client import send_task_update
 from support.procs import free_port, stop, wait_until_listening
+from support.task_asks import by_hand, send_task_update
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = ROOT / "tests" / "servers" / "task_flows"
@@ -117,8 +117,6 @@ def workers(queue: str, tmp_path: Path) -> Iterator[Workers]:
         started.stop_all()
 
 
-async def by_hand(message: str, response_type: Any, params: Any, context: Any) -> Any:
-    raise AssertionError("the test answers a task's ask by hand (tasks/update)")
 
 
 def client(port: int, caller: int = 0) -> Client:

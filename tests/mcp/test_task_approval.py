@@ -18,7 +18,7 @@ from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
 from fastmcp_tasks.input_store import load_current_leg
 from mcp import MCPError
-from support.mcp_client import send_task_update
+from support.task_asks import answering, reply, update_task, waiting
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
 from chainweaver.mcp import (
@@ -69,24 +69,12 @@ def paying(audit: list[AuditEvent] | None = None) -> tuple[FlowServer, Switch]:
     return server, switch
 
 
-async def waiting(task: ToolTask) -> dict[str, Any]:
-    """Wait until the task asks; its input requests, as sent on the wire."""
-    status = await task.wait(state="input_required", timeout=LIMIT)
-    assert status.input_requests
-    return status.input_requests
 
 
-async def update(task: ToolTask, responses: dict[str, Any]) -> Any:
-    return await send_task_update(task._client, task.task_id, responses)
 
 
-async def by_hand(message: str, response_type: Any, params: Any, context: Any) -> Any:
-    raise AssertionError("this test answers the task's ask by hand (tasks/update)")
 
 
-def answering(server: FlowServer) -> Client:
-    """A client that declares elicitation (so its tasks may ask) and answers by hand."""
-    return Client(server.fastmcp, elicitation_handler=by_hand)
 
 
 async def leg(server: FlowServer, task: ToolTask) -> int:
@@ -97,12 +85,6 @@ async def leg(server: FlowServer, task: ToolTask) -> int:
     return (await load_current_leg(docket, None, task.task_id))[1]  # no token: no scope
 
 
-def reply(requests: dict[str, Any], action: str, content: Any = None) -> dict[str, Any]:
-    """The same answer to every request the task surfaced."""
-    answer: dict[str, Any] = {"action": action}
-    if content is not None:
-        answer["content"] = content
-    return {key: answer for key in requests}
 
 
 async def test_an_approval_turns_the_task_input_required_before_any_step() -> None:
@@ -118,7 +100,7 @@ async def test_an_approval_turns_the_task_input_required_before_any_step() -> No
         for part in ("'pay'", "'charge'", "'write'", "charges a card"):
             assert part in ask["params"]["message"]
         assert SECRET not in str(ask)  # argument values are never shown
-        await update(task, reply(requests, "accept", {"approve": True}))
+        await update_task(task, reply(requests, "accept", {"approve": True}))
         done = await task.wait(timeout=LIMIT)
         result = await task.result()
     assert done.status == "completed"
@@ -150,7 +132,7 @@ async def test_a_refused_approval_completes_the_task_with_an_error_and_no_side_e
     server, _ = paying(audit)
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
-        await update(task, reply(await waiting(task), action, content))
+        await update_task(task, reply(await waiting(task), action, content))
         done = await task.wait(timeout=LIMIT)
         result = await task.result()
     assert done.status == "completed"  # a refused run is a result, not a failed task
@@ -179,15 +161,15 @@ async def test_answers_to_nothing_asked_leave_the_task_waiting() -> None:
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
-        await update(task, {"not-a-request": {"action": "accept",
+        await update_task(task, {"not-a-request": {"action": "accept",
                                               "content": {"approve": True}}})
-        await update(task, {})
+        await update_task(task, {})
         still = await task.status()
         assert still.status == "input_required" and still.input_requests == requests
-        await update(task, reply(requests, "accept", {"approve": True}))
+        await update_task(task, reply(requests, "accept", {"approve": True}))
         await task.wait(timeout=LIMIT)
         assert await leg(server, task) == 2
-        await update(task, reply(requests, "accept", {"approve": True}))  # answered once
+        await update_task(task, reply(requests, "accept", {"approve": True}))  # answered once
         assert await leg(server, task) == 2  # no leg was enqueued again
     assert CHARGED == [100]
 
@@ -199,7 +181,7 @@ async def test_cancelling_a_waiting_task_ends_it_and_is_audited() -> None:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
         await task.cancel()
-        await update(task, reply(requests, "accept", {"approve": True}))  # too late
+        await update_task(task, reply(requests, "accept", {"approve": True}))  # too late
         assert await leg(server, task) == 1  # the answer enqueued nothing
         status = await task.status()
     assert status.status == "cancelled" and CHARGED == []
@@ -224,7 +206,7 @@ async def test_an_ask_left_unanswered_expires_with_the_task() -> None:
         with pytest.raises(MCPError) as gone:
             await task.status()
         with pytest.raises(MCPError) as late:
-            await update(task, reply(requests, "accept", {"approve": True}))
+            await update_task(task, reply(requests, "accept", {"approve": True}))
     assert gone.value.error.message == late.value.error.message == \
         f"Task {task.task_id} not found"
     assert CHARGED == []
@@ -237,14 +219,14 @@ async def test_only_the_tasks_caller_can_answer_it() -> None:
         requests = await waiting(task)
         switch.who = "mallory"
         with pytest.raises(MCPError) as theirs:
-            await update(task, reply(requests, "accept", {"approve": True}))
+            await update_task(task, reply(requests, "accept", {"approve": True}))
         with pytest.raises(MCPError) as never:
-            await update(ToolTask(client, "pay", task.create_result.model_copy(
+            await update_task(ToolTask(client, "pay", task.create_result.model_copy(
                 update={"task_id": "A" * 43})), {})
         switch.who = "sam"
         assert (await task.status()).status == "input_required"
         assert CHARGED == []
-        await update(task, reply(requests, "accept", {"approve": True}))
+        await update_task(task, reply(requests, "accept", {"approve": True}))
         done = await task.wait(timeout=LIMIT)
     assert theirs.value.error.code == never.value.error.code == -32602
     assert theirs.value.error.message == f"Task {task.task_id} not found"
@@ -281,7 +263,7 @@ async def test_the_runner_stays_unreachable_after_serving_a_result() -> None:
     server, _ = paying()
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER)
-        await update(task, reply(await waiting(task), "accept", {"approve": True}))
+        await update_task(task, reply(await waiting(task), "accept", {"approve": True}))
         await task.result()
         assert RUNNER_NAME not in {t.name for t in await client.list_tools()}
         runner = await client.call_tool(RUNNER_NAME, {}, raise_on_error=False)
@@ -321,7 +303,7 @@ async def test_a_leg_that_only_asks_is_not_marked_as_a_run() -> None:
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
         asked = await marks()
-        await update(task, reply(requests, "accept", {"approve": True}))
+        await update_task(task, reply(requests, "accept", {"approve": True}))
         await task.wait(timeout=LIMIT)
         ran = await marks()
     assert (asked, ran) == (0, 1) and CHARGED == [100]

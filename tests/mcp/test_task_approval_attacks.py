@@ -20,7 +20,7 @@ from fastmcp.tools.tool_transform import ToolTransformConfig
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp import MCPError
 from pydantic import BaseModel
-from support.mcp_client import send_task_update
+from support.task_asks import answering, reply, update_task, waiting
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import (
@@ -123,23 +123,12 @@ def fresh() -> Iterator[None]:
     RELEASE[0].set()
 
 
-async def waiting(task: ToolTask) -> dict[str, Any]:
-    status = await task.wait(state="input_required", timeout=LIMIT)
-    assert status.input_requests
-    return status.input_requests
 
 
-async def update(task: ToolTask, responses: Any) -> Any:
-    return await send_task_update(task._client, task.task_id, responses)
 
 
-async def by_hand(*_: Any) -> Any:
-    raise AssertionError("these tests answer a task's ask by hand (tasks/update)")
 
 
-def answering(server: FlowServer) -> Client:
-    """A client that declares elicitation (its tasks may ask) and answers by hand."""
-    return Client(server.fastmcp, elicitation_handler=by_hand)
 
 
 class _RawUpdateParams(BaseModel):
@@ -160,11 +149,6 @@ async def raw_update(task: ToolTask, responses: Any) -> Any:
     return await task._client.session.send_request(request, mcp_types.Result)  # type: ignore[arg-type]
 
 
-def reply(requests: dict[str, Any], action: str, content: Any = None) -> dict[str, Any]:
-    answer: dict[str, Any] = {"action": action}
-    if content is not None:
-        answer["content"] = content
-    return {key: answer for key in requests}
 
 
 def unknown(result: mcp_types.CallToolResult, name: str) -> str:
@@ -270,7 +254,7 @@ async def test_malformed_answers_are_invalid_params_and_leave_the_task_waiting(
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
         requests = await waiting(task)
         with pytest.raises(MCPError) as refused:
-            await update(task, {key: bad for key in requests})
+            await update_task(task, {key: bad for key in requests})
         await asyncio.sleep(0.1)
         status = await task.status()
     assert refused.value.error.code == -32602, refused.value.error
@@ -285,7 +269,7 @@ async def test_accept_without_an_approving_form_runs_nothing_and_is_audited(
     server, _ = shop(audit)
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
-        await update(task, reply(await waiting(task), "accept", content))
+        await update_task(task, reply(await waiting(task), "accept", content))
         done = await task.wait(timeout=LIMIT)
         result = await task.result()
     assert done.status == "completed" and result.is_error and CHARGED == []
@@ -298,10 +282,10 @@ async def test_a_huge_answer_is_taken_once_and_an_unknown_key_is_a_no_op() -> No
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
         requests = await waiting(task)
-        await update(task, {f"nope{i}": {"action": "accept", "content": {"approve": True}}
+        await update_task(task, {f"nope{i}": {"action": "accept", "content": {"approve": True}}
                             for i in range(2_000)})
         assert (await task.status()).status == "input_required"
-        await update(task, reply(requests, "accept", {"approve": True, "pad": "A" * 500_000}))
+        await update_task(task, reply(requests, "accept", {"approve": True, "pad": "A" * 500_000}))
         done = await task.wait(timeout=LIMIT)
     assert done.status == "completed" and CHARGED == [100]
 
@@ -324,7 +308,7 @@ async def test_racing_answers_run_the_side_effect_once() -> None:
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
         requests = await waiting(task)
-        answers = [update(task, reply(requests, "accept", {"approve": True}))
+        answers = [update_task(task, reply(requests, "accept", {"approve": True}))
                    for _ in range(8)]
         await asyncio.wait_for(asyncio.gather(*answers), LIMIT)
         done = await task.wait(timeout=LIMIT)
@@ -347,7 +331,7 @@ async def test_a_cancel_racing_the_answer_never_hides_a_side_effect() -> None:
             CHARGED.clear()
             task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
             requests = await waiting(task)
-            answers = [update(task, reply(requests, "accept", {"approve": True}))
+            answers = [update_task(task, reply(requests, "accept", {"approve": True}))
                        for _ in range(6)]
             await asyncio.wait_for(asyncio.gather(*answers, task.cancel()), LIMIT)
             await asyncio.sleep(0.2)
@@ -372,7 +356,7 @@ async def test_the_caller_cannot_answer_once_the_flow_left_its_view() -> None:
         requests = await waiting(task)
         who.narrowed = True
         with pytest.raises(MCPError) as refused:
-            await update(task, reply(requests, "accept", {"approve": True}))
+            await update_task(task, reply(requests, "accept", {"approve": True}))
         with pytest.raises(MCPError) as cancel:
             await task.cancel()
         who.narrowed = False
@@ -394,7 +378,7 @@ async def test_a_legacy_client_cannot_answer_a_task() -> None:
         requests = await waiting(task)
         theirs = ToolTask(legacy, "pay", task.create_result)
         with pytest.raises(MCPError) as refused:
-            await update(theirs, reply(requests, "accept", {"approve": True}))
+            await update_task(theirs, reply(requests, "accept", {"approve": True}))
         assert (await task.status()).status == "input_required"
     assert refused.value.error.code not in (-32603,) and CHARGED == []
 
@@ -407,7 +391,7 @@ async def test_only_a_json_true_approves_a_side_effect(value: Any) -> None:
     server, _ = shop()
     async with answering(server) as client:
         task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
-        await update(task, reply(await waiting(task), "accept", {"approve": value}))
+        await update_task(task, reply(await waiting(task), "accept", {"approve": value}))
         await task.wait(timeout=LIMIT)
     assert CHARGED == [], (
         f"approve={value!r} (the schema asks for a boolean) approved a 'write' step: "
@@ -423,7 +407,7 @@ async def _answer_then_cancel_while_queued(audit: list[AuditEvent]) -> str:
         requests = await waiting(task)
         busy = await call_tool_task(client, "slow", ORDER)
         await until(lambda: HELD, "the slot to be taken")
-        await update(task, reply(requests, "accept", {"approve": True}))
+        await update_task(task, reply(requests, "accept", {"approve": True}))
         await task.cancel()
         RELEASE[0].set()
         await asyncio.wait_for(busy.result(), LIMIT)
@@ -448,7 +432,7 @@ async def test_a_leg_that_a_cancel_could_not_stop_does_not_run() -> None:
         requests = await waiting(task)
         busy = await call_tool_task(client, "slow", ORDER)
         await until(lambda: HELD, "the slot to be taken")
-        await update(task, reply(requests, "accept", {"approve": True}))
+        await update_task(task, reply(requests, "accept", {"approve": True}))
         await mark_cancelled(running_docket(server.fastmcp), None, task.task_id, 60)
         RELEASE[0].set()
         await asyncio.wait_for(busy.result(), LIMIT)
@@ -485,7 +469,7 @@ async def test_a_namespaced_server_runs_approval_tasks() -> None:
                 f"creating a task through a Namespace transform: {error.error.code} "
                 f"{error.error.message} (Docket knows the runner only by its transformed "
                 "key; tasks/get would also look it up untransformed)") from error
-        await update(task, reply(await waiting(task), "accept", {"approve": True}))
+        await update_task(task, reply(await waiting(task), "accept", {"approve": True}))
         result = await asyncio.wait_for(task.result(), LIMIT)
     assert not result.is_error and CHARGED == [100]
 

@@ -19,7 +19,7 @@ from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp import MCPError
 from servers import task_tools
-from support.mcp_client import send_task_update
+from support.task_asks import send_task_update
 
 from chainweaver.mcp import (
     GATE_REFUSED,

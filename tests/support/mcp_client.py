@@ -190,17 +190,6 @@ async def complete_template(client: Client, value: str, argument: str = "publish
     return (await client.complete(reference, {"name": argument, "value": value})).values
 
 
-async def send_task_update(client: Client, task_id: str,
-                           responses: dict[str, Any] | None = None) -> Any:
-    """``tasks/update`` as a client sends it (``ToolTask`` has no method for it: its
-    ``result()`` answers input requests through the elicitation handler)."""
-    from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
-
-    request = UpdateTaskRequest(params=UpdateTaskRequestParams(
-        task_id=task_id, input_responses=responses or {}))
-    return await client.session.send_request(request, mcp_types.Result)
-
-
 class RawResult(BaseModel):
     """Any result, as the wire carried it."""
 
