@@ -21,10 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
-import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,10 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import ignore_log
+from bench_common import (
+    HOST,
+    drive,
+    load_test_parser,
+    machine_line,
+    percentile,
+    start_server,
+    stop_servers,
+)
 from pydantic import BaseModel, Field
 
-HOST = "127.0.0.1"  # loopback only
 ISSUER = "https://issuer.bench"
 AUDIENCE = "chainweaver-bench"
 TARGETS = ("bare", "views")
@@ -54,7 +57,6 @@ class QuoteInput(BaseModel):
 class Quote(BaseModel):
     sku: str
     total_cents: int
-
 
 
 async def quote(data: QuoteInput) -> Quote:
@@ -130,91 +132,32 @@ def tokens(private_key: Any) -> list[str]:
                        private_key, algorithm="RS256") for subject, teams in CALLERS]
 
 
-async def load(url: str, bearer: list[str], clients: int, count: int, seconds: float,
-               mode: str) -> tuple[list[float], int, float]:
-    """``clients`` concurrent clients sending ``count`` calls in all, at most ``seconds``
-    long: (latencies in seconds, errors, elapsed seconds)."""
-    from fastmcp import Client
-    from fastmcp.client.transports import StreamableHttpTransport
+async def price_quote(client: Any, n: int) -> bool:
+    """One ``price_quote`` call; True when it answered the right quote."""
     from mcp import MCPError
 
-    issued = itertools.count()
-    latencies: list[float] = []
-    errors = 0
-    started = time.perf_counter()
-    deadline = started + seconds
-
-    async def worker(token: str) -> None:
-        nonlocal errors
-        transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
-        async with Client(transport, mode=mode, log_handler=ignore_log) as client:
-            while time.perf_counter() < deadline:
-                n = next(issued)
-                if n >= count:
-                    return
-                sent = time.perf_counter()
-                try:
-                    result = await client.call_tool("price_quote", {"sku": f"S-{n}"},
-                                                    raise_on_error=False)
-                    ok = not result.is_error and result.structured_content == {
-                        "sku": f"S-{n}", "total_cents": 999}
-                except MCPError:
-                    ok = False
-                latencies.append(time.perf_counter() - sent)
-                errors += not ok
-
-    await asyncio.gather(*(worker(bearer[n % len(bearer)]) for n in range(clients)))
-    return latencies, errors, time.perf_counter() - started
+    try:
+        result = await client.call_tool("price_quote", {"sku": f"S-{n}"}, raise_on_error=False)
+    except MCPError:
+        return False
+    return not result.is_error and result.structured_content == {"sku": f"S-{n}",
+                                                                 "total_cents": 999}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def start(kind: str, key_file: str, quiet_runs: bool = False
-          ) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    quiet = ["--quiet-runs"] if quiet_runs else []
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", kind,
-                                "--port", str(port), "--key", key_file, *quiet],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{kind} server exited with code {process.returncode}")
-        try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            return process, port
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"{kind} server did not start")
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+async def load(url: str, bearer: list[str], clients: int, count: int, seconds: float,
+               mode: str) -> tuple[list[float], int, float]:
+    """``clients`` concurrent callers (their tokens taken in turn from ``bearer``) sending
+    ``count`` calls in all, at most ``seconds`` long."""
+    return await drive(url, bearer, clients, count, seconds, mode, price_quote)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=2000,
-                        help="calls per target per round")
-    parser.add_argument("--duration", type=float, default=60.0,
-                        help="time limit per target per round, seconds")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--mode", choices=["auto", "legacy"], default="auto")
-    parser.add_argument("--quick", action="store_true", help="a small run, for the tests")
+    parser = load_test_parser(__doc__.split("\n\n")[0], "calls")
     parser.add_argument("--quiet-runs", action="store_true",
                         help="the views server sends no per-step progress or log messages "
                              "(ServingConfig(run_notifications=False)); FastMCP's client "
                              "asks for both on every call, and bare FastMCP sends none")
     parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -242,8 +185,7 @@ async def measure(args: argparse.Namespace, ports: dict[str, int], bearer: list[
 
 def report(args: argparse.Namespace, stats: dict[str, dict[str, Any]]) -> int:
     print("== bench_auth ==")
-    print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, {platform.platform(terse=True)}")
+    print(machine_line())
     print(f"clients={args.clients} calls/target/round={args.requests} rounds={args.rounds} "
           f"mode={args.mode}; RS256 JWTs, {len(CALLERS)} callers in 2 grant sets; views "
           f"server: 1 visible flow among {OTHER_FLOWS + 1}")
@@ -284,17 +226,12 @@ def main() -> int:
         try:
             ports = {}
             for kind in TARGETS:
-                processes[kind], ports[kind] = start(kind, key_file, args.quiet_runs)
+                processes[kind], ports[kind] = start_server(
+                    __file__, kind, "--key", key_file,
+                    *(["--quiet-runs"] if args.quiet_runs else []))
             stats = asyncio.run(measure(args, ports, tokens(private_key)))
         finally:
-            for process in processes.values():
-                process.terminate()
-            for process in processes.values():
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_servers(processes)
     return report(args, stats)
 
 

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench_common import ignore_log
+from bench_common import free_port, ignore_log
 from pydantic import BaseModel
 
 from chainweaver import SideEffectLevel, ToolSafetyContract, tool
@@ -212,12 +211,6 @@ async def memory_throughput(flows: Path, total: int) -> float:
           f"{enqueued:.2f} s)")
     print(f"  task throughput / plain call throughput: {base / cand:.2f}")
     return base / cand
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def redis_throughput(flows: Path, total: int) -> float | None:

@@ -25,22 +25,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import itertools
 import json
-import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import ignore_log
+from bench_common import (
+    HOST,
+    drive,
+    load_test_parser,
+    machine_line,
+    percentile,
+    start_server,
+    stop_servers,
+)
 from pydantic import BaseModel, Field
 
-HOST = "127.0.0.1"  # loopback only
 TOKEN = "bench-token"
 TARGETS = ("bare", "flow", "flow+gate")
 
@@ -87,7 +89,6 @@ class OrderStatus(BaseModel):
 def search(data: SearchInput) -> SearchOutput:
     items = [f"{data.query} #{i}" for i in range(min(data.limit, 3))]
     return SearchOutput(items=items, total=len(items))
-
 
 
 async def quote(data: QuoteInput) -> Quote:
@@ -253,60 +254,17 @@ async def one_request(client: Any, primitive: str, name: str, arguments: dict) -
 
 async def load(url: str, kind: str, clients: int, count: int, seconds: float,
                mode: str) -> tuple[list[float], int, float]:
-    """``clients`` concurrent clients sending ``count`` requests in all, at most ``seconds``
-    long: (latencies in seconds, errors, elapsed seconds)."""
-    from fastmcp import Client
-    from fastmcp.client.transports import StreamableHttpTransport
-
+    """``clients`` concurrent clients sending ``count`` requests of ``kind``'s mix in all,
+    at most ``seconds`` long."""
     mix = requests_for(kind)
-    issued = itertools.count()
-    latencies: list[float] = []
-    errors = 0
-    started = time.perf_counter()
-    deadline = started + seconds
 
-    async def worker() -> None:
-        nonlocal errors
-        transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {TOKEN}"})
-        async with Client(transport, mode=mode, log_handler=ignore_log) as client:
-            while time.perf_counter() < deadline:
-                n = next(issued)
-                if n >= count:
-                    return
-                sent = time.perf_counter()
-                ok = await one_request(client, *mix[n % len(mix)])
-                latencies.append(time.perf_counter() - sent)
-                errors += not ok
+    async def request(client: Any, n: int) -> bool:
+        return await one_request(client, *mix[n % len(mix)])
 
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    return latencies, errors, time.perf_counter() - started
+    return await drive(url, [TOKEN], clients, count, seconds, mode, request)
 
 
 # ---------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def start(kind: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", kind,
-                                "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{kind} server exited with code {process.returncode}")
-        try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            return process, port
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"{kind} server did not start")
 
 
 def rss_kib(pid: int) -> int:
@@ -316,24 +274,9 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=2000,
-                        help="requests per target per round")
-    parser.add_argument("--duration", type=float, default=60.0,
-                        help="time limit per target per round, seconds")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--mode", choices=["auto", "legacy"], default="auto")
-    parser.add_argument("--quick", action="store_true", help="a small run, for the tests")
+    parser = load_test_parser(__doc__.split("\n\n")[0], "requests")
     parser.add_argument("--serve", choices=TARGETS, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.clients, args.requests, args.duration = 2, 42, 30.0
@@ -366,8 +309,7 @@ async def measure(args: argparse.Namespace, ports: dict[str, int],
 
 def report(args: argparse.Namespace, stats: dict[str, dict[str, Any]]) -> int:
     print("== load_http ==")
-    print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, {platform.platform(terse=True)}")
+    print(machine_line())
     print(f"clients={args.clients} requests/target/round={args.requests} "
           f"duration cap={args.duration:g}s rounds={args.rounds} mode={args.mode} "
           f"mix=3 tools/call : 2 resources/read : 2 prompts/get")
@@ -411,18 +353,11 @@ def main() -> int:
     try:
         ports = {}
         for kind in TARGETS:
-            processes[kind], ports[kind] = start(kind)
+            processes[kind], ports[kind] = start_server(__file__, kind)
         pids = {kind: process.pid for kind, process in processes.items()}
         stats = asyncio.run(measure(args, ports, pids))
     finally:
-        for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=15)
+        stop_servers(processes)
     return report(args, stats)
 
 
