@@ -30,7 +30,9 @@ import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
+from . import log_level
 from .exposure import ExposedFlow, Exposure
+from .fastmcp_seams import completion_handler
 from .hooks import RequestKind
 from .prompts import malformed_prompt_request, refuse_malformed
 
@@ -168,6 +170,10 @@ class MountedGate(GateHooks):
 
             return await self._guard_listing("completion", _completion_target(params),
                                              context, call_next)
+        if context.method == "logging/setLevel":  # the parent's clients' level, for runs
+            result = await call_next(context)
+            await log_level.remember(context)
+            return result
         return await call_next(context)
 
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
@@ -206,7 +212,7 @@ class MountedCompletions:
     def install(cls, parent: FastMCP, namespace: str | None,
                 complete: Callable[..., Any]) -> None:
         """Answer ``parent``'s completions for a server mounted under ``namespace``."""
-        current = parent_completion_handler(parent)
+        current, _ = completion_handler(parent)
         # First mount, or the parent's handler was replaced since: keep it as its own.
         dispatcher = current if isinstance(current, MountedCompletions) else cls(current)
         dispatcher.mounted.append((namespace, complete))
@@ -224,15 +230,6 @@ class MountedCompletions:
             return None
         result = self.own(ref, argument, context)
         return await result if inspect.isawaitable(result) else result
-
-
-def parent_completion_handler(parent: FastMCP) -> Callable[..., Any] | None:
-    """The completion handler ``parent`` has now.
-
-    FastMCP has no public getter (``add_completion_handler`` replaces the handler):
-    the one private read, checked by tests/mcp/test_mounted_views.py.
-    """
-    return parent._completion_handler
 
 
 def _unprefixed(ref: Any, namespace: str | None) -> Any:

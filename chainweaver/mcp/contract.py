@@ -70,16 +70,19 @@ def published_schema(model: type[BaseModel], mode: SchemaMode = "validation"
     cached = _PUBLISHED.get((model, mode))
     if cached is not None:
         return cached
+    result: dict[str, Any] | str
     try:
         schema = (model_json_schema(model) if mode == "validation"
                   else model.model_json_schema(mode="serialization"))
-        json.dumps(schema, allow_nan=False)  # e.g. a NaN default, a date example
-        result: dict[str, Any] | str = dereference_refs(schema)
-    except (TypeError, ValueError) as error:
-        result = f"from {model.__name__} is not valid JSON: {error}"
     except Exception as error:  # pydantic raises several error types while generating
         detail = str(error).splitlines()[0]
         result = f"cannot be generated from {model.__name__}: {detail}"
+    else:
+        try:
+            json.dumps(schema, allow_nan=False)  # e.g. a NaN default, a date example
+            result = dereference_refs(schema)
+        except (TypeError, ValueError) as error:
+            result = f"from {model.__name__} is not valid JSON: {error}"
     _PUBLISHED[(model, mode)] = result
     return result
 

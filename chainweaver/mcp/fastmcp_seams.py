@@ -1,44 +1,74 @@
-"""The places ChainWeaver reaches past FastMCP's and the MCP SDK's public API (tested in
-tests/mcp/test_live.py::test_the_fastmcp_seams_still_exist, which fails loudly when
-they move).
+"""The places ChainWeaver reaches past FastMCP's and the MCP SDK's public API.
 
-FastMCP 4.1 has no public way to serve ``subscriptions/listen`` or
-``resources/subscribe``, nor to see a list request's cursor: the MCP SDK derives the
-``listChanged``/``subscribe`` capabilities from the low-level server's handlers, so
-they are registered there (with the SDK's public ``add_request_handler``), and the
-list handlers are wrapped there (``get_request_handler``).
+Each reach is here, is exercised by tests/mcp/test_seams.py (which fails loudly when the
+installed FastMCP moves it, and drives the degraded path), and fails soft: one warning
+in the server's log, and only the feature it serves stops working. A call never fails
+because FastMCP moved a private name.
 
-The SDK's ``ServerSession`` (one per request) does not say when its connection
-ends, and notifying a closed one silently does nothing: the connection it belongs
-to does, through its ``exit_stack``, closed when the connection ends.
-
-The low-level server's ``get_tool_input_schema`` (what the SDK checks ``Mcp-Param-*``
-headers against) has no public setter, and the level a 2025-11-25 client set with
-``logging/setLevel`` is kept in a private map: a run's log messages honour it.
-
-Background tasks (the ``tasks`` extra): fastmcp-tasks keeps the running Docket on the
-server, and a worker enters the server's lifespan without a transport, as
-fastmcp-tasks' own worker CLI does (both guarded by
-tests/mcp/test_tasks.py::test_the_private_fastmcp_entry_points_used_for_tasks_still_exist).
+- :func:`low_level_server`: FastMCP 4 has no public way to serve ``subscriptions/listen``
+  or ``resources/subscribe``, nor to see a list request's cursor; the MCP SDK derives
+  the ``listChanged``/``subscribe`` capabilities from the low-level server's handlers,
+  so they are registered there (with the SDK's public ``add_request_handler``).
+  Without it: no 2026-07-28 list-changed stream, no resource subscriptions, list
+  cursors not bound to a snapshot.
+- :func:`on_connection_close`: the SDK's ``ServerSession`` (one per request) does not
+  say when its connection ends. Without it: sessions are forgotten by age only.
+- :func:`install_input_schema_lookup`: the low-level server's ``get_tool_input_schema``
+  (what the SDK checks ``Mcp-Param-*`` headers against) has no public setter. Without
+  it: FastMCP's own lookup checks those headers.
+- :func:`completion_handler`: no public getter for a server's completion handler.
+  Without it: ``mount_into`` replaces a handler the parent registered before it.
+- Background tasks (the ``tasks`` extra): :func:`running_docket` (no tasks run
+  without it), :func:`lifespan_manager` (``chainweaver worker`` cannot start without
+  it, as fastmcp-tasks' own worker CLI) and :func:`check_task_request` (without it the
+  extension's capability check runs after the owner check).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
 from fastmcp import FastMCP
 
+logger = logging.getLogger("chainweaver.mcp.fastmcp_seams")
+_warned: set[str] = set()
+
+# The private names reached, in one place (tests rename them to drive each degraded path).
+LOW_LEVEL_SERVER = "_mcp_server"
+REQUEST_HANDLERS = "_request_handlers"
+COMPLETION_HANDLER = "_completion_handler"
+DOCKET = "_docket"
+LIFESPAN_MANAGER = "_lifespan_manager"
+TASK_REQUEST_CHECK = "_check_task_request"
+CONNECTION = "_connection"
+INPUT_SCHEMA_LOOKUP = "get_tool_input_schema"  # public name, but no public setter
+
+
+def warn_once(seam: str, degraded: str) -> None:
+    """Say once per process that a seam moved and what no longer works because of it."""
+    if seam in _warned:
+        return
+    _warned.add(seam)
+    logger.warning("the installed FastMCP has no %s where ChainWeaver reaches for it: %s",
+                   seam, degraded)
+
 
 def low_level_server(server: FastMCP) -> Any:
-    """The MCP SDK server under ``server`` (handlers, capabilities)."""
-    return server._mcp_server
+    """The MCP SDK server under ``server`` (handlers, capabilities), or None."""
+    low = getattr(server, LOW_LEVEL_SERVER, None)
+    if low is None or not callable(getattr(low, "add_request_handler", None)):
+        warn_once("FastMCP._mcp_server", "no list-changed stream on 2026-07-28, no resource "
+                  "subscriptions, and list cursors are not bound to a snapshot")
+        return None
+    return low
 
 
 def on_connection_close(session: Any, callback: Callable[[], None]) -> bool:
     """Call ``callback`` when ``session``'s connection ends (False: cannot tell)."""
-    stack = getattr(getattr(session, "_connection", None), "exit_stack", None)
+    stack = getattr(getattr(session, CONNECTION, None), "exit_stack", None)
     if not isinstance(stack, AsyncExitStack):
         return False
     stack.callback(callback)
@@ -47,33 +77,56 @@ def on_connection_close(session: Any, callback: Callable[[], None]) -> bool:
 
 def forget_request_handler(server: FastMCP, method: str) -> None:
     """Stop serving ``method`` (the SDK has no public way to remove a handler)."""
-    low_level_server(server)._request_handlers.pop(method, None)
+    handlers = getattr(low_level_server(server), REQUEST_HANDLERS, None)
+    if isinstance(handlers, dict):
+        handlers.pop(method, None)
+    else:
+        warn_once("request handler map", f"{method} stays served")
 
 
-def install_input_schema_lookup(server: FastMCP, lookup: Callable[[str], Any]) -> None:
+def install_input_schema_lookup(server: FastMCP, lookup: Callable[[str], Any]) -> bool:
     """Make the SDK read published input schemas through ``lookup``
-    (see :func:`chainweaver.mcp.views.input_schema_lookup`)."""
-    low_level = low_level_server(server)
-    if not hasattr(low_level, "get_tool_input_schema"):
-        raise RuntimeError("FastMCP's low-level server no longer has "
-                           "get_tool_input_schema: check chainweaver.mcp.fastmcp_seams")
-    low_level.get_tool_input_schema = lookup
+    (see :func:`chainweaver.mcp.views.input_schema_lookup`); False if it cannot."""
+    low = low_level_server(server)
+    if low is None or not hasattr(low, INPUT_SCHEMA_LOOKUP):
+        warn_once("get_tool_input_schema", "Mcp-Param-* headers are checked by FastMCP's "
+                  "own schema lookup")
+        return False
+    setattr(low, INPUT_SCHEMA_LOOKUP, lookup)
+    return True
 
 
-def session_log_level(ctx: Any) -> str | None:
-    """The level the request's 2025-11-25 client set with ``logging/setLevel`` (None:
-    it set none)."""
-    from fastmcp.server.context import _log_level_session_key
-
-    levels: dict[Any, str] = ctx.fastmcp._client_log_levels
-    return levels.get(_log_level_session_key(ctx.session))
+def completion_handler(server: FastMCP) -> tuple[Callable[..., Any] | None, bool]:
+    """``server``'s completion handler now, and whether it could be read at all."""
+    if not hasattr(server, COMPLETION_HANDLER):
+        warn_once("FastMCP._completion_handler", "mount_into replaces a completion "
+                  "handler the parent server registered before it")
+        return None, False
+    handler: Callable[..., Any] | None = getattr(server, COMPLETION_HANDLER)
+    return handler, True
 
 
 def running_docket(server: FastMCP) -> Any:
     """The Docket fastmcp-tasks started for ``server`` (None: not running)."""
-    return server._docket
+    return getattr(server, DOCKET, None)
 
 
 def lifespan_manager(server: FastMCP) -> Any:
     """``server``'s lifespan (Docket and its task worker), entered without a transport."""
-    return server._lifespan_manager()
+    enter = getattr(server, LIFESPAN_MANAGER, None)
+    if enter is None:
+        raise RuntimeError("this FastMCP version cannot run a lifespan without a transport; "
+                           "chainweaver worker needs it (see chainweaver.mcp.fastmcp_seams)")
+    return enter()
+
+
+def check_task_request(extension: Any, ctx: Any, task_id: str) -> None:
+    """Run the tasks extension's own ``tasks/*`` checks (capability, ``Mcp-Name``)
+    ahead of ChainWeaver's owner check; skipped, with one warning, if they moved
+    (fastmcp-tasks runs them again when it answers)."""
+    check = getattr(extension, TASK_REQUEST_CHECK, None)
+    if check is None:
+        warn_once("TasksExtension._check_task_request", "a tasks/* request from a client "
+                  "without the tasks capability is checked after the task's owner")
+        return
+    check(ctx, task_id)

@@ -4,6 +4,13 @@
 ``ToolResult``: structured content when the output schema is known, an ``isError``
 result (never a protocol error) when the arguments or the flow fail. While it runs,
 the flow reports progress and log messages and may ask for approval (``runs.py``).
+
+Anything else a call raises (reporting, approval, the executor, serialising the
+result: a bug, or a FastMCP that moved) is caught at the tool's boundary: an
+``isError`` result naming the flow and the failing part, with the exception's type at
+most (not even that under ``error_detail="generic"``), never its message, which may
+carry a file path or a value; the traceback goes to the server's log. A cancellation
+and an ``MCPError`` (a protocol error, meant as one) go through unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from typing import Any
 
 import pydantic_core
@@ -19,6 +27,7 @@ from fastmcp.server.dependencies import CurrentContext, get_context
 from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.utilities.tasks import TaskConfig
+from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
@@ -155,25 +164,44 @@ class FlowTool(FastMCPTool):
         task's runner directly, with ``status`` observing the steps (the task's status
         message) in place of the client's progress and log reports, and ``in_task``
         saying how its approval is asked and audited."""
+        call = _Call()
+        try:
+            return await self._call(call, arguments, ctx, status, in_task)
+        except MCPError:
+            raise  # a protocol error, meant as one (asyncio.CancelledError is no Exception)
+        except Exception as error:
+            if call.reporter is not None:
+                call.reporter.abandon()
+            return self._unexpected(error, call.part)
+
+    async def _call(self, call: _Call, arguments: dict[str, Any], ctx: Context | Any,
+                    status: RunObserver | None, in_task: ApprovalInTask | None
+                    ) -> ToolResult:
+        """:meth:`run_flow`'s work, saying in ``call`` which part of it is under way."""
         flow = self._exposed.flow
+        call.part = "checking the arguments"
         if not _sendable(arguments):
             # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
             # it, and the flow must not run on text that is not Unicode.
             text = f"Invalid arguments for {self.name!r}: text must be valid Unicode"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        call.part = "reading the request"
         if not isinstance(ctx, Context):
             # Called as tools/call does (run(arguments)), the default is the dependency
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
+        call.part = "run reporting"
         reporter = None
         if ctx is not None and status is None and self._runs.notifications:
-            reporter = RunReporter.wanted(ctx, self.name,
-                                          show_error_type=self._error_detail != "generic")
+            reporter = call.reporter = await RunReporter.wanted(
+                ctx, self.name, show_error_type=self._error_detail != "generic")
+        call.part = "approval"
         approval = None
         if self._exposed.needs_approval:
             if ctx is None:
                 return self._error_result("ApprovalDenied", "no client to ask for approval")
             approval = Approval(ctx, self.name, self._runs, in_task)
+        call.part = "the run"
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
@@ -184,10 +212,13 @@ class FlowTool(FastMCPTool):
             if isinstance(error, asyncio.CancelledError):
                 logger.info("a call of %r was cancelled by the client", self.name)
             raise
+        call.part = "run reporting"
         if reporter is not None:
             await reporter.close()
+        call.part = "approval"
         if approval is not None and approval.ask is not None:
             return InputRequiredToolResult(approval.ask)
+        call.part = "serialising the result"
         meta = run_meta(result, self._error_detail)
         if not result.success:
             tool_result = self._failure(result, approval.outcome if approval else "none")
@@ -204,6 +235,19 @@ class FlowTool(FastMCPTool):
                     f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
         tool_result.meta = meta
         return tool_result
+
+    def _unexpected(self, error: Exception, part: str) -> ToolResult:
+        """The isError result for an exception nothing expected: the flow and the part
+        that failed (and the exception's type, unless ``error_detail`` is ``"generic"``),
+        with a reference to the traceback in the server's log. Never the exception's
+        text: it may hold a file path, a value or a secret."""
+        reference = secrets.token_hex(4)
+        logger.exception("flow tool %r failed unexpectedly in %s (error reference %s)",
+                         self.name, part, reference)
+        kind = "" if self._error_detail == "generic" else f" ({_type_name(error)})"
+        text = (f"Flow {self.name!r} failed unexpectedly in {part}{kind}. Ask the server "
+                f"operator to check its logs (error reference {reference}).")
+        return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
     def _success(self, result: ExecutionResult) -> ToolResult:
         output = pydantic_core.to_jsonable_python(result.final_output)
@@ -236,6 +280,23 @@ class FlowTool(FastMCPTool):
         else:
             text = GENERIC_FAILURE
         return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+class _Call:
+    """One call of a flow tool, as far as an unexpected failure needs to know it."""
+
+    __slots__ = ("part", "reporter")
+
+    def __init__(self) -> None:
+        self.part = "the call"  # named in the result when something unexpected fails
+        self.reporter: RunReporter | None = None
+
+
+def _type_name(error: BaseException) -> str:
+    """The exception's class name, when it is a plain identifier (a class made with
+    ``type()`` may be named anything, a path or a value too)."""
+    name = type(error).__name__
+    return name if name.isidentifier() and name.isascii() else "Exception"
 
 
 def _request_context() -> Context | None:

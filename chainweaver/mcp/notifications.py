@@ -187,6 +187,8 @@ class ChangeNotifier:
         """Serve ``subscriptions/listen`` (and, with schema resources, subscribe), and
         make list cursors name the snapshot that issued them."""
         low = low_level_server(server)
+        if low is None:
+            return  # warned: no listen stream, no subscriptions, cursors by FastMCP
         low.add_request_handler("subscriptions/listen",
                                 mcp_types.SubscriptionsListenRequestParams, self._listen)
         if resources:
@@ -203,7 +205,9 @@ class ChangeNotifier:
     def without_back_channel(self, server: FastMCP) -> None:
         """Serving stateless HTTP: 2025-11-25 sessions cannot be notified, so do not
         advertise ``listChanged`` or ``resources.subscribe`` to them."""
-        low_level_server(server).notification_options = NotificationOptions()
+        low = low_level_server(server)
+        if low is not None:
+            low.notification_options = NotificationOptions()
         for method in ("resources/subscribe", "resources/unsubscribe"):
             forget_request_handler(server, method)
 

@@ -22,7 +22,7 @@ import secrets
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 import mcp_types
 from fastmcp.server.context import Context
@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, StrictBool, ValidationError
 
 from ..run_events import ApprovalRequest, RunObserver
 from ..runner import ErrorInfo, ExecutionResult, StepRecord
-from .fastmcp_seams import session_log_level
+from .log_level import LEVELS, client_log_level
 from .security import audit_approval
 
 logger = logging.getLogger("chainweaver.mcp.runs")
@@ -41,7 +41,6 @@ logger = logging.getLogger("chainweaver.mcp.runs")
 LOGGER_NAME = "chainweaver"
 APPROVAL_KEY = "chainweaver_approval"  # the input request's key on 2026-07-28
 _RUN_LEVELS = ("info", "warning", "error")  # the levels a run logs at
-_LEVELS: tuple[str, ...] = get_args(LoggingLevel)  # by severity, lowest first
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def wants_progress(ctx: Context) -> bool:
     return meta is not None and meta.get("progressToken") is not None
 
 
-def log_levels(ctx: Context) -> frozenset[str]:
+async def log_levels(ctx: Context) -> frozenset[str]:
     """The levels of a run's log messages that may reach the client of this request."""
     rc = ctx.request_context
     if rc is None or ctx.is_background_task:
@@ -89,21 +88,12 @@ def log_levels(ctx: Context) -> frozenset[str]:
     else:
         # Only a client that asked: one that never set a level (a plain script posting
         # requests) gets its results without a stream of messages in front of them.
-        minimum = client_log_level(ctx)
+        # Sent through the session rather than ctx.log, which also echoes every message
+        # to the server's own log.
+        minimum = await client_log_level(ctx)
         allowed = frozenset() if minimum is None else frozenset(
-            _LEVELS[_LEVELS.index(minimum):])
+            LEVELS[LEVELS.index(minimum):])
     return allowed.intersection(_RUN_LEVELS)
-
-
-def client_log_level(ctx: Context) -> str | None:
-    """The level a 2025-11-25 client set with ``logging/setLevel`` (else the server's
-    ``client_log_level``, if the operator set one; else None).
-
-    A run sends its messages through the session, not ``ctx.log``, which also echoes
-    each one to the server's own log: that echo cost more than the notifications.
-    """
-    level = session_log_level(ctx)
-    return level if level is not None else ctx.fastmcp.client_log_level
 
 
 class RunReporter(RunObserver):
@@ -128,10 +118,10 @@ class RunReporter(RunObserver):
         self._sender = asyncio.ensure_future(self._send_all())
 
     @classmethod
-    def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool
-               ) -> RunReporter | None:
+    async def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool
+                     ) -> RunReporter | None:
         """A reporter for this request, or None when the client asked for nothing."""
-        progress, levels = wants_progress(ctx), log_levels(ctx)
+        progress, levels = wants_progress(ctx), await log_levels(ctx)
         if not (progress or levels):
             return None
         return cls(ctx, tool_name, progress=progress, levels=levels,

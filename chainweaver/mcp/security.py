@@ -33,6 +33,7 @@ from fastmcp.server.middleware import MiddlewareContext
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
 
+from . import log_level
 from .composition import (
     ADMITTED_BY,
     GateHooks,
@@ -142,6 +143,10 @@ class SecurityGate(GateHooks):
                                              call_next)
         if context.method in TASK_METHODS:
             return await self._guard_task(context, call_next)
+        if context.method == "logging/setLevel":
+            result = await call_next(context)
+            await log_level.remember(context)
+            return result
         return await call_next(context)
 
     async def _guard_task(self, context: MiddlewareContext, call_next: Any) -> Any:

@@ -70,7 +70,7 @@ from ..run_events import RunObserver
 from ..runner import StepRecord
 from .composition import flow_of, owned_meta
 from .exposure import ExposedFlow
-from .fastmcp_seams import running_docket
+from .fastmcp_seams import check_task_request, running_docket
 from .hooks import AuditEvent, AuditHook, approval_decision, deliver_audit
 from .provider import task_runner_resolvable
 from .runs import ApprovalInTask, declared_elicitation
@@ -354,7 +354,7 @@ class FlowTasksExtension(TasksExtension):
             # The extension's own checks (capability, Mcp-Name header) come first, so
             # that another caller's task id and an id that never existed get past them
             # alike; fastmcp-tasks runs them again in ``handler`` (they are cheap).
-            self._check_task_request(ctx, params.task_id)
+            check_task_request(self, ctx, params.task_id)
             exposed = await self.reachable_flow(params.task_id)
             if method == "tasks/get":
                 with task_runner_resolvable():

@@ -183,11 +183,16 @@ async def test_construction_decides_no_flow_and_a_lookup_decides_only_its_own(
         assert not caplog.records  # nothing judged yet: start does not visit the catalogue
         async with Client(server.fastmcp) as client:
             await client.read_resource("chainweaver://flows/order_status/schema")
+            assert not caplog.records  # an exposed flow: decided, and nothing to say
+            # FastMCP 4.2 answers a name its providers do not return by listing every
+            # tool (looking for another version), so a hidden name's call may decide
+            # the rest of the catalogue there; its own decision is logged either way.
             called = await client.session.call_tool("write_flow", {"query": "x"})
     assert called.is_error
     decided = [r.getMessage() for r in caplog.records]
-    assert decided == ["flow 'write_flow' v1.0.0 is not exposed: side effects 'write' are "
-                       "not allowed (allowed: none, read)"]
+    assert decided[0] == ("flow 'write_flow' v1.0.0 is not exposed: side effects 'write' "
+                          "are not allowed (allowed: none, read)")
+    assert len(decided) == len(set(decided))  # each flow is decided at most once
 
 
 # ----------------------------------------------------------------- policy knobs

@@ -42,7 +42,6 @@ from chainweaver.mcp.fastmcp_seams import (
     install_input_schema_lookup,
     low_level_server,
     on_connection_close,
-    session_log_level,
 )
 from chainweaver.mcp.notifications import LIST_AGAIN
 
@@ -351,17 +350,9 @@ async def test_the_fastmcp_seams_still_exist() -> None:
         session = get_context().request_context.session
         return str(on_connection_close(session, lambda: closed.append(True)))
 
-    @server.tool
-    def level() -> str:
-        """The level this session's client set."""
-        return str(session_log_level(get_context()))
-
     async with Client(server, mode="legacy") as client:
         assert (await client.call_tool("probe")).content[0].text == "True"
         assert closed == []
-        assert (await client.call_tool("level")).content[0].text == "None"
-        await client.set_logging_level("warning")
-        assert (await client.call_tool("level")).content[0].text == "warning"
     assert closed == [True]
 
     def lookup(name: str) -> None:

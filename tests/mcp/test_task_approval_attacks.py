@@ -9,6 +9,7 @@ Written by an adversarial review; the problems it found are fixed and kept here.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -42,6 +43,10 @@ ORDER = {"card": SECRET, "cents": 100}
 CHARGED: list[int] = []
 HELD: list[str] = []
 RELEASE: list[asyncio.Event] = []
+# ``bill_held`` (a sync step: it runs in a worker thread, which no cancel can stop) sets
+# BILLING when it starts, then charges once the test sets GO_ON.
+BILLING = threading.Event()
+GO_ON = threading.Event()
 
 
 class Order(BaseModel):
@@ -67,6 +72,16 @@ def bill(stage: Stage) -> Stage:
     return stage
 
 
+@tool(safety=ToolSafetyContract("write", requires_approval=True,
+                                approval_reason="charges a card"))
+def bill_held(stage: Stage) -> Stage:
+    """``bill``, held mid-step until the test lets it charge."""
+    BILLING.set()
+    GO_ON.wait(LIMIT)
+    CHARGED.append(stage.cents)
+    return stage
+
+
 @tool(safety=ToolSafetyContract("read"))
 async def wait_here(stage: Stage) -> Stage:
     """Holds the (single) worker slot until the test releases it."""
@@ -85,19 +100,22 @@ class Who:
 
     def __call__(self, gate: GateContext) -> CallerIdentity:
         narrow = self.who == "olga" or self.narrowed
-        flows = ["lookup"] if narrow else ["pay", "slow", "lookup"]
+        flows = ["lookup"] if narrow else ["pay", "pay_held", "slow", "lookup"]
         return CallerIdentity(self.who, {"flows": flows}, subject=self.who)
 
 
 def shop(audit: list[AuditEvent] | None = None, *, concurrency: int | None = None,
          **options: Any) -> tuple[FlowServer, Who]:
-    """``pay`` asks for approval (optional task); ``slow`` holds a worker slot;
-    ``lookup`` is the one flow ``olga`` sees."""
+    """``pay`` asks for approval (optional task); ``pay_held`` is ``pay`` held inside
+    its charging step; ``slow`` holds a worker slot; ``lookup`` is the one flow
+    ``olga`` sees."""
     executor = FlowExecutor(FlowRegistry())
-    for t in (check, bill, wait_here):
+    for t in (check, bill, bill_held, wait_here):
         executor.register_tool(t)
     executor.registry.register_flow(Flow("pay", "charges a card",
                                          [FlowStep("check"), FlowStep("bill")]))
+    executor.registry.register_flow(Flow("pay_held", "charges a card, slowly",
+                                         [FlowStep("check"), FlowStep("bill_held")]))
     executor.registry.register_flow(Flow("slow", "waits", [FlowStep("check"),
                                                            FlowStep("wait_here")]))
     executor.registry.register_flow(Flow("lookup", "reads", [FlowStep("check")]))
@@ -119,8 +137,11 @@ def fresh() -> Iterator[None]:
     HELD.clear()
     RELEASE.clear()
     RELEASE.append(asyncio.Event())
+    BILLING.clear()
+    GO_ON.clear()
     yield
     RELEASE[0].set()
+    GO_ON.set()
 
 
 
@@ -316,36 +337,138 @@ async def test_racing_answers_run_the_side_effect_once() -> None:
     assert done.status == "completed" and CHARGED == [100]
 
 
-@pytest.mark.slow  # a race, tried 40 times
-async def test_a_cancel_racing_the_answer_never_hides_a_side_effect() -> None:
-    """Cancellation is cooperative: a cancel that lands while the answered leg's steps
-    run cannot undo a step already running (tasks/get then says ``cancelled``, as
-    fastmcp-tasks reports every cancelled task; docs/tasks.md says so). What must hold:
-    the side effect happens at most once, the cancellation is audited once, and a run
-    that finished anyway records its completion (with the result's digest)."""
+async def _current_leg(server: FlowServer, task: ToolTask) -> tuple[str | None, int]:
+    """The task's current leg in Docket: its execution key and number (1 asks, 2 runs
+    the answered flow)."""
+    from fastmcp_tasks.input_store import load_current_leg
+
+    from chainweaver.mcp.fastmcp_seams import running_docket
+
+    return await load_current_leg(running_docket(server.fastmcp), None, task.task_id)
+
+
+async def _answered_leg_ended(server: FlowServer, task: ToolTask) -> None:
+    """Until the task's answered leg (leg 2) is over in Docket, however it ended:
+    whatever that leg was going to run or record, it has."""
+    from docket.execution import ExecutionState
+
+    from chainweaver.mcp.fastmcp_seams import running_docket
+
+    docket = running_docket(server.fastmcp)
+    over = (ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.CANCELLED)
+    for _ in range(int(LIMIT / 0.02)):
+        leg_key, leg = await _current_leg(server, task)
+        assert leg == 2, "the task was never answered"
+        execution = await docket.get_execution(leg_key) if leg_key else None
+        if execution is None or execution.state in over:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the answered leg never ended")
+
+
+def _nothing_hidden(audit: list[AuditEvent], task_id: str, status: str) -> None:
+    """The invariant, whichever way a cancel and the answers fell: the side effect ran
+    at most once; a recorded completion means it ran, with the result's digest; a
+    task reported cancelled had its cancellation audited exactly once; and a charge
+    was approved in the audit trail before it ran."""
+    events = [e for e in audit if e.task_id == task_id and e.kind == "task"]
+    trail = [(e.phase, e.task_status) for e in events if e.task_status]
+    assert CHARGED in ([], [100]), CHARGED
+    completions = [e for e in events if (e.phase, e.task_status) == ("completed", "completed")]
+    if completions:
+        assert CHARGED == [100] and completions[0].result_sha256, trail
+    if status == "cancelled":
+        assert trail.count(("state", "cancelled")) == 1, trail
+    if CHARGED:
+        assert [(e.reason, e.decision) for e in events if e.phase == "approval"] == [
+            ("accept", "allowed")], trail
+
+
+async def test_a_cancel_before_the_answers_stops_the_run() -> None:
+    """The cancel lands first (tasks/get says ``cancelled``); six answers then race
+    each other and find nothing to answer."""
     audit: list[AuditEvent] = []
     server, _ = shop(audit)
-    outcomes = set()
     async with answering(server) as client:
-        for _ in range(40):
-            CHARGED.clear()
-            task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
-            requests = await waiting(task)
-            answers = [update_task(task, reply(requests, "accept", {"approve": True}))
-                       for _ in range(6)]
-            await asyncio.wait_for(asyncio.gather(*answers, task.cancel()), LIMIT)
-            await asyncio.sleep(0.2)
-            status = (await task.status()).status
-            trail = [(e.phase, e.task_status) for e in audit
-                     if e.task_id == task.task_id and e.kind == "task" and e.task_status]
-            charged = CHARGED == [100]
-            assert CHARGED in ([], [100]), CHARGED
-            if ("completed", "completed") in trail:
-                assert charged, trail
-            if status == "cancelled":
-                assert trail.count(("state", "cancelled")) == 1, trail
-            outcomes.add((status, charged))
-    assert ("cancelled", False) in outcomes  # the cancel did stop some runs
+        task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
+        requests = await waiting(task)
+        await task.cancel()
+        assert (await task.status()).status == "cancelled"
+        await asyncio.wait_for(asyncio.gather(*[
+            update_task(task, reply(requests, "accept", {"approve": True}))
+            for _ in range(6)]), LIMIT)
+        # Each tasks/update is done with the task when it returns: had one been taken,
+        # the answered leg would already be the current one.
+        _, leg = await _current_leg(server, task)
+        status = (await task.status()).status
+    _nothing_hidden(audit, task.task_id, status)
+    assert leg == 1 and status == "cancelled" and CHARGED == []
+
+
+async def test_a_cancel_after_the_answers_stops_a_run_still_queued() -> None:
+    """Six answers race each other and one is taken while the one worker slot is busy;
+    the cancel lands before the answered leg gets the slot."""
+    audit: list[AuditEvent] = []
+    server, _ = shop(audit, concurrency=1)
+    async with answering(server) as client:
+        task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
+        requests = await waiting(task)
+        busy = await call_tool_task(client, "slow", ORDER)
+        await until(lambda: HELD, "the slot to be taken")
+        await asyncio.wait_for(asyncio.gather(*[
+            update_task(task, reply(requests, "accept", {"approve": True}))
+            for _ in range(6)]), LIMIT)
+        await task.cancel()
+        RELEASE[0].set()
+        await asyncio.wait_for(busy.result(), LIMIT)
+        await _answered_leg_ended(server, task)
+        status = (await task.status()).status
+    _nothing_hidden(audit, task.task_id, status)
+    assert status == "cancelled" and CHARGED == []
+
+
+async def test_a_cancel_during_the_charging_step_does_not_hide_the_charge() -> None:
+    """Cancellation is cooperative: a cancel that lands while the answered leg's
+    charging step runs cannot undo it (tasks/get then says ``cancelled``, as
+    fastmcp-tasks reports every cancelled task; docs/tasks.md says so). The charge
+    still happens once, and its approval is in the audit trail."""
+    audit: list[AuditEvent] = []
+    server, _ = shop(audit)
+    async with answering(server) as client:
+        task = await call_tool_task(client, "pay_held", ORDER, raise_on_error=False)
+        requests = await waiting(task)
+        await asyncio.wait_for(asyncio.gather(*[
+            update_task(task, reply(requests, "accept", {"approve": True}))
+            for _ in range(6)]), LIMIT)
+        await until(BILLING.is_set, "the charging step to start")
+        await task.cancel()
+        GO_ON.set()
+        await until(lambda: CHARGED, "the charging step to end")
+        await _answered_leg_ended(server, task)
+        status = (await task.status()).status
+    _nothing_hidden(audit, task.task_id, status)
+    assert status == "cancelled" and CHARGED == [100]
+
+
+async def test_a_cancel_after_the_run_completed_leaves_it_completed() -> None:
+    """The answered run finishes first; a cancel then changes nothing: the task stays
+    completed, with its completion (and the result's digest) audited."""
+    audit: list[AuditEvent] = []
+    server, _ = shop(audit)
+    async with answering(server) as client:
+        task = await call_tool_task(client, "pay", ORDER, raise_on_error=False)
+        requests = await waiting(task)
+        await asyncio.wait_for(asyncio.gather(*[
+            update_task(task, reply(requests, "accept", {"approve": True}))
+            for _ in range(6)]), LIMIT)
+        assert (await task.wait(timeout=LIMIT)).status == "completed"
+        await task.cancel()
+        status = (await task.status()).status
+    _nothing_hidden(audit, task.task_id, status)
+    trail = [(e.phase, e.task_status) for e in audit
+             if e.task_id == task.task_id and e.kind == "task" and e.task_status]
+    assert status == "completed" and CHARGED == [100]
+    assert ("completed", "completed") in trail and ("state", "cancelled") not in trail
 
 
 async def test_the_caller_cannot_answer_once_the_flow_left_its_view() -> None:
@@ -411,7 +534,7 @@ async def _answer_then_cancel_while_queued(audit: list[AuditEvent]) -> str:
         await task.cancel()
         RELEASE[0].set()
         await asyncio.wait_for(busy.result(), LIMIT)
-        await asyncio.sleep(0.3)  # the cancelled leg would have run by now
+        await _answered_leg_ended(server, task)  # the cancelled leg ran, or was dropped
         assert (await task.status()).status == "cancelled" and CHARGED == []
         return task.task_id
 
