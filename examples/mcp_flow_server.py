@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import tempfile
 from typing import Any, Literal
 
 from fastmcp import Client
+from fastmcp.client.logging import LogMessage
 from fastmcp.client.transports import ClientTransport, StdioTransport
 from pydantic import BaseModel, Field
 
@@ -238,7 +240,16 @@ def _section(number: int, title: str) -> None:
 
 
 def _print_exposure(server: FlowServer) -> None:
-    for entry in server.exposure_report():
+    # Deciding the exposure logs a warning per excluded flow (on stderr, with no logging
+    # configured); the report below gives the same reasons, so they are held back here.
+    exposure_log = logging.getLogger("chainweaver.mcp")
+    level = exposure_log.level
+    exposure_log.setLevel(logging.ERROR)
+    try:
+        report = server.exposure_report()
+    finally:
+        exposure_log.setLevel(level)
+    for entry in report:
         if entry.exposed:
             print(f"  EXPOSED   {entry.flow_name} {entry.version}: tool {entry.tool_name}, "
                   f"{len(entry.resource_uris)} resource(s), prompts {list(entry.prompt_names)}")
@@ -264,8 +275,32 @@ async def run_demo() -> None:
     print("\nDemo complete.")
 
 
+class ServerLog:
+    """The log messages the server sends the client (MCP notifications/message).
+
+    FastMCP's client would log each through its own rich-formatted logger; the demo
+    collects them instead and prints them as part of its walk-through.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[LogMessage] = []
+
+    async def __call__(self, message: LogMessage) -> None:
+        self.messages.append(message)
+
+    def print_received(self) -> None:
+        """Print the messages received since the last call, one line each."""
+        for message in self.messages:
+            data = message.data
+            text = data.get("msg", data) if isinstance(data, dict) else data
+            source = f" {message.logger}" if message.logger else ""
+            print(f"  server log ({message.level}{source}): {text}")
+        self.messages.clear()
+
+
 async def _walk_through(transport: ClientTransport) -> None:
-    async with Client(transport) as client:
+    server_log = ServerLog()
+    async with Client(transport, log_handler=server_log) as client:
         _section(2, "Tools (tools/list)")
         for listed in await client.list_tools():
             hints = listed.annotations
@@ -299,6 +334,7 @@ async def _walk_through(transport: ClientTransport) -> None:
         _section(7, "Call the tool with the prompt's arguments")
         print(f"  tools/call book_search {json.dumps(arguments, sort_keys=True)}")
         result = await client.call_tool("book_search", arguments)
+        server_log.print_received()  # the flow reports each step to the caller
         print(f"  -> {json.dumps(result.structured_content, sort_keys=True)}")
 
         _section(8, "An excluded flow answers like one that never existed")
@@ -307,6 +343,7 @@ async def _walk_through(transport: ClientTransport) -> None:
                                             raise_on_error=False)
             print(f"  tools/call {name}: isError={answer.is_error} "
                   f"{answer.content[0].text!r}")
+        server_log.print_received()
 
 
 def main(argv: list[str] | None = None) -> None:

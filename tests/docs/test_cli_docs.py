@@ -265,7 +265,8 @@ def test_python_example_runs_and_prints_what_it_says(monkeypatch: pytest.MonkeyP
     (code,) = [content for language, content in blocks("flow-files.md") if language == "python"]
     printed = io.StringIO()
     with redirect_stdout(printed):
-        exec(compile(code, "docs/flow-files.md", "exec"), {"__name__": "docs_flow_files"})
+        exec(compile(code, "docs/flow-files.md", "exec", dont_inherit=True),
+             {"__name__": "docs_flow_files"})
     comment = re.search(r"print\(.*\)\s+# (.*)", code).group(1)
     assert printed.getvalue().strip() == comment
 

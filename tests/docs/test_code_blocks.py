@@ -1,22 +1,51 @@
 """Every ```python block in the README and docs runs on its own.
 
-Each block is run in a fresh namespace, as a reader who copies just that block would
-run it: no block may depend on an earlier one. ``FlowServer.serve`` is replaced so
-that blocks which start a server return at once. The page-specific tests check what
-the blocks print and do.
+The docs promise that a reader can copy any one block and run it, so each block is run
+the way that reader would run it: alone, as ``__main__``, in a fresh Python interpreter
+started from an empty directory, compiled without any ``__future__`` flag of this test
+module (``from __future__ import annotations`` here would otherwise postpone the block's
+annotations and hide a missing import). No block may depend on a name, an import or a
+file from an earlier block. A block that starts a server gets a ``FlowServer.serve``
+that returns at once.
+
+Executing a block cannot catch a name used only inside a function it never calls, so
+every block is also checked statically: each global name it reads, at any depth, is
+bound by the block itself or is a builtin. The page-specific tests check what the
+blocks print and do.
 """
 
 from __future__ import annotations
 
+import builtins
+import os
 import re
+import subprocess
+import symtable
+import sys
 from pathlib import Path
 
 import pytest
 
-from chainweaver.mcp import FlowServer
-
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TIMEOUT = 120
+
+# Run in the child interpreter: read the block from stdin, run it as a fresh __main__.
+# The runner's own names live in the runner's namespace, never in the block's.
+RUNNER = """\
+import sys, types
+page, line = sys.argv[1], int(sys.argv[2])
+source = sys.stdin.read()
+if ".serve(" in source:
+    from chainweaver.mcp import FlowServer
+    FlowServer.serve = lambda self, *args, **kwargs: None
+# Line numbers in tracebacks point into the page; no __future__ flag is inherited.
+code = compile("\\n" * (line - 1) + source, page, "exec", dont_inherit=True)
+main = types.ModuleType("__main__")
+main.__file__ = page
+sys.modules["__main__"] = main
+exec(code, main.__dict__)
+"""
 
 
 def python_blocks() -> list[tuple[str, int, str]]:
@@ -31,21 +60,57 @@ def python_blocks() -> list[tuple[str, int, str]]:
 
 
 BLOCKS = python_blocks()
+IDS = [f"{page}:{line}" for page, line, _ in BLOCKS]
+
+
+def unbound_globals(code: str) -> set[str]:
+    """Global names the code reads, anywhere, that it never binds and are not builtins."""
+    module = symtable.symtable(code, "<block>", "exec")
+    bound = {s.get_name() for s in module.get_symbols()
+             if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    bound |= set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__builtins__"}
+    read: set[str] = set()
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for symbol in table.get_symbols():
+            if symbol.is_referenced() and (table is module or symbol.is_global()):
+                read.add(symbol.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(module)
+    return read - bound
 
 
 def test_there_are_blocks_to_run() -> None:
     assert len(BLOCKS) >= 20
 
 
-@pytest.mark.parametrize(("page", "line", "code"), BLOCKS,
-                         ids=[f"{page}:{line}" for page, line, _ in BLOCKS])
-def test_each_python_block_runs_on_its_own(
-    page: str, line: int, code: str, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setattr(FlowServer, "serve", lambda self, *args, **kwargs: None)
-    monkeypatch.chdir(ROOT)
-    # Line numbers in tracebacks point into the page.
-    compiled = compile("\n" * (line - 1) + code, str(ROOT / page), "exec")
-    exec(compiled, {"__name__": "__docs__"})
-    capsys.readouterr()
+def test_the_checks_catch_what_a_reader_would_hit() -> None:
+    """The two ways a block fails alone: a name used in a signature, or in a body."""
+    annotation = "class Limiter:\n    def acquire(self, caller: CallerIdentity) -> bool: ...\n"
+    run = subprocess.run([sys.executable, "-c", RUNNER, "page.md", "1"], input=annotation,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode != 0 and "NameError" in run.stderr
+    assert unbound_globals("def authorize(ctx):\n    return ctx.kind in TOOL_CALLERS\n") == {
+        "TOOL_CALLERS"}
+    assert unbound_globals("import json\nX = 1\ndef f(a):\n    return json.dumps([a, X])\n"
+                           "class C:\n    y = X\n") == set()
+
+
+@pytest.mark.parametrize(("page", "line", "code"), BLOCKS, ids=IDS)
+def test_each_python_block_reads_only_names_it_binds(page: str, line: int, code: str) -> None:
+    assert not unbound_globals(code), f"{page}:{line} uses names it does not define"
+
+
+@pytest.mark.parametrize(("page", "line", "code"), BLOCKS, ids=IDS)
+def test_each_python_block_runs_on_its_own(page: str, line: int, code: str,
+                                           tmp_path: Path) -> None:
+    # From an empty directory where `examples/` is the repository's, as in the docs.
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONSTARTUP", "PYTHONINSPECT")}
+    run = subprocess.run([sys.executable, "-c", RUNNER, str(ROOT / page), str(line)],
+                         input=code, capture_output=True, text=True, timeout=TIMEOUT,
+                         cwd=tmp_path, env=env)
+    assert run.returncode == 0, f"{page}:{line} fails when run alone:\n{run.stderr}"

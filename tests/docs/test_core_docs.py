@@ -51,7 +51,7 @@ def test_python_examples_run(page: str, capsys: pytest.CaptureFixture[str]) -> N
     assert blocks, f"{page} has no python examples"
     namespace: dict = {"__name__": f"docs_{page[:-3]}"}
     for code in blocks:
-        exec(compile(code, str(DOCS / page), "exec"), namespace)
+        exec(compile(code, str(DOCS / page), "exec", dont_inherit=True), namespace)
     output = capsys.readouterr().out
     for expected in EXPECTED_OUTPUT[page]:
         assert expected in output

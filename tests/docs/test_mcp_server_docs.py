@@ -20,7 +20,7 @@ def blocks(language: str) -> list[str]:
 def run_python_blocks() -> dict:
     namespace: dict = {}
     for code in blocks("python"):
-        exec(compile(code, str(DOC), "exec"), namespace)
+        exec(compile(code, str(DOC), "exec", dont_inherit=True), namespace)
     return namespace
 
 

@@ -23,7 +23,7 @@ def test_python_examples_run(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setattr(FlowServer, "serve", lambda self, *a, **k: served.append((a, k)))
     namespace: dict = {}
     for code in blocks("python"):
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, "README.md", "exec", dont_inherit=True), namespace)
     output, errors = capsys.readouterr()
     assert "{'summary': 'Order A-1001 is shipped.'}" in output
     # The MCP snippet serves on stdio, so its report goes to stderr, never stdout.
@@ -39,7 +39,9 @@ def test_setup_commands_are_what_ci_runs() -> None:
     assert main_job.endswith("python examples/mcp_flow_server.py --demo")
     ci = (ROOT / ".ci" / "run").read_text()
     install = re.search(r"pip install (-e '\.\[[^\]]+\]')", tests).group(1)
-    assert f"python -m pip install {install}" in ci
+    # Verbatim, with the pip the venv ships: CI must not upgrade pip first.
+    assert f"pip install {install}" in ci.splitlines()
+    assert "--upgrade pip" not in ci
     test_command = tests.split("&& ", 3)[-1].split("&& ")[-1]
     assert test_command in ci
 

@@ -1,5 +1,6 @@
-"""docs/security.md stays true: its Python blocks run as one script, and the server they
-build behaves as described when served over streamable HTTP."""
+"""docs/security.md stays true: its Python blocks, run as one script, build the hooks
+and the server the page describes, and that server behaves as described when served
+over streamable HTTP. (That each block also runs alone is test_code_blocks.py's job.)"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 def run_python_blocks() -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     for code in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL):
-        exec(compile(code, str(DOC), "exec"), namespace)
+        exec(compile(code, str(DOC), "exec", dont_inherit=True), namespace)
     return namespace
 
 

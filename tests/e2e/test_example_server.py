@@ -65,12 +65,27 @@ def test_demo_exits_zero_and_prints_every_section() -> None:
         assert f"== {title}" in out
     for name, reason in EXCLUDED.items():
         assert f"EXCLUDED  {name} 1.0.0: {reason}" in out
+    # The report is printed once, by the demo: the exposure decision's own warnings
+    # ("flow ... is not exposed") are not printed as well, on either stream.
+    assert "is not exposed" not in out + run.stderr
+    for name in EXCLUDED:
+        assert out.count(f" {name} 1.0.0") == 1
     for uri in EXPECTED_RESOURCES:
         assert uri in out
     assert "template chainweaver://flows/{published_name}/schema" in out
     assert '<user-data name="arguments">' in out
-    # The call made with the rendered prompt's arguments returned the flow's result.
-    assert '-> {"count": 2, "titles": ["The Guns of August", "Guns, Germs, and Steel"]}' in out
+    # The call made with the rendered prompt's arguments returned the flow's result, and
+    # the log messages the server sent during it are the demo's own lines, in order,
+    # between the call and its result (not FastMCP's rich-formatted client log).
+    lines = out.splitlines()
+    call = next(i for i, line in enumerate(lines)
+                if line.startswith("  tools/call book_search {"))
+    assert lines[call + 1:call + 6] == [
+        *(f"  server log (info chainweaver): step '{step}' {event}"
+          for step in ("find_books", "rank_by_rating") for event in ("started", "completed")),
+        '  -> {"count": 2, "titles": ["The Guns of August", "Guns, Germs, and Steel"]}',
+    ]
+    assert "Received INFO from server" not in out + run.stderr
     assert "tools/call reserve_book: isError=True \"Unknown tool: 'reserve_book'\"" in out
     assert out.rstrip().endswith("Demo complete.")
 
