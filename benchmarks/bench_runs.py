@@ -9,7 +9,11 @@ On and off take turns in chunks (which goes first alternates), so noise hits bot
 ratios are best against best, and the median of each on chunk over the off chunk next
 to it. **Target:** on <= 1.3x off.
 
-Run: ``python benchmarks/bench_runs.py [--repeats N] [--number N]``
+With ``--era legacy`` the same on a 2025-11-25 connection: "on" is a client that set
+``logging/setLevel debug`` and sends a progress token, "off" a second client that set
+``emergency`` (both read the level the gate kept in their session state).
+
+Run: ``python benchmarks/bench_runs.py [--repeats N] [--number N] [--era modern|legacy]``
 """
 
 from __future__ import annotations
@@ -92,17 +96,25 @@ async def timed(call: Any, number: int) -> float:
     return (time.perf_counter() - started) / number
 
 
-async def main(repeats: int, number: int) -> int:
+async def main(repeats: int, number: int, era: str = "modern") -> int:
     server = build()
     seen = Counter()
     chunk = max(1, number // 10)
-    async with Client(server.fastmcp, log_handler=seen.on_log) as client:
+    legacy = era == "legacy"
+    mode = "legacy" if legacy else "auto"
+    async with Client(server.fastmcp, log_handler=seen.on_log, mode=mode) as client, \
+            Client(server.fastmcp, log_handler=seen.on_log, mode=mode) as quiet:
+        if legacy:
+            await client.set_logging_level("debug")
+            await quiet.set_logging_level("emergency")
 
         async def on() -> Any:
             return await client.call_tool("classify", ARGUMENTS,
                                           progress_handler=seen.on_progress)
 
         async def off() -> Any:
+            if legacy:
+                return await quiet.call_tool("classify", ARGUMENTS)
             return await client.call_tool("classify", ARGUMENTS, meta=QUIET)
 
         # Consistency: same result; on sends 3 + 6 notifications per call, off none.
@@ -141,7 +153,8 @@ async def main(repeats: int, number: int) -> int:
 
     best = min(on_times) / min(off_times)
     median = statistics.median(paired)
-    print("tools/call of a 3-step flow, in memory, 2026-07-28")
+    print(f"tools/call of a 3-step flow, in memory, "
+          f"{'2025-11-25' if legacy else '2026-07-28'}")
     print(f"  off (no progress token, no log level): best {min(off_times) * 1e3:.3f} ms, "
           f"median {statistics.median(off_times) * 1e3:.3f} ms")
     print(f"  on  (3 progress + 6 log notifications): best {min(on_times) * 1e3:.3f} ms, "
@@ -155,5 +168,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--number", type=int, default=300)
+    parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
     options = parser.parse_args()
-    sys.exit(asyncio.run(main(options.repeats, options.number)))
+    sys.exit(asyncio.run(main(options.repeats, options.number, options.era)))
