@@ -1,5 +1,13 @@
 """Rate limiters for the security gate: in-process (the default), or shared by every
-replica through Redis."""
+replica through Redis.
+
+The gate hands a limiter the caller and a *budget name* (:func:`budget_name`): the
+published name of the flow tool, resource or prompt a request reaches, the method of a
+list, subscription, completion or task request, and :data:`UNPUBLISHED` for every name
+the caller's view does not publish. So a caller's requests for names that do not
+exist share one budget however many names it invents, and what a limiter keeps per
+caller is bounded by what the server publishes, never by what clients send.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +16,60 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .hooks import CallerIdentity
+from .decision import INDEX_URI
+from .hooks import CallerIdentity, GateContext
 
-PRUNE_ABOVE = 10_000  # counters kept before past windows are dropped
+if TYPE_CHECKING:
+    from .exposure import Exposure, LiveExposure
+
+# The one budget name of every request for a name the caller's view does not publish
+# (an unknown, excluded or hidden flow, a mistyped URI): never the name itself. No
+# published name can take this form (tool and prompt names hold no parentheses, URIs
+# have a scheme).
+UNPUBLISHED = "(unpublished)"
+# Requests whose gate name is one of these methods (chosen by the server, never the
+# client) count under that method.
+_METHOD_KINDS = frozenset({"list", "subscription", "task"})
+# Kept for compatibility: counters of past windows are now dropped at every new window.
+PRUNE_ABOVE = 10_000
+
+
+def budget_name(gate: GateContext, exposure: Exposure | LiveExposure) -> str:
+    """The name a request counts under with ``per_name`` budgets (see the module doc).
+
+    ``gate`` is the request as the caller may know it: ``flow_name`` is None unless
+    the name reaches an exposed flow inside the caller's view. A flow outside the view
+    counts exactly like a name that never existed, so budgets tell a caller nothing
+    about flows it cannot see.
+    """
+    if gate.kind in _METHOD_KINDS:
+        return gate.name
+    if gate.kind == "completion":
+        # The reference names a prompt or a template: any string the client likes.
+        return "completion/complete"
+    if gate.flow_name is not None:
+        return gate.name  # resolved to one published tool, schema resource or prompt
+    # Published, but of no flow: the guide, a server-level prompt, the index. They are
+    # in every caller's view. (A flow's prompt is here only when the flow is outside
+    # the caller's view: unpublished, for this caller.)
+    if gate.kind == "prompt":
+        entry = exposure.prompt(gate.name)
+        if entry is not None and entry.exposed_flow is None:
+            return gate.name
+    if gate.kind == "resource" and exposure.expose_schemas and gate.name == INDEX_URI:
+        return gate.name
+    return UNPUBLISHED
 
 
 class FixedWindowRateLimiter:
     """At most ``limit`` requests per caller per ``window_seconds`` window.
 
-    With ``per_name=True`` the budget is per caller *and* published name.
+    With ``per_name=True`` the budget is per caller *and* budget name (see
+    :func:`budget_name`: a published name, or one shared budget for every name that is
+    not). Only the current window's counters are kept: at most callers x (published
+    names + 1) under the gate.
     """
 
     def __init__(
@@ -35,31 +86,26 @@ class FixedWindowRateLimiter:
         self.window_seconds = window_seconds
         self.per_name = per_name
         self._clock = clock
-        self._windows: dict[Any, tuple[int, int]] = {}
-        self._pruned_window = -1
+        self._window: int | None = None
+        self._counts: dict[Any, int] = {}  # the current window's counters only
         self._lock = threading.Lock()
 
     @property
     def tracked_keys(self) -> int:
         """How many counters are held (for monitoring memory use)."""
-        return len(self._windows)
+        return len(self._counts)
 
     def acquire(self, caller: CallerIdentity, name: str) -> bool:
         key = (caller.id, name) if self.per_name else caller.id
         window = int(self._clock() // self.window_seconds)
         with self._lock:
-            if window != self._pruned_window and len(self._windows) > PRUNE_ABOVE:
-                # Once per window, drop the counts of past windows, so many callers (or
-                # names) cannot grow memory without bound.
-                self._windows = {k: v for k, v in self._windows.items() if v[0] == window}
-                self._pruned_window = window
-            current, count = self._windows.get(key, (window, 0))
-            if current != window:
-                count = 0
+            if self._window is None or window > self._window:
+                # A new window: every past count is void, so drop them all at once.
+                self._window, self._counts = window, {}
+            count = self._counts.get(key, 0)
             if count >= self.limit:
-                self._windows[key] = (window, count)
                 return False
-            self._windows[key] = (window, count + 1)
+            self._counts[key] = count + 1
             return True
 
 
@@ -81,7 +127,8 @@ class RedisRateLimiter:
     Fixed windows of wall-clock time (replicas' clocks should agree to well within a
     window); one Lua script per request, so concurrent requests never over-admit.
     When Redis cannot be reached the request is refused (``rate_limiter_error``):
-    a limit that silently stopped holding would be worse.
+    a limit that silently stopped holding would be worse. ``per_name=True``: a budget
+    per caller and budget name, as :class:`FixedWindowRateLimiter`.
     """
 
     def __init__(
@@ -108,7 +155,12 @@ class RedisRateLimiter:
         self._expire_ms = max(1, math.ceil(window_seconds * 1000))
 
     def key(self, caller: CallerIdentity, name: str) -> str:
-        """The Redis key counting ``caller``'s requests in the current window."""
+        """The Redis key counting ``caller``'s requests in the current window.
+
+        Under the gate ``name`` is a budget name (:func:`budget_name`), so the live
+        keys number at most callers x (published names + 1) per window, and each
+        expires ``window_seconds`` after its window's first request.
+        """
         who = f"{caller.id}\0{name}" if self.per_name else caller.id
         # Hashed: caller ids and names are client-influenced; keys stay short and inert.
         digest = hashlib.sha256(who.encode("utf-8", "surrogatepass")).hexdigest()[:32]

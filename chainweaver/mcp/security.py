@@ -55,6 +55,7 @@ from .hooks import (
     deliver_audit,
 )
 from .prompts import malformed_prompt_request, refuse_malformed
+from .rate_limit import budget_name
 from .views import CURRENT_CALLER, Views, caller_from_token, report_admitted
 
 logger = logging.getLogger("chainweaver.mcp.security")
@@ -340,7 +341,9 @@ class SecurityGate(GateHooks):
         limiter = self.rate_limiter
         if limiter is not None:
             allowed = await self._call_hook(
-                lambda g: limiter.acquire(caller, g.name), gate, "rate_limiter_error", caller,
+                # The budget name, never a caller-chosen name that is not published.
+                lambda g: limiter.acquire(caller, budget_name(g, self.exposure)), gate,
+                "rate_limiter_error", caller,
             )
             if allowed is not True:
                 raise GateRefused("rate_limited", caller)
