@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,9 @@ from pydantic import BaseModel
 
 from .errors import DefinitionError, FlowFileError
 from .flow_format import (
+    DEFAULT_LIMITS,
     FlowFileFormat,
+    FlowFileLimits,
     GovernanceFormat,
     PromptArgumentFormat,
     PromptFormat,
@@ -30,7 +33,15 @@ from .flow_format import (
     StepFormat,
     keys,
 )
-from .flows import TASK_MODES, Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
+from .flows import (
+    TASK_MODES,
+    Flow,
+    FlowGovernance,
+    FlowLifecycle,
+    FlowStep,
+    RetryPolicy,
+    exception_class,
+)
 from .inline_schema import InlineSchemaError, model_from_json_schema
 from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
 from .safety import SideEffectLevel, ToolSafetyContract
@@ -58,8 +69,60 @@ _KINDS = {type(None): "null", bool: "a boolean", str: "a string", list: "a list"
 def _kind(value: Any) -> str:
     """A value's type in the words of the file formats."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"a number ({value!r})"
+        return f"a number ({_show(value)})"
     return _KINDS.get(type(value), f"a {type(value).__name__}")
+
+
+def _show(value: Any, width: int = 80) -> str:
+    """``repr(value)``, shortened; never fails (an int past Python's digit limit cannot
+    be printed at all)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<a {type(value).__name__} too large to print>"
+    return text if len(text) <= width else f"{text[:width - 3]}..."
+
+
+def check_limits(data: Any, path: str | os.PathLike = "<data>",
+                 limits: FlowFileLimits = DEFAULT_LIMITS) -> None:
+    """Raise :class:`FlowFileError` naming the field when ``data`` is over ``limits``:
+    nested too deeply, a string too long, an integer with too many digits, a number
+    that is not finite. Iterative, so no input can exhaust the stack."""
+    f = _Fields(Path(path))
+    largest = 10 ** limits.max_number_length
+    stack: list[tuple[Any, str | None, int]] = [(data, None, 1)]
+    while stack:
+        value, field, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limits.max_depth:
+                raise f.error(field, f"nested more than {limits.max_depth} levels deep "
+                              "(limit max_depth)")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _check_scalar(f, key, field, limits, largest)
+                    here = _join(field, key) if isinstance(key, str) else field
+                    stack.append((item, here, depth + 1))
+            else:
+                stack.extend((item, f"{field or ''}[{index}]", depth + 1)
+                             for index, item in enumerate(value))
+        else:
+            _check_scalar(f, value, field, limits, largest)
+
+
+def _check_scalar(f: _Fields, value: Any, field: str | None,
+                        limits: FlowFileLimits, largest: int) -> None:
+    if isinstance(value, str):
+        if len(value) > limits.max_string_length:
+            raise f.error(field, f"a string of {len(value)} characters is longer than "
+                          f"{limits.max_string_length} (limit max_string_length)")
+    elif isinstance(value, bool):
+        return
+    elif isinstance(value, int):
+        if not -largest < value < largest:
+            raise f.error(field, f"an integer with more than {limits.max_number_length} "
+                          "digits (limit max_number_length)")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise f.error(field, f"must be a finite number, got {value!r}")
 
 
 class _Fields:
@@ -77,7 +140,7 @@ class _Fields:
             raise self.error(field, f"must be a mapping, got {_kind(value)}")
         for key in value:
             if not isinstance(key, str):
-                raise self.error(field, f"keys must be strings, got {key!r}")
+                raise self.error(field, f"keys must be strings, got {_show(key)}")
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f"did you mean {close[0]!r}? " if close else ""
@@ -111,7 +174,8 @@ class _Fields:
     def choice(self, value: Any, field: str, enum: type[Enum]) -> Any:
         choices = [member.value for member in enum]
         if value not in choices or not isinstance(value, str):
-            raise self.error(field, f"must be one of {', '.join(choices)}, got {value!r}")
+            raise self.error(field, f"must be one of {', '.join(choices)}, "
+                             f"got {_show(value)}")
         return enum(value)
 
     @contextmanager
@@ -155,8 +219,14 @@ def _retry(f: _Fields, value: Any, field: str) -> RetryPolicy:
         # JSON Schema's integer includes 2.0, and so does this reader.
         options["max_attempts"] = int(options["max_attempts"])
     if "retry_on" in data:
-        options["retry_on"] = [f.string(item, f"{field}.retry_on")
-                               for item in f.items(data["retry_on"], f"{field}.retry_on")]
+        options["retry_on"] = []
+        for index, item in enumerate(f.items(data["retry_on"], f"{field}.retry_on")):
+            here = f"{field}.retry_on[{index}]"
+            try:
+                exception_class(f.string(item, here))
+            except ValueError as error:
+                raise f.error(here, str(error)) from None
+            options["retry_on"].append(item)
     with f.core(field):
         return RetryPolicy(**options)
 
@@ -315,7 +385,7 @@ def _prompts(f: _Fields, value: Any) -> list[FlowPrompt]:
 def _task_mode(f: _Fields, value: Any) -> str | None:
     if value is not None and value not in TASK_MODES:
         raise f.error("task_mode", f"must be one of {', '.join(TASK_MODES)}, "
-                      f"got {value!r}")
+                      f"got {_show(value)}")
     return cast("str | None", value)
 
 
@@ -324,8 +394,12 @@ def _model_base_name(flow_name: str) -> str:
     return "".join(part.capitalize() for part in parts if part) or "Flow"
 
 
-def flow_from_data(data: Any, path: str | os.PathLike = "<data>") -> Flow:
-    """Build a :class:`Flow` from parsed file content; ``path`` is used in errors."""
+def flow_from_data(data: Any, path: str | os.PathLike = "<data>", *,
+                   limits: FlowFileLimits = DEFAULT_LIMITS) -> Flow:
+    """Build a :class:`Flow` from parsed file content; ``path`` is used in errors.
+
+    ``data`` is first checked against ``limits`` (see :class:`FlowFileLimits`)."""
+    check_limits(data, path, limits)
     f = _Fields(Path(path))
     top = f.mapping(data, None, FLOW_KEYS, required=("name", "description", "steps"))
     name = f.string(top["name"], "name")

@@ -9,19 +9,58 @@ apart.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from .flows import MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
+from .flows import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-CLASS_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+CLASS_NAME_PATTERN = CLASS_PATH_PATTERN  # a built-in exception name or a module path
 # Step and retry keys may be left out, but the reader takes no null for them: the schema
 # must not offer one (SkipJsonSchema keeps None out of it).
 Absent = SkipJsonSchema[None]
 SCHEMA_ID = "https://chainweaver.dev/schemas/flow-file.json"
+
+
+MAX_FILE_BYTES = 1_048_576
+MAX_DEPTH = 64
+MAX_STRING_LENGTH = 65_536
+MAX_NUMBER_LENGTH = 100
+
+
+@dataclass(frozen=True)
+class FlowFileLimits:
+    """What a flow file may hold, checked when it is read and before any flow is built.
+
+    A file over a limit is a :class:`~chainweaver.FlowFileError` naming the file and the
+    line (or, for data given to ``flow_from_data``, the field). YAML anchors, aliases and
+    ``<<`` merge keys are always refused: an alias multiplies what a small file holds.
+
+    - ``max_bytes``: the file's size in bytes.
+    - ``max_depth``: how deeply mappings and lists nest (the top-level mapping is 1).
+    - ``max_string_length``: the characters of one string, keys included.
+    - ``max_number_length``: the characters of one number as written (digits, sign,
+      point, exponent); a value must also be a finite number, and an integer given in
+      data has at most this many digits.
+    """
+
+    max_bytes: int = MAX_FILE_BYTES
+    max_depth: int = MAX_DEPTH
+    max_string_length: int = MAX_STRING_LENGTH
+    max_number_length: int = MAX_NUMBER_LENGTH
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_depth", "max_string_length", "max_number_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"FlowFileLimits.{name} must be a positive integer, "
+                                 f"got {value!r}")
+
+
+DEFAULT_LIMITS = FlowFileLimits()
 
 
 class _Part(BaseModel):
@@ -41,8 +80,9 @@ class RetryFormat(_Part):
     jitter: float = Field(0.0, ge=0, le=1, description="Random spread of each wait, as a "
                           "fraction")
     retry_on: list[Annotated[str, Field(pattern=CLASS_NAME_PATTERN)]] = Field(
-        ["Exception"], min_length=1, description="Exception class names to retry (base "
-        "classes match subclasses)")
+        ["Exception"], min_length=1, description="Exception classes to retry (base classes "
+        "match subclasses): built-in exception names, or importable "
+        "'package.module.ClassName' paths")
 
 
 class StepFormat(_Part):
