@@ -8,6 +8,7 @@ value exactly once and never interprets the value.
 from __future__ import annotations
 
 import re
+import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,16 +173,24 @@ class FlowPrompt:
         optional arguments render as empty text. A dynamic prompt's messages are
         rendered the same way; this never executes anything but the factory.
         """
-        if callable(self.messages):
-            produced = list(self.messages(dict(values)))
-            if not produced or not all(isinstance(m, PromptMessage) for m in produced):
-                raise PromptDefinitionError(
-                    f"prompt {self.name!r}: the messages callable must return PromptMessage values"
-                )
-        else:
-            produced = list(self.messages)
         declared = {a.name for a in self.arguments}
-        return [_substitute(message, values, declared) for message in produced]
+        if not callable(self.messages):
+            return [_substitute(message, values, declared) for message in self.messages]
+        # One pass here too: a callable may copy a value into its text, so a value's
+        # "{{" and "}}" reach it as markers unique to this render (no value can forge
+        # one) and become braces again only after the placeholders were filled.
+        token = secrets.token_hex(12)
+        opened, closed = f"[[cw-open-{token}]]", f"[[cw-close-{token}]]"
+        shown = {name: value.replace("{{", opened).replace("}}", closed)
+                 for name, value in values.items()}
+        produced = list(self.messages(shown))
+        if not produced or not all(isinstance(m, PromptMessage) for m in produced):
+            raise PromptDefinitionError(
+                f"prompt {self.name!r}: the messages callable must return PromptMessage values"
+            )
+        rendered = (_substitute(message, values, declared) for message in produced)
+        return [PromptMessage(role=m.role, text=m.text.replace(opened, "{{").replace(
+            closed, "}}")) for m in rendered]
 
 
 def seal_text(value: str) -> str:
