@@ -188,10 +188,14 @@ class MountedGate(GateHooks):
         if not self.gate.active or meta is None:
             # Not this FlowServer's component (the parent answers), or nothing to guard.
             return await (otherwise or call_next)(context)
+        exposed = flow_of(self.gate.exposure, meta)
+
+        async def resolved() -> ExposedFlow | None:
+            return exposed
+
         admitted = ADMITTED_BY.set(self.gate)
         try:
-            return await self.gate.guard_target(kind, name, flow_of(self.gate.exposure, meta),
-                                                context, call_next)
+            return await self.gate.guard_target(kind, name, resolved, context, call_next)
         finally:
             ADMITTED_BY.reset(admitted)
 

@@ -22,7 +22,7 @@ import hashlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -242,21 +242,24 @@ class SecurityGate(GateHooks):
         if not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
         server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
-        exposed = await self.target_in(server, kind, name)
-        return await self.guard_target(kind, name, exposed, context, call_next)
+        return await self.guard_target(kind, name, lambda: self.target_in(server, kind, name),
+                                       context, call_next)
 
     async def guard_target(
-        self, kind: RequestKind, name: str, exposed: ExposedFlow | None,
+        self, kind: RequestKind, name: str,
+        resolve: Callable[[], Awaitable[ExposedFlow | None]],
         context: MiddlewareContext, call_next: Any,
     ) -> Any:
-        """Authenticate, rate-limit, authorize and audit one request for ``exposed``.
+        """Admit one request: authenticate, resolve its flow in *that caller's* view,
+        rate-limit, authorize, audit; then serve it as the caller.
 
-        The authenticator sees the flow as the server publishes it; once the caller is
-        known, a flow outside the caller's view is ``None`` to every later hook and
-        the audit, exactly like a name that never existed.
+        The authenticator sees the request's name only. ``resolve`` runs once the caller
+        is known (with the caller current, so a transform's lookup goes through that
+        caller's view); a flow outside the caller's view is ``None`` to every later
+        hook and the audit, exactly like a name that never existed.
         """
         headers = get_http_headers(include_all=True)
-        gate = _gate_for(kind, name, exposed, headers)
+        gate = _gate_for(kind, name, None, headers)
         # Set: this request runs inside one the gate admitted already (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same
         # caller, same rate-limit unit; the read itself is still authorized and audited.
@@ -266,13 +269,17 @@ class SecurityGate(GateHooks):
             if admitted is None:
                 caller = await self._authenticate(gate)
             assert caller is not None
-            gate = self._in_view(gate, exposed, caller)
+            resolving = CURRENT_CALLER.set(caller)
+            try:
+                exposed = await resolve()
+            finally:
+                CURRENT_CALLER.reset(resolving)
+            gate = self._in_view(_gate_for(kind, name, exposed, headers), exposed, caller)
             if admitted is None:
                 await self._limit(gate, caller)
             await self._authorize(gate, caller)
         except GateRefused as refused:
-            await self._audit(self._in_view(gate, exposed, refused.caller), refused.caller,
-                              "denied", refused.reason)
+            await self._audit(gate, refused.caller, "denied", refused.reason)
             raise refusal_error(refused.reason) from None
         if admitted is None:
             report_admitted(caller)

@@ -210,7 +210,8 @@ async def test_the_authenticator_sees_the_request_context() -> None:
         await client.call_tool("order_status", {"order_id": "A-3"})
     (ctx,) = [ctx for ctx in caller.seen if ctx.kind == "tool"]
     assert (ctx.kind, ctx.name) == ("tool", "order_status")
-    assert (ctx.flow_name, ctx.flow_version) == ("order_status", "2.1.0")
+    # The target is resolved only once the caller is known, in that caller's view.
+    assert (ctx.flow_name, ctx.flow_version) == (None, None)
     assert dict(ctx.headers) == {}  # in memory there is no HTTP request
     assert ctx.caller is None  # not yet authenticated
     assert "A-3" not in repr(ctx)  # argument values are never handed to hooks
