@@ -10,7 +10,7 @@ because FastMCP moved a private name.
   the ``listChanged``/``subscribe`` capabilities from the low-level server's handlers,
   so they are registered there (with the SDK's public ``add_request_handler``).
   Without it: no 2026-07-28 list-changed stream, no resource subscriptions, list
-  cursors not bound to a snapshot.
+  cursors not bound to the caller's view.
 - :func:`on_connection_close`: the SDK's ``ServerSession`` (one per request) does not
   say when its connection ends. Without it: sessions are forgotten by age only.
 - :func:`install_input_schema_lookup`: the low-level server's ``get_tool_input_schema``
@@ -61,7 +61,7 @@ def low_level_server(server: FastMCP) -> Any:
     low = getattr(server, LOW_LEVEL_SERVER, None)
     if low is None or not callable(getattr(low, "add_request_handler", None)):
         warn_once("FastMCP._mcp_server", "no list-changed stream on 2026-07-28, no resource "
-                  "subscriptions, and list cursors are not bound to a snapshot")
+                  "subscriptions, and list cursors are not bound to the caller's view")
         return None
     return low
 

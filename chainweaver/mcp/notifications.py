@@ -2,8 +2,8 @@
 
 :class:`LiveMiddleware` runs first for every request: it pins the current exposure
 snapshot for the whole request and remembers 2025-11-25 sessions. List handlers are
-wrapped (:func:`paged_on_snapshot`) so a cursor carries the snapshot's sequence and
-one from an older snapshot gets -32602 "list again". :class:`ChangeNotifier` learns
+wrapped (:func:`.cursors.paged_by_view`) so a cursor belongs to the caller's view of the
+list it was cut from. :class:`ChangeNotifier` learns
 of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs the
 snapshot clients last heard about against the newest, and tells each client what
 changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
@@ -49,6 +49,7 @@ from mcp.server.subscriptions import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from .cursors import paged_by_view
 from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
 from .fastmcp_seams import forget_request_handler, low_level_server, on_connection_close
 from .hooks import CallerIdentity
@@ -58,8 +59,6 @@ logger = logging.getLogger("chainweaver.mcp.notifications")
 
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})
-LIST_AGAIN = ("the published list changed since this cursor was issued; "
-              "list again from the start")
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ class ChangeNotifier:
             entry = low.get_request_handler(method)
             if entry is not None:
                 low.add_request_handler(method, entry.params_type,
-                                        paged_on_snapshot(self.live, entry.handler))
+                                        paged_by_view(entry.handler))
 
     def without_back_channel(self, server: FastMCP) -> None:
         """Serving stateless HTTP: 2025-11-25 sessions cannot be notified, so do not
@@ -399,41 +398,6 @@ def notifiable_session_id() -> str | None:
     except RuntimeError:
         return session_id  # stdio or in memory: one session per connection
     return session_id if http.headers.get("mcp-session-id") else None
-
-
-def paged_on_snapshot(live: LiveExposure, handler: Callable[..., Awaitable[Any]]
-                      ) -> Callable[..., Awaitable[Any]]:
-    """Wrap a list handler: the request pins one snapshot, its cursors carry it.
-
-    FastMCP numbers pages by offset, so a cursor from an older snapshot would mix two
-    lists: such a cursor is refused with -32602 and the client lists again.
-    """
-
-    async def paged(ctx: Any, params: Any) -> Any:
-        with live.pinned(ctx.session) as snapshot:
-            if params is not None and params.cursor is not None:
-                params = params.model_copy(
-                    update={"cursor": _inner_cursor(params.cursor, snapshot.sequence)})
-            result = await handler(ctx, params)
-            if getattr(result, "next_cursor", None) is not None:
-                result = result.model_copy(update={"next_cursor": _outer_cursor(
-                    snapshot.sequence, result.next_cursor)})
-            return result
-
-    return paged
-
-
-def _outer_cursor(sequence: int, inner: str) -> str:
-    return f"{sequence}.{inner}"
-
-
-def _inner_cursor(cursor: str, sequence: int) -> str:
-    issued, dot, inner = cursor.partition(".")
-    if not dot or not issued.isdigit():
-        raise MCPError(code=mcp_types.INVALID_PARAMS, message="Invalid cursor")
-    if int(issued) != sequence:
-        raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
-    return inner
 
 
 def _events(change: ViewChange) -> list[ServerEvent]:

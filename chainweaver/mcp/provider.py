@@ -29,6 +29,7 @@ from ..versions import version_key
 from . import prompt_render
 from .composition import stamp_owner
 from .config import ErrorDetail
+from .cursors import note_listed
 from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure, PromptEntry
 from .flow_tool import FlowTool
 from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
@@ -79,6 +80,18 @@ def _version_matches(spec: VersionSpec, version: str) -> bool:
 
 def _itself(exposed: ExposedFlow) -> ExposedFlow:
     return exposed
+
+
+def _tool_name(exposed: ExposedFlow) -> str:
+    return exposed.tool_name
+
+
+def _schema_uri(exposed: ExposedFlow) -> str:
+    return exposed.schema_uri or ""
+
+
+def _prompt_name(entry: PromptEntry) -> str:
+    return entry.name
 
 
 def _entry_flow(entry: PromptEntry) -> ExposedFlow | None:
@@ -170,12 +183,16 @@ class FlowProvider(Provider):
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
         return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
-            runs=self.runs))
+            runs=self.runs, live=self.exposure, views=self.views))
 
     async def _list_tools(self) -> Sequence[Tool]:
         view = self.view()
-        return [self._tool(exposed)
-                for exposed in view.select(self.exposure.tools.values(), _itself)]
+        # Sorted, so a list is a function of the caller's view alone (not of the order
+        # changes arrived in): its cursors then survive every change outside the view.
+        listed = view.cached("listed:tools", lambda: sorted(
+            view.select(self.exposure.tools.values(), _itself), key=_tool_name))
+        note_listed("tools", view, lambda: (f"{e.tool_name} {e.flow.version}" for e in listed))
+        return [self._tool(exposed) for exposed in listed]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         runner = self.task_runner
@@ -206,9 +223,11 @@ class FlowProvider(Provider):
         if not self.exposure.expose_schemas:
             return []
         view = self.view()
-        return [self._index_resource(view),
-                *(self._schema_resource(exposed)
-                  for exposed in view.select(self.exposure.resources.values(), _itself))]
+        listed = view.cached("listed:resources", lambda: sorted(
+            view.select(self.exposure.resources.values(), _itself), key=_schema_uri))
+        note_listed("resources", view,
+                    lambda: (f"{e.schema_uri} {e.flow.version}" for e in listed))
+        return [self._index_resource(view), *(self._schema_resource(e) for e in listed)]
 
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
@@ -258,8 +277,12 @@ class FlowProvider(Provider):
 
     async def _list_prompts(self) -> Sequence[Prompt]:
         view = self.view()
-        return [self._prompt(entry, view)
-                for entry in view.select(self.exposure.prompts.values(), _entry_flow)]
+        listed = view.cached("listed:prompts", lambda: sorted(
+            view.select(self.exposure.prompts.values(), _entry_flow), key=_prompt_name))
+        note_listed("prompts", view, lambda: (
+            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"
+            for entry in listed))
+        return [self._prompt(entry, view) for entry in listed]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
         entry = self.exposure.prompt(name)

@@ -43,7 +43,7 @@ from chainweaver.mcp.fastmcp_seams import (
     low_level_server,
     on_connection_close,
 )
-from chainweaver.mcp.notifications import LIST_AGAIN
+from chainweaver.mcp.cursors import LIST_AGAIN
 
 pytestmark = [pytest.mark.anyio,
               # 2025-11-25 clients subscribe the old way, on purpose.
