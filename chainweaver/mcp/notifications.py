@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +35,6 @@ import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context, get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
-from mcp import MCPError
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (

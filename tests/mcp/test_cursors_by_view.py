@@ -181,7 +181,7 @@ def test_no_answer_differs_because_of_a_change_outside_the_callers_view(
                 twin, twin_registry, twin_callers = twins[who]
                 twin_callers.who = who
 
-                def both() -> None:
+                def both(team: str = team, kind: str = kind, number: int = number) -> None:
                     change(registry, team, kind, number)
                     change(twins[team][1], team, kind, number)
 
