@@ -24,9 +24,10 @@ from ..errors import ExposureConfigError
 from ..executor import FlowExecutor
 from ..flows import TaskMode
 from ..prompts import FlowPrompt
+from ..registry import RegistryState
 from ..tools import NAME_PATTERN
 from ..watch import FlowFileWatcher
-from .composition import MountedCompletions, MountedGate, gate_lifespan
+from .composition import gate_lifespan
 from .config import (
     ApprovalMode,
     ExposurePolicy,
@@ -39,6 +40,7 @@ from .config import (
 from .exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from .fastmcp_seams import install_input_schema_lookup
 from .http_guard import HostOriginRules
+from .mounting import MountedCompletions, MountedGate
 from .notifications import ChangeNotifier, LiveMiddleware
 from .provider import FlowProvider
 from .runs import RunSettings
@@ -198,6 +200,7 @@ class FlowServer:
                              tool_form_names(resources=resources_as_tools,
                                              prompts=prompts_as_tools))
         self._live.keep_alive = follower
+        self._follower = follower
         self._unsubscribe = executor.registry.subscribe(_weakly(follower))
         follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
@@ -219,6 +222,9 @@ class FlowServer:
         if watcher.registry is not self.executor.registry:
             raise ExposureConfigError("the watcher must change this server's registry")
         self._watcher = watcher
+        # An edit this server could not publish is refused before its flow's last good
+        # version is unregistered (it keeps serving, marked stale).
+        watcher.add_check(self._follower.vet)
         watcher.start()
 
     @property
@@ -377,13 +383,21 @@ class _Follower:
             state = self.executor.registry.state()
             if state.sequence <= latest.sequence:
                 return
-            snapshot = Exposure(
-                self.executor, self.policy, expose_schemas=latest.expose_schemas,
-                expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
-                state=state, previous=latest)
-            check_tool_forms(snapshot, self.tool_forms)
-            self.live.swap(snapshot)
+            self.live.swap(self._snapshot(state, latest))
         self.notifier.changed()
+
+    def vet(self, state: RegistryState) -> None:
+        """Raise, as :meth:`__call__` would, when ``state`` (a registry state that
+        does not exist yet: a flow file watcher's edit) could not be published."""
+        self._snapshot(state, self.live.latest)
+
+    def _snapshot(self, state: RegistryState, latest: Exposure) -> Exposure:
+        snapshot = Exposure(
+            self.executor, self.policy, expose_schemas=latest.expose_schemas,
+            expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
+            state=state, previous=latest)
+        check_tool_forms(snapshot, self.tool_forms)
+        return snapshot
 
 
 def _weakly(follower: _Follower) -> Callable[[object], None]:

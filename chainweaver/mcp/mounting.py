@@ -1,0 +1,127 @@
+"""Mounting a FlowServer into another FastMCP server (:meth:`FlowServer.mount_into`).
+
+:class:`MountedGate` runs the server's security gate in the parent's middleware chain,
+so a refusal keeps its JSON-RPC shape; :class:`MountedCompletions` answers the
+parent's completions for every FlowServer mounted there, then the parent's own handler.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import mcp_types
+from fastmcp import FastMCP
+from fastmcp.server.middleware import MiddlewareContext
+
+from . import log_level
+from .composition import ADMITTED_BY, GateHooks, find_component, flow_of, owned_meta
+from .exposure import ExposedFlow
+from .fastmcp_seams import completion_handler
+from .hooks import RequestKind
+from .prompts import malformed_prompt_request, refuse_malformed
+from .security import SecurityGate, _completion_target
+
+
+class MountedGate(GateHooks):
+    """A mounted FlowServer's gate, run in the parent server's middleware chain.
+
+    A request is this server's when the component its name resolves to on the parent
+    (with every parent transform applied) carries this server's owner mark.
+    """
+
+    def __init__(self, gate: SecurityGate) -> None:
+        self.gate = gate
+
+    async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
+        params = context.message
+        if context.method == "prompts/get" and isinstance(params, Mapping) \
+                and isinstance(params.get("name"), str):
+            problem = malformed_prompt_request(params)
+            if problem is not None:
+                return await self._guard("prompt", params["name"], context,
+                                         refuse_malformed(problem), call_next)
+        if context.method == "completion/complete":
+            return await self._guard_listing("completion", _completion_target(params),
+                                             context, call_next)
+        if context.method == "logging/setLevel":  # the parent's clients' level, for runs
+            result = await call_next(context)
+            await log_level.remember(context)
+            return result
+        return await call_next(context)
+
+    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+                             call_next: Any) -> Any:
+        return await self.gate._guard_listing(kind, name, context, call_next, mounted=True)
+
+    async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
+                     call_next: Any, otherwise: Any = None) -> Any:
+        parent = context.fastmcp_context.fastmcp if context.fastmcp_context else None
+        component = None if parent is None else await find_component(parent, kind, name)
+        meta = owned_meta(component, self.gate.owner)
+        if not self.gate.active or meta is None:
+            # Not this FlowServer's component (the parent answers), or nothing to guard.
+            return await (otherwise or call_next)(context)
+        exposed = flow_of(self.gate.exposure, meta)
+
+        async def resolved() -> ExposedFlow | None:
+            return exposed
+
+        admitted = ADMITTED_BY.set(self.gate)
+        try:
+            return await self.gate.guard_target(kind, name, resolved, context, call_next)
+        finally:
+            ADMITTED_BY.reset(admitted)
+
+
+class MountedCompletions:
+    """The completion handler of a parent server, covering its mounted FlowServers.
+
+    A FastMCP server has one completion handler, and a parent knows nothing of its
+    mounted servers' handlers: mount_into installs one of these per parent; it asks
+    every FlowServer mounted there (under its namespace), then the parent's own handler.
+    """
+
+    def __init__(self, own: Callable[..., Any] | None) -> None:
+        self.own = own  # the parent's handler before the first mount_into, if any
+        self.mounted: list[tuple[str | None, Callable[..., Any]]] = []
+
+    @classmethod
+    def install(cls, parent: FastMCP, namespace: str | None,
+                complete: Callable[..., Any]) -> None:
+        """Answer ``parent``'s completions for a server mounted under ``namespace``."""
+        current, _ = completion_handler(parent)
+        # First mount, or the parent's handler was replaced since: keep it as its own.
+        dispatcher = current if isinstance(current, MountedCompletions) else cls(current)
+        dispatcher.mounted.append((namespace, complete))
+        parent.add_completion_handler(dispatcher)
+
+    async def __call__(self, ref: Any, argument: Any, context: Any = None) -> Any:
+        for namespace, complete in self.mounted:
+            local = _unprefixed(ref, namespace)
+            if local is not None:
+                # In a worker thread, like FastMCP runs a server's own sync handler.
+                values = await anyio.to_thread.run_sync(complete, local, argument, context)
+                if values:
+                    return values
+        if self.own is None:
+            return None
+        result = self.own(ref, argument, context)
+        return await result if inspect.isawaitable(result) else result
+
+
+def _unprefixed(ref: Any, namespace: str | None) -> Any:
+    """``ref`` as the server mounted under ``namespace`` names it, or None."""
+    if namespace is None:
+        return ref
+    if isinstance(ref, mcp_types.PromptReference):
+        prefix = f"{namespace}_"
+        if not ref.name.startswith(prefix):
+            return None
+        return ref.model_copy(update={"name": ref.name[len(prefix):]})
+    protocol, separator, path = ref.uri.partition("://")
+    if not separator or not path.startswith(f"{namespace}/"):
+        return None
+    return ref.model_copy(update={"uri": f"{protocol}://{path[len(namespace) + 1:]}"})
