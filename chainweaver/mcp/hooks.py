@@ -5,6 +5,7 @@ authenticator, a rate limiter, an authorizer or an audit sink.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import re
@@ -86,7 +87,12 @@ class AuditEvent:
     approval: ``decision`` allowed or denied, ``reason`` the answer, e.g. ``accept``,
     ``decline``, ``cancel``, ``no_answer``, ``unavailable``; ``step_id`` the step
     that needs it). Content is never recorded: only the SHA-256 and UTF-8 byte length
-    of the returned text."""
+    of the returned text.
+
+    Every text field is bounded (see :func:`bounded_text`): a caller-supplied name,
+    URI or task id longer than :data:`AUDIT_TEXT_LIMIT` characters is kept as a
+    prefix, its length and the SHA-256 of the whole value, so one event serialises
+    to at most :data:`MAX_AUDIT_EVENT_BYTES` bytes of JSON."""
 
     timestamp: float
     phase: Literal["decision", "completed", "approval", "state"]
@@ -105,6 +111,47 @@ class AuditEvent:
     step_id: str | None = None
     task_id: str | None = None
     task_status: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                bounded = bounded_text(value)
+                if bounded is not value:
+                    object.__setattr__(self, name, bounded)
+
+
+# The longest text an audit field keeps, in characters.
+AUDIT_TEXT_LIMIT = 256
+_TEXT_FIELDS = ("name", "flow_name", "flow_version", "caller_id", "reason", "error_type",
+                "result_sha256", "step_id", "task_id", "task_status")
+# One event as JSON (json.dumps, ensure_ascii=False, compact, UTF-8): every text field
+# at the limit, each character at its longest (a control character is "\u00XX", 6
+# bytes), plus the keys, the numbers and the punctuation (a generous 1 KiB).
+MAX_AUDIT_EVENT_BYTES = len(_TEXT_FIELDS) * AUDIT_TEXT_LIMIT * 6 + 1024
+
+
+def bounded_text(value: str, limit: int = AUDIT_TEXT_LIMIT) -> str:
+    """``value`` as an audit record keeps it: unchanged when it is at most ``limit``
+    characters of encodable text, else a prefix followed by
+    ``…[<length> chars, sha256:<hex>]`` (the SHA-256 of the whole value's UTF-8 bytes,
+    lone surrogates passed through), ``limit`` characters in all; a lone surrogate in
+    the prefix becomes ``?``, so the record always encodes as UTF-8."""
+    if len(value) <= limit and (value.isascii() or _encodable(value)):
+        return value
+    data = value.encode("utf-8", "surrogatepass")
+    suffix = f"…[{len(value)} chars, sha256:{hashlib.sha256(data).hexdigest()}]"
+    prefix = value[:max(0, limit - len(suffix))]
+    prefix = prefix.encode("utf-8", "replace").decode("utf-8")
+    return prefix + suffix
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def deliver_audit(hook: AuditHook, event: AuditEvent, timeout: float) -> None:
