@@ -20,7 +20,7 @@ from .errors import (
     PromptDefinitionError,
     ToolNotFoundError,
 )
-from .executor import ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
+from .executor import ALWAYS_APPROVE, ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
@@ -31,6 +31,7 @@ from .tools import Tool, tool
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALWAYS_APPROVE",
     "ChainWeaverError",
     "DefinitionError",
     "DuplicateFlowError",

@@ -5,6 +5,12 @@ wrong shape, or a missing context key ends the run with ``success=False`` and an
 error naming the step, the tool and the field; the steps before it stay recorded.
 Only programming errors about *which* flow to run (unknown name or version) raise.
 
+A flow with a step that needs approval runs only when its caller says how it is
+approved: ``approve=`` a hook asked once before any step (the MCP server asks the
+client's user), or ``approve=ALWAYS_APPROVE`` to run it without asking. Without either
+the run fails with ``ApprovalRequired`` and no step runs; a sub-flow runs under the
+decision of the run that started it.
+
 Both lanes (:mod:`chainweaver.lanes`) run the same step runner (:mod:`chainweaver.runner`):
 ``execute_flow`` runs the steps one at a time in plan order; ``execute_flow_async`` runs
 every ready step at once (up to ``max_concurrent_steps``), awaiting async tools and running
@@ -23,12 +29,12 @@ from .flows import Flow
 from .lanes import Lanes
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
-from .run_events import Approver, Cancellation, RunObserver
+from .run_events import ALWAYS_APPROVE, ApprovalHook, Cancellation, RunObserver
 from .runner import ErrorInfo, ExecutionResult, StepRecord
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
 
-__all__ = ["ErrorInfo", "ExecutionResult", "FlowExecutor", "StepRecord"]
+__all__ = ["ALWAYS_APPROVE", "ErrorInfo", "ExecutionResult", "FlowExecutor", "StepRecord"]
 
 
 class FlowExecutor:
@@ -221,7 +227,7 @@ class FlowExecutor:
     def execute_flow(
         self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None,
         *, plan: Plan | None = None, observer: RunObserver | None = None,
-        cancel: Cancellation | None = None,
+        cancel: Cancellation | None = None, approve: ApprovalHook | None = None,
     ) -> ExecutionResult:
         """Run a flow synchronously, one step at a time in plan order.
 
@@ -230,9 +236,18 @@ class FlowExecutor:
         ``plan`` (from :meth:`plan`) runs exactly that plan, with the sub-flows it was
         compiled with, whatever was registered since. ``observer`` is told about each
         step; ``cancel`` (set from another thread) stops the run before its next step.
+
+        ``approve`` decides whether a flow with steps that need approval may run
+        (:func:`~chainweaver.run_events.approval_request` says which steps one approval
+        covers): a hook ``(ApprovalRequest) -> bool`` called once, after the input is
+        validated and before any step starts (an async hook is awaited on a private
+        loop), or :data:`ALWAYS_APPROVE` to run without asking. Left out, such a flow
+        fails with ``ApprovalRequired`` before any step; a hook that returns anything
+        but ``True`` (or raises) fails it with ``ApprovalDenied``. No step runs either way.
         """
         return self._lanes.run_sync(self._plan_to_run(name, version, plan), input,
-                                    observer=observer, cancel=cancel)
+                                    observer=observer, cancel=cancel,
+                                    approve=_checked(approve))
 
     def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
         if plan is None:
@@ -255,7 +270,7 @@ class FlowExecutor:
         plan: Plan | None = None,
         observer: RunObserver | None = None,
         cancel: Cancellation | None = None,
-        approve: Approver | None = None,
+        approve: ApprovalHook | None = None,
     ) -> ExecutionResult:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
@@ -269,12 +284,23 @@ class FlowExecutor:
 
         ``observer`` is told about each step (:class:`~chainweaver.run_events.RunObserver`).
         ``cancel`` stops the run at the next step boundary (running async tools are
-        cancelled at once); the result then fails with ``CancelledError``. ``approve``
-        is awaited once, after the input is validated and before any step starts, when
-        a step requires approval (:func:`~chainweaver.run_events.approval_request`);
-        unless it returns ``True`` the run fails with ``ApprovalDenied`` and no step
-        runs.
+        cancelled at once); the result then fails with ``CancelledError``.
+
+        ``approve`` is as for :meth:`execute_flow`: a hook called once, after the input
+        is validated and before any step starts, when a step requires approval (an
+        async hook is awaited; a sync one is called on the event loop, so it must not
+        block), or :data:`ALWAYS_APPROVE`. Without it such a flow fails with
+        ``ApprovalRequired``; unless the hook returns ``True`` the run fails with
+        ``ApprovalDenied``. No step runs either way.
         """
         return await self._lanes.run_async(self._plan_to_run(name, version, plan), input,
                                            timeout, observer=observer, cancel=cancel,
-                                           approve=approve)
+                                           approve=_checked(approve))
+
+
+def _checked(approve: ApprovalHook | None) -> ApprovalHook | None:
+    """``approve`` if it is a hook, ALWAYS_APPROVE or None (a wrong type is a bug)."""
+    if approve is not None and not callable(approve):
+        raise TypeError(f"approve must be a hook (ApprovalRequest) -> bool, ALWAYS_APPROVE "
+                        f"or None, got {type(approve).__name__}")
+    return approve

@@ -9,10 +9,12 @@ threads. Both report to the run's observer, and give the same result whatever th
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 
@@ -20,12 +22,16 @@ from . import outcome
 from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
 from .plan import Plan
 from .run_events import (
-    Approver,
+    ALWAYS_APPROVE,
+    ApprovalHook,
+    ApprovalRequest,
     Cancellation,
     RunCancelled,
     RunObserver,
     approval_request,
+    approval_verdict,
     ask_approval,
+    hook_raised,
     notify,
 )
 from .runner import (
@@ -38,6 +44,26 @@ from .runner import (
     run_plain_step,
     run_step,
 )
+
+logger = logging.getLogger("chainweaver.executor")
+
+T = TypeVar("T")
+
+
+class _ParentDecided:
+    """The type of :data:`PARENT_DECIDED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PARENT_DECIDED"
+
+
+# ``approve=`` of a sub-flow's run: the run that started it asked (or was told not to
+# ask) for every step of it already. Only the lanes pass it; every other caller passes a
+# hook, ALWAYS_APPROVE or None (then a plan that needs approval does not run).
+PARENT_DECIDED: Final = _ParentDecided()
+Approve = ApprovalHook | _ParentDecided | None
 
 
 class Lanes:
@@ -59,15 +85,23 @@ class Lanes:
 
     def run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
                  stop: Stop | None = None, *, observer: RunObserver | None = None,
-                 cancel: Cancellation | None = None) -> ExecutionResult:
+                 cancel: Cancellation | None = None, approve: Approve = None
+                 ) -> ExecutionResult:
         """Run ``plan`` one step at a time in plan order; ``stop`` is set when the async
         run that started this one (a sub-flow in a worker thread) is over: then nothing
-        further runs."""
+        further runs. ``approve`` as for :func:`approval_gate`."""
         started = time.perf_counter()
+        gate = approval_gate(plan, approve)
+        if isinstance(gate, ErrorInfo):
+            return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
             state = outcome.start(plan, input)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        if gate is not None:
+            refused = _denied(plan, gate[0], _ask_blocking(gate[1], gate[0]))
+            if refused is not None:
+                return _reported(outcome.failed(plan.flow, refused, [], started), observer)
         if observer is not None:
             _observe(state, observer)
         for planned in plan.steps:
@@ -90,20 +124,24 @@ class Lanes:
                         slots: asyncio.Semaphore | None = None,
                         observer: RunObserver | None = None,
                         cancel: Cancellation | None = None,
-                        approve: Approver | None = None) -> ExecutionResult:
+                        approve: Approve = None) -> ExecutionResult:
         """Run ``plan``, ready steps at once; ``parent`` is set when the run that started
         this one is over. ``slots`` bounds the tool steps running at once in the whole
         call: a new call makes them (``max_concurrent``); sub-flows share their caller's
-        (a sub-flow step itself takes no slot, so none waits for itself)."""
+        (a sub-flow step itself takes no slot, so none waits for itself). ``approve`` as
+        for :func:`approval_gate`."""
         if slots is None:
             slots = asyncio.Semaphore(self.max_concurrent)
         started = time.perf_counter()
+        gate = approval_gate(plan, approve)
+        if isinstance(gate, ErrorInfo):
+            return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
             state = outcome.start(plan, input)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
-        if approve is not None:
-            refused = await _approval(plan, approve)
+        if gate is not None:
+            refused = _denied(plan, gate[0], await ask_approval(gate[1], gate[0]))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
         if observer is not None:
@@ -269,7 +307,8 @@ class Lanes:
                     await asyncio.sleep(request[1])
                 else:
                     reply = await self.run_async(request[1], request[2], request[3],
-                                                 parent=stop, slots=slots)
+                                                 parent=stop, slots=slots,
+                                                 approve=PARENT_DECIDED)
             except asyncio.CancelledError as caught:
                 # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
                 cancelling = getattr(asyncio.current_task(), "cancelling", None)
@@ -282,9 +321,10 @@ class Lanes:
     def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
                           stop: Stop | None) -> ExecutionResult:
         if timeout is None:
-            return self.run_sync(plan, input, stop)
+            return self.run_sync(plan, input, stop, approve=PARENT_DECIDED)
         # A run of its own on a private loop: its own bound.
-        return run_coroutine_blocking(self.run_async(plan, input, timeout, parent=stop))
+        return run_coroutine_blocking(self.run_async(plan, input, timeout, parent=stop,
+                                                     approve=PARENT_DECIDED))
 
 
 def _observe(state: RunState, observer: RunObserver) -> None:
@@ -299,16 +339,62 @@ def _reported(result: ExecutionResult, observer: RunObserver | None) -> Executio
     return result
 
 
-async def _approval(plan: Plan, approve: Approver) -> ErrorInfo | None:
-    """Why the run may not start (None: no step needs approval, or it was approved)."""
+def approval_gate(plan: Plan, approve: Approve
+                  ) -> ErrorInfo | tuple[ApprovalRequest, ApprovalHook] | None:
+    """What a run of ``plan`` must do about approval before its first step.
+
+    None: run (no step needs approval, ``approve`` is :data:`ALWAYS_APPROVE`, or it is
+    :data:`PARENT_DECIDED`: a sub-flow). An ``ApprovalRequired`` error: refuse at once
+    (steps need approval and ``approve`` is None). (request, hook): ask ``hook`` once
+    ``request``, after the input is valid; only ``True`` lets the run start.
+    """
+    if isinstance(approve, _ParentDecided):
+        return None
     request = approval_request(plan)
     if request is None:
         return None
-    refused = await ask_approval(approve, request)
+    if approve is None:
+        return _located(
+            plan, request, "ApprovalRequired",
+            f"flow {plan.flow.name!r} {plan.flow.version} has steps that need approval: "
+            f"{request.describe()}. No approval hook was given, so no step ran: pass "
+            "approve= a hook that asks someone, or approve=ALWAYS_APPROVE to run it "
+            "without asking")
+    if approve is ALWAYS_APPROVE:
+        logger.debug("flow %r %s runs without asking for approval (ALWAYS_APPROVE): %s",
+                     plan.flow.name, plan.flow.version, request.describe())
+        return None
+    return request, approve
+
+
+def _ask_blocking(approve: ApprovalHook, request: ApprovalRequest) -> str | None:
+    """:func:`~chainweaver.run_events.ask_approval` from sync code (an async hook's
+    answer is awaited on a private loop)."""
+    try:
+        answer = approve(request)
+        if inspect.isawaitable(answer):
+            answer = run_coroutine_blocking(_awaited(answer))
+    except Exception as error:
+        return hook_raised(error)
+    return approval_verdict(answer)
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _denied(plan: Plan, request: ApprovalRequest, refused: str | None) -> ErrorInfo | None:
+    """The ``ApprovalDenied`` error when the hook did not approve (None: it did)."""
     if refused is None:
         return None
-    why = f" ({request.reason})" if request.reason else ""
-    return ErrorInfo("ApprovalDenied",
-                     f"flow {plan.flow.name!r}: step {request.step_id!r} needs approval{why} "
-                     f"and {refused}", step_index=request.step_index,
-                     tool_name=request.tool_name, step_id=request.step_id)
+    return _located(
+        plan, request, "ApprovalDenied",
+        f"flow {plan.flow.name!r} {plan.flow.version}: approval of {request.describe()} "
+        f"was asked and {refused}, so no step ran")
+
+
+def _located(plan: Plan, request: ApprovalRequest, kind: str, message: str) -> ErrorInfo:
+    """An error at the first covered step (its top-level step: a sub-flow's step)."""
+    index = request.step_index
+    return ErrorInfo(kind, message, step_index=index, tool_name=plan.flow.steps[index].name,
+                     step_id=plan.flow.step_ids[index])

@@ -18,7 +18,8 @@ run (and fail at run time), but an MCP server does not publish it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -93,6 +94,9 @@ class Plan:
     # active version of any of them makes the plan stale.
     subflow_versions: tuple[tuple[str, str | None], ...]
     problems: tuple[Problem, ...] = ()  # what compile_plan found (fatal ones stop a run)
+    # What one approval of a run covers, once asked (run_events.approval_request): a
+    # 1-tuple holding the ApprovalRequest, or None in it when no step needs approval.
+    approval: tuple[Any] | None = field(default=None, repr=False, compare=False)
 
 
 # How compile_plan looks things up (the executor passes its own).

@@ -1,23 +1,29 @@
 """Talking to a run while it runs: an observer of its steps, a cancellation, an approval.
 
-All three are optional keywords of :meth:`FlowExecutor.execute_flow_async` (the
-observer and the cancellation of :meth:`FlowExecutor.execute_flow` too); a run
-without them takes exactly the path it always took.
+All three are optional keywords of :meth:`FlowExecutor.execute_flow` and
+:meth:`FlowExecutor.execute_flow_async`; a run without them takes exactly the path it
+always took, except that a flow with a step that needs approval does not run at all
+without ``approve=`` (a hook, or :data:`ALWAYS_APPROVE`). :func:`approval_request`
+says which steps one approval covers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import inspect
+import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .safety import ToolSafetyContract
 
 if TYPE_CHECKING:
-    from .plan import Plan, PlannedStep
+    from .plan import Plan
     from .runner import ErrorInfo, ExecutionResult, StepRecord
 
 logger = logging.getLogger("chainweaver.executor")
@@ -123,63 +129,170 @@ class Cancellation:
 
 
 @dataclass(frozen=True)
-class ApprovalRequest:
-    """What a run asks approval for: the first step (in plan order) whose tool, fallback
-    or sub-flow requires approval (the first step, when the flow's own contract does)."""
+class CoveredStep:
+    """One step an approval covers.
 
-    flow_name: str
-    flow_version: str
+    ``step_id`` is the step's id, or its path through sub-flow steps
+    (``"cleanup/delete"``: step ``delete`` of the sub-flow that step ``cleanup`` runs).
+    ``tool_name`` is the tool it runs (with ``fallback`` true: the fallback tool, which
+    runs only when the step's own tool fails). ``side_effects`` is that tool's
+    side-effect level, ``reason`` the approval reason that applies: the tool's own when
+    its contract requires approval, else that of the flow whose own contract does.
+    ``step_index`` is the index of the top-level step it belongs to.
+    """
+
     step_id: str
-    step_index: int
     tool_name: str
     side_effects: str
     reason: str | None
+    step_index: int
+    fallback: bool = False
 
 
-Approver = Callable[[ApprovalRequest], Awaitable[bool]]
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What one approval of a run covers: every step of it that requires approval.
+
+    A run asks once, after its input is valid and before any step starts. The approval
+    covers exactly the steps (in plan order, sub-flow steps where their sub-flow step
+    runs) whose tool or fallback tool has a safety contract with ``requires_approval``,
+    and every step of a flow (the run's own, or a sub-flow at any depth) whose own
+    contract (``Flow(safety=...)``) requires it; no other step. ``steps`` is never empty.
+
+    ``step_id``, ``step_index``, ``tool_name``, ``side_effects`` and ``reason`` are
+    those of the first covered step (what a request held before it listed them all).
+    """
+
+    flow_name: str
+    flow_version: str
+    steps: tuple[CoveredStep, ...]
+
+    @property
+    def step_ids(self) -> tuple[str, ...]:
+        """The ids (paths) of the covered steps, in plan order (a step whose tool and
+        fallback both need approval appears twice)."""
+        return tuple(step.step_id for step in self.steps)
+
+    @property
+    def fingerprint(self) -> str:
+        """A SHA-256 (hex) of the flow, its version and everything listed about every
+        covered step: an answer bound to it approves exactly this question."""
+        body = json.dumps([self.flow_name, self.flow_version,
+                           [dataclasses.astuple(step) for step in self.steps]],
+                          separators=(",", ":"))
+        return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+    @property
+    def step_id(self) -> str:
+        return self.steps[0].step_id
+
+    @property
+    def step_index(self) -> int:
+        return self.steps[0].step_index
+
+    @property
+    def tool_name(self) -> str:
+        return self.steps[0].tool_name
+
+    @property
+    def side_effects(self) -> str:
+        return self.steps[0].side_effects
+
+    @property
+    def reason(self) -> str | None:
+        return self.steps[0].reason
+
+    def describe(self) -> str:
+        """The covered steps in one line: ``step 'delete' (tool 'erase', write: why)``."""
+        return "; ".join(describe_step(step) for step in self.steps)
+
+
+def describe_step(step: CoveredStep) -> str:
+    """``step 'delete' (tool 'erase', write: deletes the account)``."""
+    what = f"fallback tool {step.tool_name!r}" if step.fallback else f"tool {step.tool_name!r}"
+    why = step.reason if step.reason else "no reason given"
+    return f"step {step.step_id!r} ({what}, {step.side_effects}: {why})"
+
+
+class _AlwaysApprove:
+    """The type of :data:`ALWAYS_APPROVE` (one instance)."""
+
+    __slots__ = ()
+
+    def __call__(self, request: ApprovalRequest) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ALWAYS_APPROVE"
+
+    def __reduce__(self) -> str:
+        return "ALWAYS_APPROVE"
+
+
+ALWAYS_APPROVE: Final = _AlwaysApprove()
+"""``approve=ALWAYS_APPROVE``: run a flow whose steps need approval without asking anyone.
+
+The deliberate opt-out for library callers (tests, batch jobs, a caller that asked its
+user already): without ``approve=`` a flow that needs approval does not run."""
+
+# What ``approve=`` takes: a hook returning ``True`` to approve (sync, or async: a
+# returned awaitable is awaited), or ALWAYS_APPROVE.
+ApprovalHook = Callable[[ApprovalRequest], bool | Awaitable[bool]]
+Approver = Callable[[ApprovalRequest], Awaitable[bool]]  # an async hook
 
 
 def approval_request(plan: Plan) -> ApprovalRequest | None:
-    """What a run of ``plan`` must ask approval for, if anything."""
-    flow = plan.flow
-    if not plan.steps:
-        return None
-    if flow.safety is not None and flow.safety.requires_approval:
-        return _request(plan, plan.steps[0], flow.safety)
+    """What one approval of a run of ``plan`` covers (None: no step needs approval).
+
+    Computed once per plan (a plan, its sub-plans included, never changes)."""
+    if plan.approval is None:
+        steps = tuple(_covered(plan, "", None, None))
+        plan.approval = (ApprovalRequest(plan.flow.name, plan.flow.version, steps)
+                         if steps else None,)
+    request: ApprovalRequest | None = plan.approval[0]
+    return request
+
+
+def _covered(plan: Plan, prefix: str, index: int | None,
+             enclosing: ToolSafetyContract | None) -> Iterator[CoveredStep]:
+    """The covered steps of ``plan``, a sub-flow's when ``prefix`` is its step's path;
+    ``enclosing``: the contract of the nearest enclosing flow that requires approval."""
+    own = plan.flow.safety
+    flow_contract = own if own is not None and own.requires_approval else enclosing
     for planned in plan.steps:
-        contract = _step_approval(planned)
-        if contract is not None:
-            return _request(plan, planned, contract)
-    return None
+        path = prefix + planned.id
+        top = planned.index if index is None else index
+        if planned.subplan is not None:
+            yield from _covered(planned.subplan, path + "/", top, flow_contract)
+        for tool, fallback in ((planned.tool, False), (planned.fallback, True)):
+            if tool is None:
+                continue
+            contract = tool.safety
+            required = contract if contract is not None and contract.requires_approval \
+                else flow_contract
+            if required is None:
+                continue
+            level = (contract or required).side_effects.value
+            yield CoveredStep(path, tool.name, level, required.approval_reason, top, fallback)
 
 
-def _step_approval(planned: PlannedStep) -> ToolSafetyContract | None:
-    for tool in (planned.tool, planned.fallback):
-        if tool is not None and tool.safety is not None and tool.safety.requires_approval:
-            return tool.safety
-    if planned.subplan is not None:
-        sub = planned.subplan
-        if sub.flow.safety is not None and sub.flow.safety.requires_approval:
-            return sub.flow.safety
-        for inner in sub.steps:
-            contract = _step_approval(inner)
-            if contract is not None:
-                return contract
-    return None
-
-
-def _request(plan: Plan, planned: PlannedStep, contract: ToolSafetyContract
-             ) -> ApprovalRequest:
-    return ApprovalRequest(plan.flow.name, plan.flow.version, planned.id, planned.index,
-                           planned.step.name, contract.side_effects.value,
-                           contract.approval_reason)
-
-
-async def ask_approval(approve: Approver, request: ApprovalRequest) -> str | None:
+async def ask_approval(approve: ApprovalHook, request: ApprovalRequest) -> str | None:
     """Why the run may not go on (None: approved). Only an explicit ``True`` approves."""
     try:
-        answer = await approve(request)
+        answer = approve(request)
+        if inspect.isawaitable(answer):
+            answer = await answer
     except Exception as error:
-        logger.warning("approval hook raised %s", type(error).__name__, exc_info=True)
-        return f"the approval hook raised {type(error).__name__}"
+        return hook_raised(error)
+    return approval_verdict(answer)
+
+
+def approval_verdict(answer: object) -> str | None:
+    """Why a hook's answer does not approve (None: it is ``True``)."""
     return None if answer is True else "it was not approved"
+
+
+def hook_raised(error: Exception) -> str:
+    """Why the run may not go on when the hook raised ``error`` (logged)."""
+    logger.warning("approval hook raised %s", type(error).__name__, exc_info=True)
+    return f"the approval hook raised {type(error).__name__}"

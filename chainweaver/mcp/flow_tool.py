@@ -16,9 +16,11 @@ and an ``MCPError`` (a protocol error, meant as one) go through unchanged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import pydantic_core
@@ -32,15 +34,18 @@ from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
 from ..executor import ExecutionResult, FlowExecutor, StepRecord
-from ..run_events import RunObserver
+from ..plan import Plan
+from ..run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, RunObserver
 from ..safety import SideEffectLevel
 from .config import ErrorDetail
-from .exposure import ExposedFlow
+from .exposure import ExposedFlow, LiveExposure
 from .runs import Approval, ApprovalInTask, RunReporter, RunSettings
+from .views import Views
 
 logger = logging.getLogger("chainweaver.mcp")
 
 GENERIC_FAILURE = "The flow failed. Ask the server operator to check its logs."
+HIDDEN_STEP = "subflow#{index}"  # how a sub-flow step the caller cannot see is named
 
 
 def tool_annotations(exposed: ExposedFlow) -> ToolAnnotations:
@@ -84,19 +89,85 @@ def _sendable(arguments: dict[str, Any]) -> bool:
     return True
 
 
-def run_meta(result: ExecutionResult, error_detail: str = "full") -> dict[str, Any]:
+class StepNames:
+    """How a run's steps are named to one caller.
+
+    A sub-flow step whose sub-flow the caller cannot see (not published, or outside
+    its view) is named ``subflow#<index>`` (its position in its flow's steps), and
+    nothing inside it is named: not its id (by default the sub-flow's name), not its
+    steps. Every other step keeps its id.
+    """
+
+    __slots__ = ("_hidden", "_inner")
+
+    def __init__(self, plan: Plan | None, visible: Callable[[str], bool]) -> None:
+        self._hidden: dict[str, str] = {}  # step id -> the label shown instead
+        self._inner: dict[str, StepNames] = {}  # a visible sub-flow step's own names
+        for planned in plan.steps if plan is not None else ():
+            if planned.subplan is None:
+                continue
+            if visible(planned.subplan.flow.name):
+                self._inner[planned.id] = StepNames(planned.subplan, visible)
+            else:
+                self._hidden[planned.id] = HIDDEN_STEP.format(index=planned.index)
+
+    def label(self, step_id: str) -> str:
+        """What a step of this flow (not a path) is called."""
+        return self._hidden.get(step_id, step_id)
+
+    def hides(self, step_id: str) -> bool:
+        """Whether ``step_id`` runs a sub-flow the caller cannot see."""
+        return step_id in self._hidden
+
+    def hides_any(self) -> bool:
+        """Whether any step, at any depth, runs a sub-flow the caller cannot see."""
+        return bool(self._hidden) or any(inner.hides_any() for inner in self._inner.values())
+
+    def inner(self, step_id: str) -> StepNames | None:
+        """The names inside a visible sub-flow step (None: not one)."""
+        return self._inner.get(step_id)
+
+    def path(self, path: str) -> str:
+        """A step path (``"outer/inner"``: step ``inner`` of the sub-flow step ``outer``)
+        as the caller may see it: cut at the first sub-flow it cannot see."""
+        if path in self._hidden or path in self._inner:
+            return self.label(path)
+        for step_id, label in self._hidden.items():
+            if path.startswith(step_id + "/"):
+                return label
+        for step_id, names in self._inner.items():
+            if path.startswith(step_id + "/"):
+                return f"{step_id}/{names.path(path[len(step_id) + 1:])}"
+        return path
+
+    def shown(self, request: ApprovalRequest) -> ApprovalRequest:
+        """``request`` as the caller's user may see it (the approval question)."""
+        steps = getattr(request, "steps", None)
+        if not (self.hides_any() and isinstance(steps, tuple)):
+            return request
+        return dataclasses.replace(request, steps=tuple(
+            dataclasses.replace(step, step_id=self.path(step.step_id)) for step in steps))
+
+
+ALL_VISIBLE = StepNames(None, lambda name: True)
+
+
+def run_meta(result: ExecutionResult, error_detail: str = "full",
+             names: StepNames = ALL_VISIBLE) -> dict[str, Any]:
     """The tool result's ``_meta``: which flow version ran and, per step, its id, status,
     attempts and duration (a sub-flow's steps nested under ``steps``); the error type of
     a failed or skipped step too, never its text, and not even the type when
-    ``error_detail`` is ``"generic"``."""
+    ``error_detail`` is ``"generic"``. Steps are named as ``names`` says: a sub-flow the
+    caller cannot see is one step, ``subflow#<index>``, with no steps nested."""
     return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
-                            "steps": _step_meta(result.steps, error_detail)}}
+                            "steps": _step_meta(result.steps, error_detail, names)}}
 
 
-def _step_meta(records: list[StepRecord], error_detail: str) -> list[dict[str, Any]]:
+def _step_meta(records: list[StepRecord], error_detail: str,
+               names: StepNames) -> list[dict[str, Any]]:
     steps = []
     for record in records:
-        entry: dict[str, Any] = {"id": record.step_id, "status": record.status,
+        entry: dict[str, Any] = {"id": names.label(record.step_id), "status": record.status,
                                  "attempts": record.attempts,
                                  "started_ms": round(record.started_ms, 3),
                                  "duration_ms": round(record.duration_ms, 3)}
@@ -104,10 +175,36 @@ def _step_meta(records: list[StepRecord], error_detail: str) -> list[dict[str, A
             entry["error"] = record.error.type
         if record.fallback is not None:
             entry["fallback"] = record.fallback
-        if record.steps is not None:
-            entry["steps"] = _step_meta(record.steps, error_detail)
+        if record.steps is not None and not names.hides(record.step_id):
+            entry["steps"] = _step_meta(record.steps, error_detail,
+                                        names.inner(record.step_id) or ALL_VISIBLE)
         steps.append(entry)
     return steps
+
+
+class ServedFrom:
+    """What a flow tool reads of the server publishing it while a call runs: the live
+    exposure (every snapshot it swaps in) and the per-caller views."""
+
+    def __init__(self, live: LiveExposure, views: Views) -> None:
+        self.live = live
+        self.views = views
+
+    def readmits(self, exposed: ExposedFlow) -> bool:
+        """Whether a call of ``exposed`` would be admitted now: its version is the one
+        the newest snapshot publishes under its name, in the current caller's view."""
+        latest = self.live.latest
+        now = latest.tool(exposed.tool_name)
+        return (now is not None and now.flow.name == exposed.flow.name
+                and now.flow.version == exposed.flow.version
+                and self.views.current(latest).allows(now))
+
+    def step_names(self, exposed: ExposedFlow) -> StepNames:
+        """How ``exposed``'s steps are named to the current caller (its view of the
+        snapshot the request pinned)."""
+        snapshot = self.live.current
+        view = self.views.current(snapshot)
+        return StepNames(exposed.plan, lambda name: view.allows(snapshot.flow(name)))
 
 
 class FlowTool(FastMCPTool):
@@ -118,6 +215,7 @@ class FlowTool(FastMCPTool):
     _error_detail: str = PrivateAttr(default="full")
     _timeout: float | None = PrivateAttr(default=None)
     _runs: RunSettings = PrivateAttr(default_factory=RunSettings)
+    _served: ServedFrom | None = PrivateAttr(default=None)
 
     @classmethod
     def build(
@@ -128,6 +226,8 @@ class FlowTool(FastMCPTool):
         error_detail: ErrorDetail = "full",
         timeout: float | None = None,
         runs: RunSettings | None = None,
+        live: LiveExposure | None = None,
+        views: Views | None = None,
     ) -> FlowTool:
         flow = exposed.flow
         tool = cls(
@@ -146,12 +246,25 @@ class FlowTool(FastMCPTool):
         tool._timeout = timeout
         if runs is not None:
             tool._runs = runs
+        if live is not None:
+            tool._served = ServedFrom(live, views or Views(None))
         return tool
 
     @property
     def exposed(self) -> ExposedFlow:
         """The exposure decision this tool publishes."""
         return self._exposed
+
+    def step_names(self) -> StepNames:
+        """How this flow's steps are named to the caller being served (every step by its
+        id when the tool was built without its server)."""
+        if self._served is None:
+            return ALL_VISIBLE
+        return self._served.step_names(self._exposed)
+
+    def readmits(self) -> bool:
+        """Whether this flow version would be admitted for the current caller now."""
+        return self._served is None or self._served.readmits(self._exposed)
 
     async def run(self, arguments: dict[str, Any],
                   ctx: Context = CurrentContext()) -> ToolResult:  # noqa: B008
@@ -191,21 +304,28 @@ class FlowTool(FastMCPTool):
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
         call.part = "run reporting"
+        names = self.step_names()
         reporter = None
         if ctx is not None and status is None and self._runs.notifications:
             reporter = call.reporter = await RunReporter.wanted(
-                ctx, self.name, show_error_type=self._error_detail != "generic")
+                ctx, self.name, show_error_type=self._error_detail != "generic",
+                label=names.label)
         call.part = "approval"
-        approval = None
+        # A flow published without asking (the operator's allow_requires_approval or
+        # force_expose) runs by that explicit choice; one that asks goes through Approval.
+        approval: Approval | None = None
+        approve: ApprovalHook = ALWAYS_APPROVE
         if self._exposed.needs_approval:
             if ctx is None:
                 return self._error_result("ApprovalDenied", "no client to ask for approval")
-            approval = Approval(ctx, self.name, self._runs, in_task)
+            approval = approve = Approval(ctx, self.name, self._runs, in_task,
+                                          arguments=arguments, readmit=self.readmits,
+                                          shown=names.shown)
         call.part = "the run"
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
-                plan=self._exposed.plan, observer=status or reporter, approve=approval)
+                plan=self._exposed.plan, observer=status or reporter, approve=approve)
         except BaseException as error:
             if reporter is not None:
                 reporter.abandon()
@@ -218,10 +338,12 @@ class FlowTool(FastMCPTool):
         call.part = "approval"
         if approval is not None and approval.ask is not None:
             return InputRequiredToolResult(approval.ask)
+        if approval is not None and approval.outcome == "flow_unavailable":
+            return self._unavailable()
         call.part = "serialising the result"
-        meta = run_meta(result, self._error_detail)
+        meta = run_meta(result, self._error_detail, names)
         if not result.success:
-            tool_result = self._failure(result, approval.outcome if approval else "none")
+            tool_result = self._failure(result, approval, names)
         else:
             try:
                 tool_result = self._success(result)
@@ -258,17 +380,37 @@ class FlowTool(FastMCPTool):
         return ToolResult(content=[TextContent(type="text", text=text)],
                           structured_content=output)
 
-    def _failure(self, result: ExecutionResult, answer: str = "none") -> ToolResult:
+    def _unavailable(self) -> ToolResult:
+        """The flow left the server, or the caller's view, while the run waited for its
+        approval: the same words either way, and nothing ran."""
+        text = f"Flow {self.name!r} is no longer available; nothing ran."
+        return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+    def _failure(self, result: ExecutionResult, approval: Approval | None = None,
+                 names: StepNames = ALL_VISIBLE) -> ToolResult:
         error = result.error
         assert error is not None
+        answer = approval.outcome if approval is not None else "none"
         if error.type == "InputValidationError" and error.step_id is None:
             # The caller's own mistake: always say which field, whatever error_detail says.
             text = f"Invalid arguments for {self.name!r}: {error.detail}"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         if error.type == "ApprovalDenied":
             # Only what the user was shown when asked (and the answer): always in full.
-            text = f"ApprovalDenied: {error.message} (answer: {answer})"
+            message = error.message
+            request = approval.request if approval is not None else None
+            if request is not None and approval is not None and names.hides_any():
+                # The engine's words name every covered step's path; the user was shown
+                # them with the sub-flows it cannot see unnamed.
+                message = (f"flow {self.name!r} {request.flow_version}: approval of "
+                           f"{approval.shown(request).describe()} was not given, so no "
+                           "step ran")
+            text = f"ApprovalDenied: {message} (answer: {answer})"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        if error.step_id is not None and names.hides(error.step_id):
+            # A sub-flow the caller cannot see: the engine's message would name it.
+            label = names.label(error.step_id)
+            return self._error_result(error.type, f"step {label!r} failed")
         return self._error_result(error.type, error.message)
 
     def _error_result(self, error_type: str, message: str) -> ToolResult:

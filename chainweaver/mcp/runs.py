@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import hmac
 import json
 import logging
 import secrets
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +37,64 @@ from ..run_events import ApprovalRequest, RunObserver
 from ..runner import ErrorInfo, ExecutionResult, StepRecord
 from .log_level import LEVELS, client_log_level
 from .security import audit_approval
+from .views import current_caller
 
 logger = logging.getLogger("chainweaver.mcp.runs")
 
 LOGGER_NAME = "chainweaver"
 APPROVAL_KEY = "chainweaver_approval"  # the input request's key on 2026-07-28
 _RUN_LEVELS = ("info", "warning", "error")  # the levels a run logs at
+STATE_VERSION = 2  # the layout of the signed approval state
+MAX_USED_STATES = 100_000  # approval states remembered as used, per process
+
+
+SharedMark = Callable[[str, float], Awaitable[bool | None]]
+
+
+class ApprovalNonces:
+    """Records each approval state as used, so it approves one retry only.
+
+    By default in this process: a bounded record (at most ``limit`` states) kept until
+    each state expires. When it is full, the state that expires first is forgotten and
+    every state expiring no later than it is refused from then on, so a forgotten state
+    can never be replayed. ``shared``, when set (a server with a Redis tasks backend
+    sets it), marks a state in a store every replica shares; it answers ``None`` when
+    that store is not running, and the process record answers instead.
+    """
+
+    def __init__(self, limit: int = MAX_USED_STATES) -> None:
+        self.limit = limit
+        self.shared: Callable[[], SharedMark | None] | None = None
+        self._used: dict[str, float] = {}
+        self._expiries: list[tuple[float, str]] = []  # a heap: the next to expire first
+        self._floor = 0.0  # states expiring at or before this are refused
+        self._lock = threading.Lock()
+
+    async def use(self, nonce: str, expires: float) -> bool:
+        """Mark the state ``nonce`` (valid until ``expires``, a time.time()) as used;
+        False when it was used already or can no longer be told apart from one that was."""
+        mark = self.shared() if self.shared is not None else None
+        if mark is not None:
+            answer = await mark(nonce, expires)
+            if answer is not None:
+                return answer
+        return self._use_here(nonce, expires)
+
+    def _use_here(self, nonce: str, expires: float) -> bool:
+        now = time.time()
+        with self._lock:
+            while self._expiries and self._expiries[0][0] < now:
+                _, old = heapq.heappop(self._expiries)
+                self._used.pop(old, None)
+            if expires <= self._floor or nonce in self._used:
+                return False
+            self._used[nonce] = expires
+            heapq.heappush(self._expiries, (expires, nonce))
+            while len(self._used) > self.limit:
+                dropped, old = heapq.heappop(self._expiries)
+                self._used.pop(old, None)
+                self._floor = max(self._floor, dropped)
+            return True
 
 
 @dataclass(frozen=True)
@@ -55,6 +109,10 @@ class RunSettings:
     # has them (replicas and workers then agree), else random per process.
     secrets: tuple[bytes, ...] = field(default_factory=lambda: (secrets.token_bytes(32),),
                                        repr=False)
+    # Where an approval state is recorded as used (each is good for one retry): this
+    # process, or the Redis of the server's tasks backend (see ApprovalNonces).
+    nonces: ApprovalNonces = field(default_factory=lambda: ApprovalNonces(),
+                                   repr=False, compare=False)
 
     @classmethod
     def build(cls, approval: bool, approval_timeout: float,
@@ -67,6 +125,10 @@ class RunSettings:
 
 
 # ------------------------------------------------------------------ reporting
+
+
+def _same(step_id: str) -> str:
+    return step_id
 
 
 def wants_progress(ctx: Context) -> bool:
@@ -104,9 +166,12 @@ class RunReporter(RunObserver):
     """
 
     def __init__(self, ctx: Context, tool_name: str, *, progress: bool,
-                 levels: frozenset[str], show_error_type: bool) -> None:
+                 levels: frozenset[str], show_error_type: bool,
+                 label: Callable[[str], str] | None = None) -> None:
         self._ctx = ctx
         self._name = tool_name
+        # A step's id as the client may see it (a sub-flow it cannot see is not named).
+        self._label = label if label is not None else _same
         self._progress = progress
         self._levels = levels
         self._show_error_type = show_error_type
@@ -118,14 +183,14 @@ class RunReporter(RunObserver):
         self._sender = asyncio.ensure_future(self._send_all())
 
     @classmethod
-    async def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool
-                     ) -> RunReporter | None:
+    async def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool,
+                     label: Callable[[str], str] | None = None) -> RunReporter | None:
         """A reporter for this request, or None when the client asked for nothing."""
         progress, levels = wants_progress(ctx), await log_levels(ctx)
         if not (progress or levels):
             return None
         return cls(ctx, tool_name, progress=progress, levels=levels,
-                   show_error_type=show_error_type)
+                   show_error_type=show_error_type, label=label)
 
     # Observer side (any thread) -------------------------------------------
 
@@ -140,15 +205,16 @@ class RunReporter(RunObserver):
 
     def step_started(self, record: StepRecord) -> None:
         if "info" in self._levels:
-            self._put(("log", "info", f"step {record.step_id!r} started"))
+            self._put(("log", "info", f"step {self._label(record.step_id)!r} started"))
 
     def step_retrying(self, record: StepRecord, error: ErrorInfo) -> None:
         if "warning" in self._levels:
-            self._put(("log", "warning", f"step {record.step_id!r} attempt {record.attempts} "
-                                         f"failed{self._error(error)}; retrying"))
+            self._put(("log", "warning", f"step {self._label(record.step_id)!r} attempt "
+                                         f"{record.attempts} failed{self._error(error)}; "
+                                         "retrying"))
 
     def step_finished(self, record: StepRecord) -> None:
-        self._put(("step", record.step_id, record.status, record.error))
+        self._put(("step", self._label(record.step_id), record.status, record.error))
 
     def run_finished(self, result: ExecutionResult) -> None:
         # Only a failure after the start: an invalid input or a refused approval is the
@@ -227,10 +293,19 @@ APPROVAL_SCHEMA: dict[str, Any] = {
 
 
 def approval_message(request: ApprovalRequest, tool_name: str) -> str:
-    reason = f" Reason: {request.reason}." if request.reason else ""
-    return (f"Flow {tool_name!r} (version {request.flow_version}) wants to run step "
-            f"{request.step_id!r} (tool {request.tool_name!r}), whose side effects are "
-            f"{request.side_effects!r} and which requires approval.{reason} Approve?")
+    """The approval question: every step the approval covers (``request.steps``: each
+    step that requires approval, a fallback or a sub-flow's step included), with its
+    tool, side effects and reason, one a line; no step that needs no approval."""
+    lines = [f"Flow {tool_name!r} (version {request.flow_version}) asks approval to run "
+             f"{'this step' if len(request.steps) == 1 else 'these steps'}:"]
+    for step in request.steps:
+        what = f"step {step.step_id!r} (tool {step.tool_name!r})" if not step.fallback \
+            else (f"fallback of step {step.step_id!r} (tool {step.tool_name!r}, runs only "
+                  f"if the step fails)")
+        lines.append(f"- {what}: side effects {step.side_effects!r}; reason: "
+                     f"{step.reason or 'none given'}")
+    lines.append("Approve?")
+    return "\n".join(lines)
 
 
 def declared_elicitation(ctx: Context) -> bool:
@@ -245,11 +320,13 @@ class ApprovalInTask:
 
     ``audit`` records the user's answer for a step (``step_id``, answer) in the task's
     audit; ``client_can_answer``: the client that created the task declared elicitation,
-    so it can answer the ask through ``tasks/update``.
+    so it can answer the ask through ``tasks/update``; ``caller_id``: the gate's caller
+    that created the task (the approval state is bound to it).
     """
 
     audit: Callable[[str, str], Awaitable[None]]
     client_can_answer: bool
+    caller_id: str | None = None  # the gate's caller that created the task
 
 
 class Approval:
@@ -259,31 +336,60 @@ class Approval:
     user: it sets :attr:`ask` (an ``input_required`` result for the tool to return)
     and refuses. The client's retry carries the answer and the signed state; in a
     task, ``tasks/update`` carries the answer and the next leg reads both.
+
+    The state is bound to the caller (as the gate knows it, under any authentication),
+    the flow, its version, the step(s) approved and a digest of the arguments, expires
+    after ``approval_timeout`` and approves one retry only (:class:`ApprovalNonces`).
+
+    ``readmit`` is asked after an accept, before any step runs: the user may have
+    taken a while, and the flow may have left the server or the caller's view
+    meanwhile. When it says no, the run stops (``outcome`` ``"flow_unavailable"``).
+    ``shown`` turns a request into what the user may be shown (a sub-flow outside the
+    caller's view is not named).
     """
 
     def __init__(self, ctx: Context, tool_name: str, settings: RunSettings,
-                 in_task: ApprovalInTask | None = None) -> None:
+                 in_task: ApprovalInTask | None = None, *,
+                 arguments: Mapping[str, Any] | None = None,
+                 readmit: Callable[[], bool] | None = None,
+                 shown: Callable[[ApprovalRequest], ApprovalRequest] | None = None) -> None:
         self._ctx = ctx
         self._name = tool_name
         self._settings = settings
         self._in_task = in_task
+        self._arguments = arguments_digest(arguments)
+        self._readmit = readmit
+        self._shown = shown
         self.ask: mcp_types.InputRequiredResult | None = None
         self.outcome = "not_asked"  # accept, decline, cancel, no_answer, unavailable, ...
+        self.request: ApprovalRequest | None = None  # what the run asked approval for
 
     async def __call__(self, request: ApprovalRequest) -> bool:
+        self.request = request
         ctx = self._ctx
         rc = ctx.request_context
         if self._in_task is not None or (rc is not None
                                          and rc.protocol_version in MODERN_PROTOCOL_VERSIONS):
-            answer = self._from_retry(request)
+            answer = await self._from_retry(request)
         else:
             answer = await self._elicit(request)
         if answer is None:  # asked through input_required: decided on the retry
             return False
+        if answer == "accept" and self._readmit is not None and not self._readmit():
+            # Admitted again after the wait: the flow version left the server's current
+            # snapshot or the caller's view while the user was deciding.
+            answer = "flow_unavailable"
         self.outcome = answer
         audit = self._in_task.audit if self._in_task is not None else audit_approval
         await audit(request.step_id, answer)
         return answer == "accept"
+
+    def shown(self, request: ApprovalRequest) -> ApprovalRequest:
+        """``request`` as the caller's user may see it."""
+        return self._shown(request) if self._shown is not None else request
+
+    def _message(self, request: ApprovalRequest) -> str:
+        return approval_message(self.shown(request), self._name)
 
     async def _elicit(self, request: ApprovalRequest) -> str:
         """Ask over the 2025-11-25 back-channel; the answer as an outcome word."""
@@ -296,7 +402,7 @@ class Approval:
             return "unavailable"  # stateless HTTP: no channel for a server request
         try:
             result = await asyncio.wait_for(
-                ctx.elicit(approval_message(request, self._name), ApprovalAnswer),
+                ctx.elicit(self._message(request), ApprovalAnswer),
                 self._settings.approval_timeout)
         except asyncio.TimeoutError:
             return "no_answer"
@@ -308,7 +414,7 @@ class Approval:
         data = getattr(result, "data", None)
         return "accept" if isinstance(data, ApprovalAnswer) and data.approve else "decline"
 
-    def _from_retry(self, request: ApprovalRequest) -> str | None:
+    async def _from_retry(self, request: ApprovalRequest) -> str | None:
         """The answer on a 2026-07-28 retry; None after asking (``ask`` is set)."""
         ctx = self._ctx
         state = ctx.request_state
@@ -318,14 +424,16 @@ class Approval:
             self.ask = mcp_types.InputRequiredResult(
                 input_requests={APPROVAL_KEY: mcp_types.ElicitRequest(
                     params=mcp_types.ElicitRequestFormParams(
-                        message=approval_message(request, self._name),
+                        message=self._message(request),
                         requested_schema=APPROVAL_SCHEMA))},
                 request_state=self._mint(request))
             return None
         # A background task's state never leaves the server (fastmcp-tasks keeps it with
-        # the task; the client answers by key), and the next leg may run on a worker
-        # with other secrets: there only the binding is checked.
-        if not self._verify(state, request, signed=self._in_task is None):
+        # the task; the client answers by key, and a task takes one answer), and the
+        # next leg may run on a worker with other secrets: there only the binding is
+        # checked. A state a client echoes is checked whole, then used up.
+        in_task = self._in_task is not None
+        if not await self._verify(state, request, signed=not in_task, use=not in_task):
             return "invalid_state"
         response = (ctx.input_responses or {}).get(APPROVAL_KEY)
         if not isinstance(response, mcp_types.ElicitResult):
@@ -343,27 +451,62 @@ class Approval:
             return self._in_task.client_can_answer  # through tasks/update
         return declared_elicitation(self._ctx)
 
-    # The SDK seals request_state and binds it to the tool, arguments and caller; this
-    # signature also binds it to the flow version and step, so the state of another
-    # flow, step or server never approves this one.
+    def _caller(self) -> str:
+        if self._in_task is not None and self._in_task.caller_id is not None:
+            return self._in_task.caller_id
+        return current_caller().id
+
+    def _binding(self, request: ApprovalRequest) -> str:
+        """What a state approves (who, which flow version, which steps, which input), as
+        a digest: the state names nothing, not even to a server that could unseal it."""
+        text = json.dumps([self._caller(), request.flow_name, request.flow_version,
+                           list(request.step_ids), self._arguments],
+                          separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    # The SDK seals request_state and binds it to the tool, the arguments and an OAuth
+    # caller; this signature also binds it to the gate's caller (any authentication),
+    # the flow version, the step(s) and the arguments, and gives it a single use, so
+    # the state of another caller, flow, step, input or server never approves this one.
     def _mint(self, request: ApprovalRequest) -> str:
-        body = json.dumps([request.flow_name, request.flow_version, request.step_id,
-                           secrets.token_hex(8)], separators=(",", ":"))
+        expires = round(time.time() + self._settings.approval_timeout, 3)
+        body = json.dumps([STATE_VERSION, self._binding(request), secrets.token_hex(16),
+                           expires], separators=(",", ":"))
         return f"{body}|{self._sign(body)}"
 
-    def _verify(self, state: str, request: ApprovalRequest, *, signed: bool = True) -> bool:
+    async def _verify(self, state: str, request: ApprovalRequest, *, signed: bool = True,
+                      use: bool = False) -> bool:
+        """Whether ``state`` approves ``request`` here; ``use``: and has not approved
+        anything before (it is then used up), and has not expired."""
         body, _, signature = state.rpartition("|")
         if signed and not any(
                 hmac.compare_digest(signature, self._sign(body, secret))
                 for secret in self._settings.secrets):
             return False
         try:
-            flow, version, step, _ = json.loads(body)
+            layout, binding, nonce, expires = json.loads(body)
         except (ValueError, TypeError):
             return False
-        return [flow, version, step] == [request.flow_name, request.flow_version,
-                                         request.step_id]
+        if layout != STATE_VERSION or binding != self._binding(request) \
+                or not isinstance(nonce, str) or isinstance(expires, bool) \
+                or not isinstance(expires, (int, float)):
+            return False
+        if not use:
+            return True
+        if expires < time.time():
+            return False
+        return await self._settings.nonces.use(nonce, float(expires))
 
     def _sign(self, body: str, secret: bytes | None = None) -> str:
         key = self._settings.secrets[0] if secret is None else secret
         return hmac.new(key, body.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
+    """SHA-256 of the arguments as canonical JSON (sorted keys, no spaces)."""
+    try:
+        text = json.dumps(arguments or {}, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=True, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(arguments)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -39,7 +39,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from docket import CurrentExecution, Docket
@@ -71,11 +71,11 @@ from ..runner import StepRecord
 from .composition import flow_of, owned_meta
 from .exposure import ExposedFlow
 from .fastmcp_seams import check_task_request, running_docket
-from .hooks import AuditEvent, AuditHook, approval_decision, deliver_audit
+from .hooks import AuditEvent, AuditHook, CallerIdentity, approval_decision, deliver_audit
 from .provider import task_runner_resolvable
-from .runs import ApprovalInTask, declared_elicitation
+from .runs import ApprovalInTask, SharedMark, declared_elicitation
 from .security import payload_text
-from .views import current_caller
+from .views import CURRENT_CALLER, Views, current_caller
 
 if TYPE_CHECKING:
     import mcp_types
@@ -159,6 +159,18 @@ class FlowTaskRunner(FastMCPTool):
         execution: Execution = CurrentExecution(),  # noqa: B008
         docket: Docket = CurrentDocket(),  # noqa: B008
     ) -> ToolResult:
+        # The leg runs as the caller that created the task, as far as its view goes: the
+        # exposure, the view and the names a run shows are judged as for that caller.
+        caller = task_caller(arguments)
+        token = CURRENT_CALLER.set(caller) if caller is not None else None
+        try:
+            return await self._run_leg(arguments, ctx, execution, docket)
+        finally:
+            if token is not None:
+                CURRENT_CALLER.reset(token)
+
+    async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
+                       docket: Docket) -> ToolResult:
         task_id = ctx.task_id or execution.key
         caller_id = arguments.get("caller")
         task = get_task_context()
@@ -170,13 +182,14 @@ class FlowTaskRunner(FastMCPTool):
         exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
-        reports = _StepReports(ctx)
+        reports = _StepReports(ctx, tool.step_names().label)
 
         async def audit_answer(step_id: str, answer: str) -> None:
             await self._audit.record(exposed, task_id, "working", caller_id,
                                      phase="approval", reason=answer, step_id=step_id)
 
-        asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True))
+        asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True),
+                                caller_id=caller_id)
         try:
             result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
                                          in_task=asking)
@@ -197,7 +210,9 @@ class FlowTaskRunner(FastMCPTool):
         """The exposed flow the payload names, if this process may run it now; else the
         task fails (MCPError) with the reason as its status message."""
         exposed = self._provider.exposure.tool(arguments["tool"])
-        if exposed is None or exposed.flow.version != arguments["version"]:
+        if (exposed is None or exposed.flow.version != arguments["version"]
+                or not self._provider.view().allows(exposed)):
+            # Not published any more, or no longer in the caller's view: the same words.
             raise MCPError(code=INTERNAL_ERROR, message=(
                 f"flow {arguments['tool']!r} version {arguments['version']} is no longer "
                 "published here; the task did not run"))
@@ -228,8 +243,9 @@ class _StepReports(RunObserver):
     loop, in the run's context (the worker's task context lives there), in order.
     """
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, label: Callable[[str], str] | None = None) -> None:
         self.ctx = ctx
+        self.label = label  # a step's id as the task's caller may see it
         self.loop = asyncio.get_running_loop()
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
@@ -244,7 +260,8 @@ class _StepReports(RunObserver):
         with self._lock:  # steps of the async lane start on the loop and in threads
             self.started += 1
             number = self.started
-        self.loop.call_soon_threadsafe(self._send, number, self.total, record.step_id,
+        step_id = self.label(record.step_id) if self.label is not None else record.step_id
+        self.loop.call_soon_threadsafe(self._send, number, self.total, step_id,
                                        context=self.context)
 
     def _send(self, number: int, total: int, step_id: str) -> None:
@@ -263,6 +280,29 @@ class _StepReports(RunObserver):
         await asyncio.sleep(0)  # reports queued from worker threads
         if self.last is not None:
             await self.last
+
+
+def view_grant(views: Views, caller: CallerIdentity) -> dict[str, Any] | None:
+    """What a task keeps of its caller so that its legs see the caller's view: the
+    scopes and the claims the view rule reads (nothing without a rule)."""
+    visibility = views.visibility
+    if visibility is None:
+        return None
+    claims = {name: caller.claims[name] for name in visibility.claims
+              if name in caller.claims}
+    return {"scopes": sorted(caller.scopes), "claims": claims}
+
+
+def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
+    """The caller a task's leg runs as (None: the task kept no view grant)."""
+    grant = arguments.get("grant")
+    caller_id = arguments.get("caller")
+    if not isinstance(grant, dict) or not isinstance(caller_id, str):
+        return None
+    scopes = grant.get("scopes")
+    claims = grant.get("claims")
+    return CallerIdentity(caller_id, dict(claims) if isinstance(claims, dict) else {},
+                          scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
 
 
 async def _first_run(docket: Docket, execution_key: str) -> bool:
@@ -284,6 +324,34 @@ class FlowTasksExtension(TasksExtension):
         super().__init__(**settings)
         self.provider = provider
         self.audit = audit
+        # An approval state a 2026-07-28 client echoes is used up in the task backend's
+        # store: with Redis, every replica on it refuses a replay (see runs.ApprovalNonces).
+        provider.runs.nonces.shared = self._approval_states
+
+    def _approval_states(self) -> SharedMark | None:
+        """Marks an approval state as used in the running Docket's Redis (None: not
+        running, and the process record answers)."""
+        try:
+            docket = _server_docket(self.server)
+        except RuntimeError:  # not registered on a server (yet)
+            return None
+        if docket is None:
+            return None
+        running: Docket = docket
+
+        async def mark(nonce: str, expires: float) -> bool | None:
+            ttl = max(1, int(expires - time.time()) + 1)
+            try:
+                async with running.redis() as redis:
+                    return bool(await redis.set(
+                        running.key(f"chainweaver:approval-state:{nonce}"), "1",
+                        nx=True, ex=ttl))
+            except Exception as error:  # cannot tell whether it was used: refused
+                logger.warning("approval state refused: the task store failed (%s)",
+                               type(error).__name__)
+                return False
+
+        return mark
 
     async def intercept_tool_call(
         self,
@@ -333,11 +401,15 @@ class FlowTasksExtension(TasksExtension):
         # The gate's caller owns the task: every tasks/* request checks it (_owned), and
         # the task's audit records name it. Stored with the arguments, which live (and
         # are refreshed) exactly as long as the task's other keys.
-        caller_id = current_caller().id
+        caller = current_caller()
+        caller_id = caller.id
         payload = {"tool": exposed.tool_name, "version": exposed.flow.version,
                    "arguments": arguments, "caller": caller_id,
                    "approval": exposed.needs_approval,
                    "client_can_answer": declared_elicitation(context)}
+        grant = view_grant(self.provider.views, caller)
+        if grant is not None:
+            payload["grant"] = grant
         created = await create_task(await self.registered_runner(), payload, context)
         await self.audit.record(exposed, created.task_id, "working", caller_id,
                                 phase="decision", reason="created")

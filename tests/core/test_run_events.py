@@ -19,7 +19,13 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.run_events import ApprovalRequest, Cancellation, RunObserver, approval_request
+from chainweaver.run_events import (
+    ApprovalRequest,
+    Cancellation,
+    CoveredStep,
+    RunObserver,
+    approval_request,
+)
 
 READ = ToolSafetyContract("read")
 WRITE_APPROVAL = ToolSafetyContract("write", requires_approval=True,
@@ -250,10 +256,14 @@ def test_cancelling_the_awaiting_task_still_raises(executor: FlowExecutor) -> No
 # ------------------------------------------------------------------ approval
 
 
-def test_approval_request_names_the_first_step_that_needs_it(executor: FlowExecutor) -> None:
+def test_approval_request_covers_exactly_the_steps_that_need_it(
+        executor: FlowExecutor) -> None:
     request = approval_request(executor.plan(executor.registry.get_flow("paying")))
-    assert request == ApprovalRequest("paying", "1.0.0", "transfer", 1, "transfer", "write",
-                                      "moves money")
+    assert request == ApprovalRequest("paying", "1.0.0", (
+        CoveredStep("transfer", "transfer", "write", "moves money", 1),))
+    # The first covered step's fields, as a request held before it listed them all.
+    assert (request.step_id, request.step_index, request.tool_name, request.side_effects,
+            request.reason) == ("transfer", 1, "transfer", "write", "moves money")
     assert approval_request(executor.plan(executor.registry.get_flow("three"))) is None
 
 
@@ -298,15 +308,18 @@ def test_approval_not_asked_for_invalid_input_or_flows_without_need(
     assert bad.error.type == "InputValidationError" and fine.success and asked == []
 
 
-def test_a_flow_declaring_approval_asks_before_its_first_step(
+def test_a_flow_declaring_approval_puts_every_step_of_it_under_the_approval(
         executor: FlowExecutor) -> None:
     executor.registry.register_flow(Flow("declared", "declared", [FlowStep("add_one")],
                                          safety=WRITE_APPROVAL))
     request = approval_request(executor.plan(executor.registry.get_flow("declared")))
-    assert request is not None and request.step_id == "add_one"
+    # The tool's own side effects, the flow's reason.
+    assert request is not None and request.steps == (
+        CoveredStep("add_one", "add_one", "read", "moves money", 0),)
     executor.registry.register_flow(Flow("outer", "sub-flow", [FlowStep(flow="paying")]))
     inner = approval_request(executor.plan(executor.registry.get_flow("outer")))
-    assert inner is not None and inner.step_id == "paying" and inner.reason == "moves money"
+    assert inner is not None and inner.step_ids == ("paying/transfer",)
+    assert inner.step_index == 0 and inner.reason == "moves money"
 
 
 def test_a_dag_gives_the_same_result_records_and_step_events_in_both_lanes(

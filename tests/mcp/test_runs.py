@@ -16,7 +16,13 @@ from support.mcp_client import raw_call
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
-from chainweaver.mcp.runs import APPROVAL_KEY, Approval, RunSettings
+from chainweaver.mcp.runs import (
+    APPROVAL_KEY,
+    Approval,
+    ApprovalNonces,
+    RunSettings,
+    arguments_digest,
+)
 
 ERAS = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
 READ = ToolSafetyContract("read")
@@ -341,7 +347,7 @@ async def test_refused_run_stops_before_any_side_effect(mode: str, answer: Any,
         result = await client.call_tool("pay", ORDER, raise_on_error=False)
     assert result.is_error and CHARGED == []
     text = result.content[0].text
-    assert text.startswith("ApprovalDenied: flow 'pay': step 'charge' needs approval")
+    assert text.startswith("ApprovalDenied: flow 'pay'") and "step 'charge'" in text
     assert f"(answer: {outcome})" in text
     assert [(e.decision, e.reason) for e in audit if e.phase == "approval"] == [
         ("denied", outcome)]
@@ -420,28 +426,63 @@ async def test_legacy_input_required_is_never_returned() -> None:
     assert result.get("resultType") != "input_required" and len(seen.asked) == 1
 
 
-def test_approval_state_is_bound_to_flow_version_and_step() -> None:
-    from chainweaver.run_events import ApprovalRequest
+@pytest.mark.anyio
+async def test_approval_state_is_bound_to_flow_version_steps_caller_and_arguments() -> None:
+    from chainweaver.mcp.hooks import CallerIdentity
+    from chainweaver.mcp.views import CURRENT_CALLER
+    from chainweaver.run_events import ApprovalRequest, CoveredStep
+
+    def hook(settings: RunSettings, arguments: dict[str, Any] = ORDER) -> Approval:
+        approval = Approval.__new__(Approval)
+        approval._settings = settings
+        approval._in_task = None
+        approval._arguments = arguments_digest(arguments)
+        return approval
+
+    def covering(version: str, *steps: str) -> ApprovalRequest:
+        return ApprovalRequest("pay", version, tuple(
+            CoveredStep(step, "charge", "write", None, 1) for step in steps))
 
     settings = RunSettings(approval=True)
-    approval = Approval.__new__(Approval)
-    approval._settings = settings
-    request = ApprovalRequest("pay", "1.0.0", "charge", 1, "charge", "write", None)
+    approval = hook(settings)
+    request = covering("1.0.0", "charge")
     state = approval._mint(request)
-    assert approval._verify(state, request)
-    other = ApprovalRequest("pay", "2.0.0", "charge", 1, "charge", "write", None)
-    assert not approval._verify(state, other)
-    assert not approval._verify(state.replace("charge", "refund"), request)
-    assert not approval._verify("not|signed", request)
-    stranger = Approval.__new__(Approval)
-    stranger._settings = RunSettings(approval=True)  # another server's secret
-    assert not stranger._verify(state, request)
+    assert "charge" not in state and "pay" not in state  # a digest: names nothing
+    assert await approval._verify(state, request)
+    assert not await approval._verify(state, covering("2.0.0", "charge"))
+    assert not await approval._verify(state, covering("1.0.0", "refund"))
+    assert not await approval._verify(state, covering("1.0.0", "charge", "refund"))
+    assert not await hook(settings, {**ORDER, "cents": 1})._verify(state, request)
+    token = CURRENT_CALLER.set(CallerIdentity("mallory"))
+    try:
+        assert not await approval._verify(state, request)  # minted for another caller
+    finally:
+        CURRENT_CALLER.reset(token)
+    assert not await approval._verify("not|signed", request)
+    stranger = hook(RunSettings(approval=True))  # another server's secret
+    assert not await stranger._verify(state, request)
     # In a background task the state is the server's own (kept with the task, never
     # sent to the client), and the answered leg may run on another worker: only what
     # it is bound to is checked there.
-    assert stranger._verify(state, request, signed=False)
-    assert not stranger._verify(state, other, signed=False)
-    assert not stranger._verify("not|signed", request, signed=False)
+    assert await stranger._verify(state, request, signed=False)
+    assert not await stranger._verify(state, covering("2.0.0", "charge"), signed=False)
+    assert not await stranger._verify("not|signed", request, signed=False)
+    # A state a client echoes approves once.
+    assert await approval._verify(state, request, use=True)
+    assert not await approval._verify(state, request, use=True)
+
+
+@pytest.mark.anyio
+async def test_used_approval_states_stay_refused_however_many_are_remembered() -> None:
+    import time
+
+    nonces = ApprovalNonces(limit=3)
+    later = time.time() + 60
+    assert [await nonces.use(f"n{i}", later + i) for i in range(5)] == [True] * 5
+    # n0 and n1 were forgotten (the record holds 3): every state expiring no later
+    # than them is refused from now on, so neither can be used again.
+    assert [await nonces.use(f"n{i}", later + i) for i in range(5)] == [False] * 5
+    assert await nonces.use("fresh", later + 10)
 
 
 @pytest.mark.anyio
@@ -451,6 +492,7 @@ async def test_a_retry_without_an_answer_or_with_a_bad_one_refuses() -> None:
     async with Client(server.fastmcp, elicitation_handler=Seen().on_elicit) as client:
         state = (await raw_call(client, call))["requestState"]
         silent = await raw_call(client, {**call, "requestState": state})
+        state = (await raw_call(client, call))["requestState"]  # each state answers once
         odd = await raw_call(client, {**call, "requestState": state, "inputResponses": {
             APPROVAL_KEY: {"action": "accept", "content": {"approve": "maybe"}}}})
     assert silent["isError"] and "(answer: no_answer)" in silent["content"][0]["text"]
