@@ -154,10 +154,10 @@ async def test_the_client_sees_one_approval_per_call_through_fastmcp() -> None:
     assert _approvals(audit) == [("sam", "accept"), ("sam", "accept")]
 
 
+@pytest.mark.tasks  # needs the tasks extra
 async def test_a_server_with_a_task_backend_records_used_states_there() -> None:
     """With tasks=, used states live in the task backend's store (Redis: shared by
     every replica); a replay is refused the same way."""
-    pytest.importorskip("fastmcp_tasks")
     server, _, _ = paying(tasks=True)
     retry = {"name": "pay_inline", "arguments": ORDER, "inputResponses": ACCEPT}
     async with Client(server.fastmcp, elicitation_handler=_noop) as client:
@@ -241,8 +241,8 @@ async def test_a_flow_still_published_after_the_wait_runs() -> None:
     assert not result.is_error and CHARGED == [100]
 
 
+@pytest.mark.tasks  # needs the tasks extra
 async def test_a_task_whose_flow_is_archived_before_its_answer_runs_nothing() -> None:
-    pytest.importorskip("fastmcp_tasks")
     from fastmcp_tasks import call_tool_task
     from support.task_asks import answering, reply, update_task, waiting
 
@@ -256,10 +256,10 @@ async def test_a_task_whose_flow_is_archived_before_its_answer_runs_nothing() ->
     assert CHARGED == []
 
 
+@pytest.mark.tasks  # needs the tasks extra
 async def test_a_task_whose_flow_is_archived_after_its_answer_runs_nothing() -> None:
     """The answer is taken, and the flow is archived before the answered leg runs:
     the leg is admitted again and runs no step."""
-    pytest.importorskip("fastmcp_tasks")
     from fastmcp_tasks import call_tool_task
     from support.task_asks import answering, reply, update_task, waiting
 

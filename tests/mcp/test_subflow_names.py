@@ -176,8 +176,8 @@ async def test_an_approval_inside_a_hidden_sub_flow_does_not_name_it(mode: str) 
     _no_hidden_name(_texts(result, seen))
 
 
+@pytest.mark.tasks  # needs the tasks extra
 async def test_a_task_status_does_not_name_a_hidden_sub_flow() -> None:
-    pytest.importorskip("fastmcp_tasks")
     from fastmcp_tasks import call_tool_task
 
     server = books(tasks="memory://", task_mode="optional")
