@@ -21,7 +21,7 @@ from .composition import ADMITTED_BY, GateHooks, find_component, flow_of, owned_
 from .exposure import ExposedFlow
 from .fastmcp_seams import completion_handler
 from .hooks import RequestKind
-from .prompts import malformed_prompt_request, refuse_malformed
+from .malformed import malformed_prompt_request, refuse_malformed
 from .security import SecurityGate, _completion_target
 
 

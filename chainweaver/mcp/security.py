@@ -54,7 +54,7 @@ from .hooks import (
     approval_decision,
     deliver_audit,
 )
-from .prompts import malformed_prompt_request, refuse_malformed
+from .malformed import malformed_prompt_request, refuse_malformed
 from .rate_limit import budget_name
 from .views import CURRENT_CALLER, Views, caller_from_token, report_admitted
 
