@@ -31,7 +31,7 @@ from bench_server import build_executor, fmt
 from fastmcp import Client
 
 from chainweaver.mcp import ExposurePolicy, FlowServer
-from chainweaver.mcp.exposure import Exposure
+from chainweaver.mcp.publish.exposure import Exposure
 
 CLIENTS = 8
 

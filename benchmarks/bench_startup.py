@@ -35,9 +35,9 @@ from fastmcp import Client, FastMCP
 from fastmcp.tools.function_tool import FunctionTool
 
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
-from chainweaver.mcp.contract import build_contract
-from chainweaver.mcp.decision import _exclusion_reason
-from chainweaver.mcp.exposure import Exposure
+from chainweaver.mcp.publish.contract import build_contract
+from chainweaver.mcp.publish.decision import _exclusion_reason
+from chainweaver.mcp.publish.exposure import Exposure
 
 FLAGS = {"expose_schemas": True, "expose_prompts": True}
 START_TARGETS = {"large vs small": 3.0, "large vs bare": 10.0}

@@ -218,7 +218,7 @@ def run_worker(server: Any, args: argparse.Namespace) -> int:
 
 def _serve_warnings(args: argparse.Namespace) -> list[str]:
     """What an operator should know before the server listens."""
-    from .mcp.http_guard import is_loopback
+    from .mcp.gate.http_guard import is_loopback
 
     warnings = []
     if args.transport == "streamable-http" and not is_loopback(args.host):

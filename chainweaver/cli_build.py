@@ -376,7 +376,7 @@ class Access(NamedTuple):
 def access_settings(args: argparse.Namespace) -> Access:
     """The --auth-*, --visible-claim, --rate-*, --audit-log and --*-as-tools settings."""
     from .mcp import FixedWindowRateLimiter, visible_claim
-    from .mcp.audit_log import JsonlAuditLog
+    from .mcp.gate.audit_log import JsonlAuditLog
 
     jwt = [flag for flag, value in (("--auth-jwks-uri", args.auth_jwks_uri),
                                     ("--auth-public-key", args.auth_public_key))
@@ -417,7 +417,7 @@ def access_settings(args: argparse.Namespace) -> Access:
             security["rate_limiter"] = FixedWindowRateLimiter(args.rate_limit, window)
         else:
             try:
-                from .mcp.rate_limit import RedisRateLimiter
+                from .mcp.gate.rate_limit import RedisRateLimiter
 
                 security["rate_limiter"] = RedisRateLimiter(args.rate_limit_redis,
                                                             args.rate_limit, window)

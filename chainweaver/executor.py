@@ -29,8 +29,8 @@ from .flows import Flow
 from .lanes import Lanes
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
+from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import ALWAYS_APPROVE, ApprovalHook, Cancellation, RunObserver
-from .runner import ErrorInfo, ExecutionResult, StepRecord
 from .safety import ToolSafetyContract, merge_safety_contracts
 from .tools import Tool
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from . import outcome
 from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
 from .plan import Plan
+from .results import ErrorInfo, ExecutionResult
 from .run_events import (
     ALWAYS_APPROVE,
     ApprovalHook,
@@ -34,16 +35,7 @@ from .run_events import (
     hook_raised,
     notify,
 )
-from .runner import (
-    CALL,
-    SLEEP,
-    ErrorInfo,
-    ExecutionResult,
-    RunState,
-    StepFailed,
-    run_plain_step,
-    run_step,
-)
+from .runner import CALL, SLEEP, RunState, StepFailed, run_plain_step, run_step
 
 logger = logging.getLogger("chainweaver.executor")
 

@@ -11,17 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from .flows import Flow
 from .plan import Plan
+from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import notify
-from .runner import (
-    ErrorInfo,
-    ExecutionResult,
-    RunState,
-    StepFailed,
-    StepRecord,
-    describe,
-    first_error_field,
-    raised,
-)
+from .runner import RunState, StepFailed, describe, first_error_field, raised
 
 
 def start(plan: Plan, input: Mapping[str, Any] | BaseModel) -> RunState:

@@ -24,7 +24,7 @@ from .safety import ToolSafetyContract
 
 if TYPE_CHECKING:
     from .plan import Plan
-    from .runner import ErrorInfo, ExecutionResult, StepRecord
+    from .results import ErrorInfo, ExecutionResult, StepRecord
 
 logger = logging.getLogger("chainweaver.executor")
 

@@ -8,10 +8,9 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "chainweaver.mcp needs the 'mcp' extra: pip install 'chainweaver[mcp]'"
     ) from error
 
-from .audit_log import JsonlAuditLog
-from .config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
-from .exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
-from .hooks import (
+from chainweaver.mcp.config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
+from chainweaver.mcp.gate.audit_log import JsonlAuditLog
+from chainweaver.mcp.gate.hooks import (
     GATE_REFUSED,
     AuditEvent,
     AuditHook,
@@ -22,10 +21,11 @@ from .hooks import (
     GateContext,
     RateLimiter,
 )
-from .rate_limit import FixedWindowRateLimiter, RedisRateLimiter
-from .server import FlowServer
-from .task_setup import TaskSettings
-from .views import Visibility, VisibleRule, visible_claim
+from chainweaver.mcp.gate.rate_limit import FixedWindowRateLimiter, RedisRateLimiter
+from chainweaver.mcp.gate.views import Visibility, VisibleRule, visible_claim
+from chainweaver.mcp.publish.exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
+from chainweaver.mcp.server import FlowServer
+from chainweaver.mcp.tasks.setup import TaskSettings
 
 __all__ = [
     "GATE_REFUSED",

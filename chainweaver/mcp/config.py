@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from fastmcp.server.auth import AuthProvider
 
-from ..errors import DefinitionError, ExposureConfigError
-from ..flows import FlowLifecycle, TaskMode, check_task_mode
-from ..safety import SideEffectLevel
-from ..tools import NAME_PATTERN
-from .hooks import AuditHook, Authenticator, Authorizer, RateLimiter
+from chainweaver.errors import DefinitionError, ExposureConfigError
+from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
+from chainweaver.mcp.gate.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
+from chainweaver.safety import SideEffectLevel
+from chainweaver.tools import NAME_PATTERN
 
 ErrorDetail = Literal["full", "type_only", "generic"]
 ApprovalMode = Literal["exclude", "elicit"]

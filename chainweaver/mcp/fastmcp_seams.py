@@ -86,7 +86,7 @@ def forget_request_handler(server: FastMCP, method: str) -> None:
 
 def install_input_schema_lookup(server: FastMCP, lookup: Callable[[str], Any]) -> bool:
     """Make the SDK read published input schemas through ``lookup``
-    (see :func:`chainweaver.mcp.views.input_schema_lookup`); False if it cannot."""
+    (see :func:`chainweaver.mcp.gate.views.input_schema_lookup`); False if it cannot."""
     low = low_level_server(server)
     if low is None or not hasattr(low, INPUT_SCHEMA_LOOKUP):
         warn_once("get_tool_input_schema", "Mcp-Param-* headers are checked by FastMCP's "

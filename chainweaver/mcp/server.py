@@ -19,16 +19,13 @@ from fastmcp import FastMCP
 from fastmcp.server.auth import AuthProvider
 from mcp.server.request_state import RequestStateSecurity
 
-from .. import __version__
-from ..errors import ExposureConfigError
-from ..executor import FlowExecutor
-from ..flows import TaskMode
-from ..prompts import FlowPrompt
-from ..registry import RegistryState
-from ..tools import NAME_PATTERN
-from ..watch import FlowFileWatcher
-from .composition import gate_lifespan
-from .config import (
+from chainweaver import __version__
+from chainweaver.errors import ExposureConfigError
+from chainweaver.executor import FlowExecutor
+from chainweaver.flows import TaskMode
+from chainweaver.mcp.components.provider import FlowProvider
+from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
+from chainweaver.mcp.config import (
     ApprovalMode,
     ExposurePolicy,
     SecurityConfig,
@@ -37,24 +34,27 @@ from .config import (
     check_seconds,
     check_text,
 )
-from .exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
-from .fastmcp_seams import install_input_schema_lookup
-from .http_guard import HostOriginRules
-from .mounting import MountedCompletions, MountedGate
-from .notifications import ChangeNotifier, LiveMiddleware
-from .provider import FlowProvider
-from .runs import RunSettings
-from .security import SecurityGate
-from .task_setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
-from .telemetry import FlowTelemetry
-from .tool_forms import add_tool_forms, check_tool_forms, tool_form_names
-from .views import (
+from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
+from chainweaver.mcp.gate.composition import gate_lifespan
+from chainweaver.mcp.gate.http_guard import HostOriginRules
+from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
+from chainweaver.mcp.gate.security import SecurityGate
+from chainweaver.mcp.gate.views import (
     Views,
     Visibility,
     VisibleRule,
     check_visible,
     input_schema_lookup,
 )
+from chainweaver.mcp.live.notifications import ChangeNotifier, LiveMiddleware
+from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
+from chainweaver.mcp.runs.approval import RunSettings
+from chainweaver.mcp.runs.telemetry import FlowTelemetry
+from chainweaver.mcp.tasks.setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
+from chainweaver.prompts import FlowPrompt
+from chainweaver.registry import RegistryState
+from chainweaver.tools import NAME_PATTERN
+from chainweaver.watch import FlowFileWatcher
 
 logger = logging.getLogger("chainweaver.mcp")
 

@@ -20,8 +20,8 @@ from support.tokens import AUDIENCE, ISSUER, KeyPair
 
 from chainweaver.cli import main
 from chainweaver.mcp import FixedWindowRateLimiter, FlowServer
-from chainweaver.mcp.audit_log import JsonlAuditLog
-from chainweaver.mcp.rate_limit import RedisRateLimiter
+from chainweaver.mcp.gate.audit_log import JsonlAuditLog
+from chainweaver.mcp.gate.rate_limit import RedisRateLimiter
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "examples/flows"

@@ -89,7 +89,7 @@ async def test_replicas_sharing_a_key_file_accept_each_others_approval_state(
     from support.mcp_client import raw_call
 
     from chainweaver.mcp import FlowServer
-    from chainweaver.mcp.runs import APPROVAL_KEY
+    from chainweaver.mcp.runs.approval import APPROVAL_KEY
 
     served: list[FlowServer] = []
     monkeypatch.setattr(FlowServer, "serve", lambda self, *a, **k: served.append(self))

@@ -12,7 +12,7 @@ import pytest
 
 from chainweaver.cli import main
 from chainweaver.mcp import FlowServer
-from chainweaver.mcp.provider import FlowProvider
+from chainweaver.mcp.components.provider import FlowProvider
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = str(ROOT / "tests" / "servers" / "task_flows")

@@ -21,7 +21,7 @@ import pytest
 from support.conformance import CONFORMANCE_TIMEOUT, conformance_command
 from support.procs import STARTUP_TIMEOUT, free_port, stop, wait_until_listening
 
-from chainweaver.mcp.http_guard import HostOriginRules, matches
+from chainweaver.mcp.gate.http_guard import HostOriginRules, matches
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAINWEAVER = str(Path(sys.executable).parent / "chainweaver")
@@ -169,7 +169,7 @@ async def test_the_guard_in_process(bind: str, host: str, origin: str | None,
     """The same middleware without a socket, for binds a test must not open."""
     from starlette.responses import PlainTextResponse
 
-    from chainweaver.mcp.http_guard import HostOriginGuard
+    from chainweaver.mcp.gate.http_guard import HostOriginGuard
 
     async def endpoint(scope, receive, send) -> None:  # noqa: ANN001
         await PlainTextResponse("ok")(scope, receive, send)

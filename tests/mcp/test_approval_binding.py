@@ -24,7 +24,7 @@ from chainweaver.mcp import (
     GateContext,
     SecurityConfig,
 )
-from chainweaver.mcp.runs import APPROVAL_KEY
+from chainweaver.mcp.runs.approval import APPROVAL_KEY
 
 from .test_runs import CHARGED, ORDER, charge, validate
 

@@ -19,7 +19,7 @@ from support.mcp_client import raw_call
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import ExposurePolicy, FlowServer
-from chainweaver.mcp.runs import APPROVAL_KEY
+from chainweaver.mcp.runs.approval import APPROVAL_KEY
 
 ERAS = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
 RAN: list[str] = []

@@ -37,7 +37,7 @@ from chainweaver.mcp import (
     ServingConfig,
     visible_claim,
 )
-from chainweaver.mcp.cursors import LIST_AGAIN
+from chainweaver.mcp.live.cursors import LIST_AGAIN
 
 TEAMS = ("red", "blue")
 LISTS = [("list_tools", "tools"), ("list_resources", "resources"),

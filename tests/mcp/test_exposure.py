@@ -29,7 +29,7 @@ from chainweaver import (
     tool,
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig
-from chainweaver.mcp.exposure import Exposure
+from chainweaver.mcp.publish.exposure import Exposure
 
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
 

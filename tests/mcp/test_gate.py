@@ -25,7 +25,7 @@ from chainweaver.mcp import (
     GateContext,
     SecurityConfig,
 )
-from chainweaver.mcp.rate_limit import PRUNE_ABOVE
+from chainweaver.mcp.gate.rate_limit import PRUNE_ABOVE
 
 SECRET_QUERY = "zebra-7781-private"
 

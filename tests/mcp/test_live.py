@@ -36,14 +36,14 @@ from chainweaver import (
     tool,
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig, schema_uri
-from chainweaver.mcp.cursors import LIST_AGAIN
-from chainweaver.mcp.exposure import Exposure, LiveExposure
 from chainweaver.mcp.fastmcp_seams import (
     forget_request_handler,
     install_input_schema_lookup,
     low_level_server,
     on_connection_close,
 )
+from chainweaver.mcp.live.cursors import LIST_AGAIN
+from chainweaver.mcp.publish.exposure import Exposure, LiveExposure
 
 pytestmark = [pytest.mark.anyio,
               # 2025-11-25 clients subscribe the old way, on purpose.

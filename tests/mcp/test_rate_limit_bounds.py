@@ -32,7 +32,7 @@ from chainweaver.mcp import (
     SecurityConfig,
     visible_claim,
 )
-from chainweaver.mcp.rate_limit import UNPUBLISHED
+from chainweaver.mcp.gate.rate_limit import UNPUBLISHED
 
 MODES = ["auto", "legacy"]  # 2026-07-28, 2025-11-25
 BUDGET = 3
@@ -273,7 +273,7 @@ async def test_the_redis_limiter_admits_the_budget_and_keeps_its_keys_bounded(
         redis_url: str, mode: str) -> None:
     from redis.asyncio import Redis
 
-    from chainweaver.mcp.rate_limit import RedisRateLimiter
+    from chainweaver.mcp.gate.rate_limit import RedisRateLimiter
 
     url = redis_url.rsplit("/", 1)[0] + "/11"  # a database of its own, to count keys
     limiter = RedisRateLimiter(url, BUDGET, 60, per_name=True, prefix=f"t-bounds-{mode}")

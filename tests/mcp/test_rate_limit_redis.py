@@ -13,7 +13,7 @@ from support.catalogue import build_catalogue
 from support.procs import free_port
 
 from chainweaver.mcp import CallerIdentity, FlowServer, SecurityConfig
-from chainweaver.mcp.rate_limit import RedisRateLimiter
+from chainweaver.mcp.gate.rate_limit import RedisRateLimiter
 
 pytestmark = pytest.mark.slow
 ALICE, BOB = CallerIdentity("alice"), CallerIdentity("bob")

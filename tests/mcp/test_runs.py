@@ -16,7 +16,7 @@ from support.mcp_client import raw_call
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
-from chainweaver.mcp.runs import (
+from chainweaver.mcp.runs.approval import (
     APPROVAL_KEY,
     Approval,
     ApprovalNonces,
@@ -428,8 +428,8 @@ async def test_legacy_input_required_is_never_returned() -> None:
 
 @pytest.mark.anyio
 async def test_approval_state_is_bound_to_flow_version_steps_caller_and_arguments() -> None:
-    from chainweaver.mcp.hooks import CallerIdentity
-    from chainweaver.mcp.views import CURRENT_CALLER
+    from chainweaver.mcp.gate.hooks import CallerIdentity
+    from chainweaver.mcp.gate.views import CURRENT_CALLER
     from chainweaver.run_events import ApprovalRequest, CoveredStep
 
     def hook(settings: RunSettings, arguments: dict[str, Any] = ORDER) -> Approval:

@@ -245,7 +245,7 @@ async def test_a_failing_state_store_costs_only_the_log_messages(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from fastmcp.server.context import Context
 
-    from chainweaver.mcp import log_level
+    from chainweaver.mcp.gate import log_level
 
     def failing(original: Any) -> Any:
         async def state(self: Context, key: str, *args: Any, **kwargs: Any) -> Any:

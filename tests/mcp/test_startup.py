@@ -27,9 +27,9 @@ from chainweaver import (
     merge_safety_contracts,
 )
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
-from chainweaver.mcp.contract import build_contract
-from chainweaver.mcp.exposure import Exposure
-from chainweaver.mcp.provider import FlowProvider
+from chainweaver.mcp.components.provider import FlowProvider
+from chainweaver.mcp.publish.contract import build_contract
+from chainweaver.mcp.publish.exposure import Exposure
 
 FLOWS = 300
 

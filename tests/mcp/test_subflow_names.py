@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import CallerIdentity, ExposurePolicy, FlowServer
-from chainweaver.mcp.flow_tool import StepNames
+from chainweaver.mcp.components.flow_tool import StepNames
 
 from .test_runs import Seen
 

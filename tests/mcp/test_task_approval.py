@@ -30,8 +30,8 @@ from chainweaver.mcp import (
     SecurityConfig,
 )
 from chainweaver.mcp.fastmcp_seams import running_docket
-from chainweaver.mcp.runs import APPROVAL_SCHEMA
-from chainweaver.mcp.tasks import RUNNER_NAME
+from chainweaver.mcp.runs.approval import APPROVAL_SCHEMA
+from chainweaver.mcp.tasks.runner import RUNNER_NAME
 
 from .test_runs import CHARGED, ORDER, SECRET, Seen, charge, summarize, validate
 

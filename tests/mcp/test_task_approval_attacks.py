@@ -34,7 +34,7 @@ from chainweaver.mcp import (
     TaskSettings,
     Visibility,
 )
-from chainweaver.mcp.tasks import RUNNER_NAME
+from chainweaver.mcp.tasks.runner import RUNNER_NAME
 
 pytestmark = pytest.mark.anyio
 LIMIT = 10.0  # seconds: only to stop a hang

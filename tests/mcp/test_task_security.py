@@ -31,7 +31,7 @@ from chainweaver.mcp import (
     SecurityConfig,
     Visibility,
 )
-from chainweaver.mcp.tasks import FlowTasksExtension
+from chainweaver.mcp.tasks.extension import FlowTasksExtension
 
 from .test_tasks import LIMIT, executor
 

@@ -37,9 +37,9 @@ from chainweaver.mcp import (
     SecurityConfig,
     TaskSettings,
 )
+from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.fastmcp_seams import lifespan_manager, running_docket
-from chainweaver.mcp.provider import FlowProvider
-from chainweaver.mcp.tasks import RUNNER_NAME, effective_idempotent
+from chainweaver.mcp.tasks.runner import RUNNER_NAME, effective_idempotent
 from chainweaver.registry import FlowRegistry
 
 FLOWS = Path(__file__).resolve().parents[1] / "servers" / "task_flows"

@@ -26,7 +26,7 @@ from chainweaver import (
     tool,
 )
 from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, visible_claim
-from chainweaver.mcp.audit_log import JsonlAuditLog
+from chainweaver.mcp.gate.audit_log import JsonlAuditLog
 
 SECRET = "walrus-5521-secret"
 SECRET_ORDER = "A-55217731"

@@ -28,7 +28,8 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import ErrorDetail, FlowServer, SecurityConfig, runs
+from chainweaver.mcp import ErrorDetail, FlowServer, SecurityConfig
+from chainweaver.mcp.runs import reporting as runs
 
 ERAS = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
 READ = ToolSafetyContract(SideEffectLevel.READ)

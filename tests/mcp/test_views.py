@@ -242,7 +242,7 @@ def test_view_settings_are_checked() -> None:
 
 def test_the_sdk_checks_mcp_param_headers_against_the_callers_view_without_a_list() -> None:
     # FastMCP keeps its low-level server private: if this breaks, so does the lookup
-    # in chainweaver.mcp.views.install_input_schema_lookup.
+    # in chainweaver.mcp.gate.views.install_input_schema_lookup.
     open_server = FlowServer(build_catalogue())
     lookup = open_server.fastmcp._mcp_server.get_tool_input_schema
     assert lookup is not None
@@ -263,7 +263,7 @@ def test_the_verified_token_is_the_caller_when_no_authenticator_decides() -> Non
     from mcp.server.auth.middleware.auth_context import auth_context_var
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 
-    from chainweaver.mcp.views import caller_from_token, current_caller
+    from chainweaver.mcp.gate.views import caller_from_token, current_caller
 
     assert caller_from_token().id == "anonymous"
     for client, claims, expected in (

@@ -28,7 +28,7 @@ from fastmcp.server.auth.providers.jwt import JWTVerifier  # noqa: E402
 from support.catalogue import build_catalogue  # noqa: E402
 
 from chainweaver.mcp import FlowServer, SecurityConfig, visible_claim  # noqa: E402
-from chainweaver.mcp.audit_log import JsonlAuditLog  # noqa: E402
+from chainweaver.mcp.gate.audit_log import JsonlAuditLog  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
                            issuer=args.issuer, audience=args.audience)
     security: dict[str, Any] = {}
     if args.rate_limit:
-        from chainweaver.mcp.rate_limit import RedisRateLimiter
+        from chainweaver.mcp.gate.rate_limit import RedisRateLimiter
 
         security["rate_limiter"] = RedisRateLimiter(args.rate_redis, args.rate_limit, 3600,
                                                     prefix=args.rate_prefix)

@@ -14,7 +14,8 @@ from fastmcp import Client
 from mcp import MCPError
 from pydantic import BaseModel, ConfigDict
 
-from chainweaver.mcp import FlowServer, prompt_render
+from chainweaver.mcp import FlowServer
+from chainweaver.mcp.components import prompt_render
 
 from .catalogue import EXCLUDED, build_catalogue
 from .sealing import sealed

@@ -13,8 +13,8 @@ from __future__ import annotations
 from fastmcp import FastMCP
 from fastmcp.server.transforms import PromptsAsTools, ResourcesAsTools
 
-from ..errors import ExposureConfigError
-from .exposure import Exposure
+from chainweaver.errors import ExposureConfigError
+from chainweaver.mcp.publish.exposure import Exposure
 
 RESOURCE_TOOLS = ("list_resources", "read_resource")
 PROMPT_TOOLS = ("list_prompts", "get_prompt")

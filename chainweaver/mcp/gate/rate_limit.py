@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .decision import INDEX_URI
-from .hooks import CallerIdentity, GateContext
+from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext
+from chainweaver.mcp.publish.decision import INDEX_URI
 
 if TYPE_CHECKING:
-    from .exposure import Exposure, LiveExposure
+    from chainweaver.mcp.publish.exposure import Exposure, LiveExposure
 
 # The one budget name of every request for a name the caller's view does not publish
 # (an unknown, excluded or hidden flow, a mistyped URI): never the name itself. No

@@ -48,13 +48,17 @@ from mcp.server.subscriptions import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from .cursors import paged_by_view
-from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
-from .fastmcp_seams import forget_request_handler, low_level_server, on_connection_close
-from .hooks import CallerIdentity
-from .views import CURRENT_CALLER, View, Views, caller_from_token, on_admitted
+from chainweaver.mcp.fastmcp_seams import (
+    forget_request_handler,
+    low_level_server,
+    on_connection_close,
+)
+from chainweaver.mcp.gate.hooks import CallerIdentity
+from chainweaver.mcp.gate.views import CURRENT_CALLER, View, Views, caller_from_token, on_admitted
+from chainweaver.mcp.live.cursors import paged_by_view
+from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
 
-logger = logging.getLogger("chainweaver.mcp.notifications")
+logger = logging.getLogger("chainweaver.mcp.live.notifications")
 
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})

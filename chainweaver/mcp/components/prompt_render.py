@@ -21,16 +21,7 @@ import jsonschema
 import pydantic
 from fastmcp.exceptions import ValidationError
 
-from ..prompts import (
-    NOT_XML_TEXT,
-    USER_DATA_NOTICE,
-    FlowPrompt,
-    PromptMessage,
-    label_user_data,
-    seal_json,
-)
-from ..schemas import example_value
-from .contract import (
+from chainweaver.mcp.publish.contract import (
     ArgumentSpec,
     PublishedContract,
     argument_specs,
@@ -38,7 +29,16 @@ from .contract import (
     property_schema,
     show_value,
 )
-from .exposure import ExposedFlow
+from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.prompts import (
+    NOT_XML_TEXT,
+    USER_DATA_NOTICE,
+    FlowPrompt,
+    PromptMessage,
+    label_user_data,
+    seal_json,
+)
+from chainweaver.schemas import example_value
 
 # JSON's number spellings (ASCII digits only; Python's int() and float() would also
 # take "1_000" and other scripts' digits).
@@ -232,7 +232,7 @@ def tool_arguments(
         raise invalid(prompt, _misfit(error, arguments)) from None
     except Exception as error:  # a validator of the flow's model that raises otherwise:
         # still the caller's value it refused, but its text is the author's (never shown)
-        logging.getLogger("chainweaver.mcp.prompts").debug(
+        logging.getLogger("chainweaver.mcp.components.prompts").debug(
             "prompt %r: the input model raised %s", prompt, type(error).__name__)
         raise invalid(prompt, "the flow's input model refused the arguments") from None
     return arguments

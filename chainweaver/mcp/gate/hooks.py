@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 # resources/subscribe, resources/unsubscribe) are authenticated, rate-limited and
 # audited but never passed to the authorizer: the caller's view already narrows what
 # they show or tell.
-# "task": a background task's creation and state changes (chainweaver.mcp.tasks).
+# "task": a background task's creation and state changes (chainweaver.mcp.tasks.extension).
 RequestKind = Literal["tool", "resource", "prompt", "list", "completion", "subscription",
                       "task"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
@@ -163,7 +163,7 @@ async def deliver_audit(hook: AuditHook, event: AuditEvent, timeout: float) -> N
         if inspect.isawaitable(value):
             await asyncio.wait_for(value, timeout)
     except Exception as error:
-        logging.getLogger("chainweaver.mcp.security").warning(
+        logging.getLogger("chainweaver.mcp.gate.security").warning(
             "audit hook failed: %s", type(error).__name__)
 
 

@@ -27,8 +27,8 @@ from typing import Any
 from fastmcp import FastMCP
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
-from .exposure import ExposedFlow, Exposure
-from .hooks import RequestKind
+from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 
 # Key of the gate in the lifespan state of the FastMCP server a FlowServer builds.
 GATE_STATE_KEY = "chainweaver_security_gate"

@@ -16,13 +16,19 @@ import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.middleware import MiddlewareContext
 
-from . import log_level
-from .composition import ADMITTED_BY, GateHooks, find_component, flow_of, owned_meta
-from .exposure import ExposedFlow
-from .fastmcp_seams import completion_handler
-from .hooks import RequestKind
-from .malformed import malformed_prompt_request, refuse_malformed
-from .security import SecurityGate, _completion_target
+from chainweaver.mcp.fastmcp_seams import completion_handler
+from chainweaver.mcp.gate import log_level
+from chainweaver.mcp.gate.composition import (
+    ADMITTED_BY,
+    GateHooks,
+    find_component,
+    flow_of,
+    owned_meta,
+)
+from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
+from chainweaver.mcp.gate.security import SecurityGate, _completion_target
+from chainweaver.mcp.publish.exposure import ExposedFlow
 
 
 class MountedGate(GateHooks):

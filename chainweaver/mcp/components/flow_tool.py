@@ -33,14 +33,15 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
-from ..executor import ExecutionResult, FlowExecutor, StepRecord
-from ..plan import Plan
-from ..run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, RunObserver
-from ..safety import SideEffectLevel
-from .config import ErrorDetail
-from .exposure import ExposedFlow, LiveExposure
-from .runs import Approval, ApprovalInTask, RunReporter, RunSettings
-from .views import Views
+from chainweaver.executor import ExecutionResult, FlowExecutor, StepRecord
+from chainweaver.mcp.config import ErrorDetail
+from chainweaver.mcp.gate.views import Views
+from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
+from chainweaver.mcp.runs.approval import Approval, ApprovalInTask, RunSettings
+from chainweaver.mcp.runs.reporting import RunReporter
+from chainweaver.plan import Plan
+from chainweaver.run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, RunObserver
+from chainweaver.safety import SideEffectLevel
 
 logger = logging.getLogger("chainweaver.mcp")
 

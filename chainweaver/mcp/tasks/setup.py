@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import ExposureConfigError
-from ..flows import TASK_MODES
-from .config import SecurityConfig, check_seconds, check_text
-from .fastmcp_seams import lifespan_manager
+from chainweaver.errors import ExposureConfigError
+from chainweaver.flows import TASK_MODES
+from chainweaver.mcp.config import SecurityConfig, check_seconds, check_text
+from chainweaver.mcp.fastmcp_seams import lifespan_manager
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
 
-    from .provider import FlowProvider
+    from chainweaver.mcp.components.provider import FlowProvider
 
 TASK_URL_SCHEMES = ("memory://", "redis://", "rediss://")
 
@@ -80,7 +80,8 @@ def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig
               settings: TaskSettings) -> None:
     """Register the tasks extension and the one task runner (see ``tasks.py``)."""
     try:
-        from .tasks import FlowTaskRunner, FlowTasksExtension, TaskAudit
+        from chainweaver.mcp.tasks.extension import FlowTasksExtension
+        from chainweaver.mcp.tasks.runner import FlowTaskRunner, TaskAudit
     except ImportError as missing:  # pragma: no cover - depends on the installed extras
         raise ExposureConfigError(
             "background tasks need the tasks extra: pip install 'chainweaver[mcp,tasks]' "

@@ -33,8 +33,9 @@ from fastmcp.server.middleware import MiddlewareContext
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
 
-from . import log_level
-from .composition import (
+from chainweaver.mcp.config import SecurityConfig
+from chainweaver.mcp.gate import log_level
+from chainweaver.mcp.gate.composition import (
     ADMITTED_BY,
     GateHooks,
     find_component,
@@ -42,9 +43,7 @@ from .composition import (
     owned_meta,
     reached_directly,
 )
-from .config import SecurityConfig
-from .exposure import ExposedFlow, Exposure
-from .hooks import (
+from chainweaver.mcp.gate.hooks import (
     GATE_REFUSED,
     AuditEvent,
     AuthorizationDecision,
@@ -54,11 +53,12 @@ from .hooks import (
     approval_decision,
     deliver_audit,
 )
-from .malformed import malformed_prompt_request, refuse_malformed
-from .rate_limit import budget_name
-from .views import CURRENT_CALLER, Views, caller_from_token, report_admitted
+from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
+from chainweaver.mcp.gate.rate_limit import budget_name
+from chainweaver.mcp.gate.views import CURRENT_CALLER, Views, caller_from_token, report_admitted
+from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 
-logger = logging.getLogger("chainweaver.mcp.security")
+logger = logging.getLogger("chainweaver.mcp.gate.security")
 
 # Requests that subscribe to change notifications: gated like lists (kind
 # "subscription"); the caller admitted is the one whose view they follow.
@@ -100,7 +100,7 @@ def payload_text(kind: RequestKind, result: Any) -> str:
     """The text a request returned, as the audit hashes it."""
     if kind == "tool":
         # A call run as a background task returns its handle, which has no content:
-        # the task's own audit records its result (chainweaver.mcp.tasks).
+        # the task's own audit records its result (chainweaver.mcp.tasks.extension).
         return "\n".join(getattr(block, "text", "") for block in getattr(result, "content", ()))
     if kind == "resource":
         return "\n".join(

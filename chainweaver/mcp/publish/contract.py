@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 from fastmcp.utilities.json_schema import dereference_refs
 from pydantic import BaseModel, TypeAdapter
 
-from ..executor import FlowExecutor
-from ..flows import Flow
-from ..schemas import model_json_schema, resolve_property
+from chainweaver.executor import FlowExecutor
+from chainweaver.flows import Flow
+from chainweaver.schemas import model_json_schema, resolve_property
 
 
 @dataclass(frozen=True)

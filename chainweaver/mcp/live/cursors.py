@@ -18,7 +18,7 @@ from typing import Any
 import mcp_types
 from mcp import MCPError
 
-from .views import View
+from chainweaver.mcp.gate.views import View
 
 LIST_AGAIN = ("the published list changed since this cursor was issued; "
               "list again from the start")

@@ -23,19 +23,30 @@ from fastmcp.tools.base import Tool
 from fastmcp.utilities.components import FastMCPComponent
 from fastmcp.utilities.versions import VersionSpec
 
-from ..errors import InvalidVersionError
-from ..executor import FlowExecutor
-from ..versions import version_key
-from . import prompt_render
-from .composition import stamp_owner
-from .config import ErrorDetail
-from .cursors import note_listed
-from .exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure, PromptEntry
-from .flow_tool import FlowTool
-from .prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
-from .resources import TEMPLATE_URI, SchemaTemplate, index_resource, schema_resource
-from .runs import RunSettings
-from .views import View, Views
+from chainweaver.errors import InvalidVersionError
+from chainweaver.executor import FlowExecutor
+from chainweaver.mcp.components import prompt_render
+from chainweaver.mcp.components.flow_tool import FlowTool
+from chainweaver.mcp.components.prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
+from chainweaver.mcp.components.resources import (
+    TEMPLATE_URI,
+    SchemaTemplate,
+    index_resource,
+    schema_resource,
+)
+from chainweaver.mcp.config import ErrorDetail
+from chainweaver.mcp.gate.composition import stamp_owner
+from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.live.cursors import note_listed
+from chainweaver.mcp.publish.exposure import (
+    INDEX_URI,
+    ExposedFlow,
+    Exposure,
+    LiveExposure,
+    PromptEntry,
+)
+from chainweaver.mcp.runs.approval import RunSettings
+from chainweaver.versions import version_key
 
 # True while a ``tasks/get`` is served (see task_runner_resolvable).
 _RUNNER_RESOLVABLE: ContextVar[bool] = ContextVar("chainweaver_runner_resolvable",
@@ -47,7 +58,7 @@ def task_runner_resolvable() -> Iterator[None]:
     """Let the task runner be looked up by name, for the ``tasks/get`` served inside.
 
     fastmcp-tasks builds a finished task's result through the tool its task key names,
-    and every flow task's key names the one runner (``chainweaver.mcp.tasks``). Nowhere
+    and every flow task's key names the one runner (``chainweaver.mcp.tasks.extension``). Nowhere
     else is it found, so no client can list or call it.
     """
     token = _RUNNER_RESOLVABLE.set(True)
@@ -127,7 +138,7 @@ class FlowProvider(Provider):
         self._cache: dict[tuple[str, str], tuple[object, Any]] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
-        # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks).
+        # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks.extension).
         self.task_runner: Tool | None = None
 
     def __repr__(self) -> str:

@@ -29,13 +29,13 @@ from typing import Any, TypeGuard, TypeVar
 
 from fastmcp.server.dependencies import get_access_token
 
-from ..errors import ExposureConfigError
-from ..flows import Flow
-from .decision import ExposedFlow
-from .exposure import LiveExposure
-from .hooks import ANONYMOUS, CallerIdentity
+from chainweaver.errors import ExposureConfigError
+from chainweaver.flows import Flow
+from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity
+from chainweaver.mcp.publish.decision import ExposedFlow
+from chainweaver.mcp.publish.exposure import LiveExposure
 
-logger = logging.getLogger("chainweaver.mcp.views")
+logger = logging.getLogger("chainweaver.mcp.gate.views")
 
 VisibleRule = Callable[[CallerIdentity, Flow], bool]
 # Grant sets remembered per snapshot; the least recently used is dropped beyond this.

@@ -11,16 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..errors import ExposureConfigError
-from ..executor import FlowExecutor
-from ..flows import Flow, FlowLifecycle
-from ..plan import Plan
-from ..prompts import FlowPrompt
-from ..run_events import approval_request
-from ..safety import SideEffectLevel, ToolSafetyContract
-from ..tools import NAME_PATTERN
-from .config import ExposurePolicy
-from .contract import ContractError, PublishedContract, build_contract
+from chainweaver.errors import ExposureConfigError
+from chainweaver.executor import FlowExecutor
+from chainweaver.flows import Flow, FlowLifecycle
+from chainweaver.mcp.config import ExposurePolicy
+from chainweaver.mcp.publish.contract import ContractError, PublishedContract, build_contract
+from chainweaver.plan import Plan
+from chainweaver.prompts import FlowPrompt
+from chainweaver.run_events import approval_request
+from chainweaver.safety import SideEffectLevel, ToolSafetyContract
+from chainweaver.tools import NAME_PATTERN
 
 logger = logging.getLogger("chainweaver.mcp")
 

@@ -16,7 +16,7 @@ from fastmcp.server.context import Context
 from fastmcp.server.middleware import MiddlewareContext
 from mcp_types import LoggingLevel
 
-logger = logging.getLogger("chainweaver.mcp.log_level")
+logger = logging.getLogger("chainweaver.mcp.gate.log_level")
 
 STATE_KEY = "chainweaver.client_log_level"
 LEVELS: tuple[str, ...] = get_args(LoggingLevel)  # by severity, lowest first

@@ -14,11 +14,11 @@ from fastmcp.exceptions import FastMCPError, PromptError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
 from pydantic import PrivateAttr
 
-from ..prompts import FlowPrompt, PromptMessage
-from . import prompt_render
-from .exposure import GUIDE_PROMPT_NAME, ExposedFlow
+from chainweaver.mcp.components import prompt_render
+from chainweaver.mcp.publish.exposure import GUIDE_PROMPT_NAME, ExposedFlow
+from chainweaver.prompts import FlowPrompt, PromptMessage
 
-logger = logging.getLogger("chainweaver.mcp.prompts")
+logger = logging.getLogger("chainweaver.mcp.components.prompts")
 
 
 def _result(messages: list[PromptMessage], description: str | None,

@@ -20,13 +20,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
-from ..errors import ExposureConfigError
-from ..executor import FlowExecutor
-from ..flows import Flow
-from ..prompts import FlowPrompt
-from ..registry import RegistryState
-from .config import ExposurePolicy
-from .decision import (
+from chainweaver.errors import ExposureConfigError
+from chainweaver.executor import FlowExecutor
+from chainweaver.flows import Flow
+from chainweaver.mcp.config import ExposurePolicy
+from chainweaver.mcp.publish.decision import (
     GUIDE_PROMPT_NAME,
     INDEX_URI,
     ExposedFlow,
@@ -36,6 +34,8 @@ from .decision import (
     decide_flow,
     schema_uri,
 )
+from chainweaver.prompts import FlowPrompt
+from chainweaver.registry import RegistryState
 
 __all__ = ["GUIDE_PROMPT_NAME", "INDEX_URI", "Catalogue", "ExposedFlow", "Exposure",
            "FlowExposure", "LiveExposure", "PromptEntry", "schema_uri"]

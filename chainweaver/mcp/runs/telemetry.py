@@ -23,11 +23,11 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import __version__
-from .exposure import ExposedFlow
+from chainweaver import __version__
+from chainweaver.mcp.publish.exposure import ExposedFlow
 
 if TYPE_CHECKING:
-    from .security import SecurityGate
+    from chainweaver.mcp.gate.security import SecurityGate
 
 TRACER = trace.get_tracer("chainweaver", __version__)
 

@@ -16,7 +16,7 @@ from fastmcp.resources.template import ResourceTemplate
 from mcp_types import Annotations
 from pydantic import PrivateAttr
 
-from .exposure import INDEX_URI, ExposedFlow, schema_uri
+from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, schema_uri
 
 TEMPLATE_URI = schema_uri("{published_name}")
 MIME_TYPE = "application/json"

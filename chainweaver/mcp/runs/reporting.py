@@ -1,0 +1,176 @@
+"""Run reporting: a flow run's events as the client asked for them.
+
+:class:`RunReporter` turns the executor's run events into progress notifications (only
+when the client sent a progress token; progress = steps finished, total = steps
+planned) and log messages (at the level the client asked for: ``logging/setLevel`` on
+2025-11-25, the request's log-level ``_meta`` on 2026-07-28). Neither ever carries an
+argument value, an output or an error message: step ids, statuses and error types only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import mcp_types
+from fastmcp.server.context import Context
+from mcp.server.connection import allowed_log_levels
+from mcp_types import LoggingLevel
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from chainweaver.mcp.gate.log_level import LEVELS, client_log_level
+from chainweaver.results import ErrorInfo, ExecutionResult, StepRecord
+from chainweaver.run_events import RunObserver
+
+logger = logging.getLogger("chainweaver.mcp.runs.reporting")
+
+LOGGER_NAME = "chainweaver"
+_RUN_LEVELS = ("info", "warning", "error")  # the levels a run logs at
+
+def _same(step_id: str) -> str:
+    return step_id
+
+
+def wants_progress(ctx: Context) -> bool:
+    """Whether the client asked for progress (a task always reports its status)."""
+    if ctx.is_background_task:
+        return True
+    rc = ctx.request_context
+    meta = rc.meta if rc is not None else None
+    return meta is not None and meta.get("progressToken") is not None
+
+
+async def log_levels(ctx: Context) -> frozenset[str]:
+    """The levels of a run's log messages that may reach the client of this request."""
+    rc = ctx.request_context
+    if rc is None or ctx.is_background_task:
+        return frozenset()  # a task has no channel for log messages
+    if rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        allowed: frozenset[str] = frozenset(allowed_log_levels(rc.protocol_version, rc.meta))
+    else:
+        # Only a client that asked: one that never set a level (a plain script posting
+        # requests) gets its results without a stream of messages in front of them.
+        # Sent through the session rather than ctx.log, which also echoes every message
+        # to the server's own log.
+        minimum = await client_log_level(ctx)
+        allowed = frozenset() if minimum is None else frozenset(
+            LEVELS[LEVELS.index(minimum):])
+    return allowed.intersection(_RUN_LEVELS)
+
+
+class RunReporter(RunObserver):
+    """Sends a run's events to the client, in order, from the event loop.
+
+    Events may come from worker threads; they are queued to one sender task, which
+    counts finished steps, so progress only ever increases.
+    """
+
+    def __init__(self, ctx: Context, tool_name: str, *, progress: bool,
+                 levels: frozenset[str], show_error_type: bool,
+                 label: Callable[[str], str] | None = None) -> None:
+        self._ctx = ctx
+        self._name = tool_name
+        # A step's id as the client may see it (a sub-flow it cannot see is not named).
+        self._label = label if label is not None else _same
+        self._progress = progress
+        self._levels = levels
+        self._show_error_type = show_error_type
+        self._total = 0
+        self._finished = 0
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._queue: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
+        self._sender = asyncio.ensure_future(self._send_all())
+
+    @classmethod
+    async def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool,
+                     label: Callable[[str], str] | None = None) -> RunReporter | None:
+        """A reporter for this request, or None when the client asked for nothing."""
+        progress, levels = wants_progress(ctx), await log_levels(ctx)
+        if not (progress or levels):
+            return None
+        return cls(ctx, tool_name, progress=progress, levels=levels,
+                   show_error_type=show_error_type, label=label)
+
+    # Observer side (any thread) -------------------------------------------
+
+    def _put(self, item: tuple[Any, ...] | None) -> None:
+        if threading.get_ident() == self._thread:
+            self._queue.put_nowait(item)
+        else:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        self._total = total_steps
+
+    def step_started(self, record: StepRecord) -> None:
+        if "info" in self._levels:
+            self._put(("log", "info", f"step {self._label(record.step_id)!r} started"))
+
+    def step_retrying(self, record: StepRecord, error: ErrorInfo) -> None:
+        if "warning" in self._levels:
+            self._put(("log", "warning", f"step {self._label(record.step_id)!r} attempt "
+                                         f"{record.attempts} failed{self._error(error)}; "
+                                         "retrying"))
+
+    def step_finished(self, record: StepRecord) -> None:
+        self._put(("step", self._label(record.step_id), record.status, record.error))
+
+    def run_finished(self, result: ExecutionResult) -> None:
+        # Only a failure after the start: an invalid input or a refused approval is the
+        # result's to say, and a completed run's last step said it already.
+        if self._total and not result.success and "error" in self._levels:
+            self._put(("log", "error", f"flow {self._name!r} failed"
+                                       f"{self._error(result.error)}"))
+
+    def _error(self, error: ErrorInfo | None) -> str:
+        if error is None or not self._show_error_type:
+            return ""
+        return f" ({error.type})"
+
+    # Sender side (the event loop) -------------------------------------------
+
+    async def close(self) -> None:
+        """Send what is queued, then stop (before the call's result goes out)."""
+        self._queue.put_nowait(None)
+        await self._sender
+
+    def abandon(self) -> None:
+        """Stop at once (the call was cancelled: nothing more reaches the client)."""
+        self._sender.cancel()
+
+    async def _send_all(self) -> None:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            try:
+                await self._send(item)
+            except Exception as error:  # a client that went away must not break the run
+                logger.debug("could not send a run notification: %s", type(error).__name__)
+
+    async def _send(self, item: tuple[Any, ...]) -> None:
+        if item[0] == "log":
+            await self._log(item[1], item[2])
+            return
+        _, step_id, status, error = item
+        self._finished += 1
+        message = f"step {step_id!r} {status}"
+        level: LoggingLevel = "error" if status == "failed" else \
+            "warning" if status == "cancelled" else "info"
+        if level in self._levels:
+            await self._log(level, f"{message}{self._error(error)}")
+        if self._progress:
+            await self._ctx.report_progress(self._finished, self._total or None, message)
+
+    async def _log(self, level: LoggingLevel, message: str) -> None:
+        # The levels were checked against what the client asked for (log_levels); sent
+        # on this request's stream, in the shape ctx.log sends ({"msg", "extra"}).
+        ctx = self._ctx
+        notification = mcp_types.LoggingMessageNotification(
+            params=mcp_types.LoggingMessageNotificationParams(
+                level=level, logger=LOGGER_NAME, data={"msg": message, "extra": None}))
+        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)

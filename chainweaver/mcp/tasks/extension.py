@@ -1,0 +1,266 @@
+"""Flows as MCP background tasks (``io.modelcontextprotocol/tasks``, SEP-2663).
+
+Built on ``fastmcp-tasks`` and its Docket engine (in memory, or Redis for server
+replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
+
+- **One task function for every flow.** Docket registers its task functions once, at
+  server start, from ``Provider.get_tasks()``; a tool that becomes task-capable later
+  would fail. So Docket knows exactly one function, :class:`FlowTaskRunner`, which runs
+  any exposed flow named in its payload. Start stays O(1) in the catalogue, and a flow
+  published later (or on another replica) runs as a task with nothing to register.
+- **Creation through the exposure and the gate.** :class:`FlowTasksExtension` decides
+  a ``tools/call`` after the gate (FastMCP runs extensions after middleware) and only for
+  a tool the provider resolves, so a hidden flow is refused exactly like an unknown tool.
+  The task is stored as ``fastmcp-tasks`` stores its own (scoped to the token's
+  ``client_id|sub``), under the runner's key, so its ``tasks/get``, ``tasks/update``
+  and ``tasks/cancel`` serve flow tasks unchanged.
+- **Approval inside a task.** A flow that asks for approval returns the ask from its
+  first leg (no step has run); ``fastmcp-tasks`` parks the task ``input_required``,
+  and ``tasks/update`` enqueues the runner again with the answer (the next leg).
+- **Tasks answer their creator, in its view.** The gate's caller id is stored with the
+  task; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` (gated like lists) answer
+  only that caller, and only while the flow version is published and in its view;
+  otherwise exactly like an unknown id. (Under an ``authenticator`` hook the token
+  scope alone would let every caller reach every task.)
+- **No side effect twice.** A run writes a marker when it starts. A run that finds the
+  marker is a redelivery (its worker died mid-run): it goes ahead only when the flow is
+  idempotent by its effective safety; otherwise the task fails with a reason saying so.
+- **Status and audit.** Each step that starts becomes the task's status message
+  (``step 2/5 enrich``); creation and each state change are audited as the gate's
+  caller, completion with the result's SHA-256 and length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from docket import Docket
+from fastmcp.server.context import Context
+from fastmcp.server.extensions import MethodBinding
+from fastmcp.tools.base import Tool as FastMCPTool
+from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
+from fastmcp.utilities.versions import VersionSpec
+from fastmcp_tasks import TasksExtension
+from fastmcp_tasks.context import get_task_scope
+from fastmcp_tasks.creation import create_task
+from fastmcp_tasks.input_store import is_cancelled, load_task_args
+from fastmcp_tasks.models import (
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    CreateTaskResult,
+    missing_capability_error_data,
+)
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from chainweaver.mcp.components.provider import task_runner_resolvable
+from chainweaver.mcp.fastmcp_seams import check_task_request, running_docket
+from chainweaver.mcp.gate.composition import flow_of, owned_meta
+from chainweaver.mcp.gate.views import current_caller
+from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.runs.approval import SharedMark, declared_elicitation
+
+if TYPE_CHECKING:
+    import mcp_types
+    from fastmcp import FastMCP
+    from fastmcp.server.extensions import ToolCallContinuation, ToolCallOutcome
+
+    from chainweaver.mcp.components.provider import FlowProvider
+
+from chainweaver.mcp.tasks.runner import (
+    FLOW_TASK_KEYS,
+    FlowTaskRunner,
+    TaskAudit,
+    mark_once,
+    view_grant,
+)
+
+logger = logging.getLogger("chainweaver.mcp")
+
+
+class FlowTasksExtension(TasksExtension):
+    """The tasks extension, creating flow tasks through the exposure (see the module)."""
+
+    def __init__(self, provider: FlowProvider, audit: TaskAudit, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.provider = provider
+        self.audit = audit
+        # An approval state a 2026-07-28 client echoes is used up in the task backend's
+        # store: with Redis, every replica on it refuses a replay (see runs.ApprovalNonces).
+        provider.runs.nonces.shared = self._approval_states
+
+    def _approval_states(self) -> SharedMark | None:
+        """Marks an approval state as used in the running Docket's Redis (None: not
+        running, and the process record answers)."""
+        try:
+            docket = _server_docket(self.server)
+        except RuntimeError:  # not registered on a server (yet)
+            return None
+        if docket is None:
+            return None
+        running: Docket = docket
+
+        async def mark(nonce: str, expires: float) -> bool | None:
+            ttl = max(1, int(expires - time.time()) + 1)
+            try:
+                async with running.redis() as redis:
+                    return bool(await redis.set(
+                        running.key(f"chainweaver:approval-state:{nonce}"), "1",
+                        nx=True, ex=ttl))
+            except Exception as error:  # cannot tell whether it was used: refused
+                logger.warning("approval state refused: the task store failed (%s)",
+                               type(error).__name__)
+                return False
+
+        return mark
+
+    async def intercept_tool_call(
+        self,
+        params: mcp_types.CallToolRequestParams,
+        context: Context,
+        call_next: ToolCallContinuation,
+    ) -> ToolCallOutcome:
+        """Run the call as a task when the flow's mode and the client ask for it.
+
+        ``required``: always a task (-32021 when the client did not opt in, as on
+        2025-11-25); ``optional``: a task when the client opted in; otherwise, and
+        for anything that is not an exposed flow, the ordinary call.
+        """
+        # An unknown or hidden name is None here: the ordinary call answers it, exactly
+        # as for any name that never existed. The flow is found from the owner mark in
+        # the tool's metadata, so a transform on server.fastmcp (a rename) keeps its mode.
+        tool = await context.fastmcp.get_tool(params.name, _requested_version(params))
+        meta = owned_meta(tool, self.provider.owner)
+        exposed = flow_of(self.provider.exposure.current, meta) if meta is not None else None
+        if exposed is None or exposed.task_mode == "forbidden":
+            return await call_next()
+        mode = exposed.task_mode
+        request = context.request_context
+        opted_in = (request is not None
+                    and request.protocol_version in MODERN_PROTOCOL_VERSIONS
+                    and context.client_extension_settings(TASKS_EXTENSION_ID) is not None)
+        if mode == "required" and not opted_in:
+            raise MCPError(
+                code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+                message=f"Tool {params.name!r} runs only as a background task: the client must "
+                f"support the tasks extension ({TASKS_EXTENSION_ID}), which needs protocol "
+                "2026-07-28 or later, and ask for a task",
+                data=missing_capability_error_data())
+        if not opted_in:
+            return await call_next()
+        return await self.create(exposed, dict(params.arguments or {}), context)
+
+    async def create(self, exposed: ExposedFlow, arguments: dict[str, Any],
+                     context: Context) -> CreateTaskResult:
+        """Create and enqueue a task running ``exposed``'s flow, through fastmcp-tasks.
+
+        fastmcp-tasks creates it for the one runner (under the runner's key, scoped to
+        the token), with the flow named in the payload, so its ``tasks/get``,
+        ``tasks/update`` and ``tasks/cancel`` serve it unchanged. Returns once
+        ``tasks/get`` resolves the task on any replica.
+        """
+        # The gate's caller owns the task: every tasks/* request checks it (_owned), and
+        # the task's audit records name it. Stored with the arguments, which live (and
+        # are refreshed) exactly as long as the task's other keys.
+        caller = current_caller()
+        caller_id = caller.id
+        payload = {"tool": exposed.tool_name, "version": exposed.flow.version,
+                   "arguments": arguments, "caller": caller_id,
+                   "approval": exposed.needs_approval,
+                   "client_can_answer": declared_elicitation(context)}
+        grant = view_grant(self.provider.views, caller)
+        if grant is not None:
+            payload["grant"] = grant
+        created = await create_task(await self.registered_runner(), payload, context)
+        await self.audit.record(exposed, created.task_id, "working", caller_id,
+                                phase="decision", reason="created")
+        return created
+
+    def methods(self) -> Sequence[MethodBinding]:
+        """``tasks/get``, ``tasks/update`` and ``tasks/cancel``, answering only the
+        caller that created a flow task, while the flow is in its view."""
+        return [dataclasses.replace(binding, handler=self._owned(binding.method, binding.handler))
+                for binding in super().methods()]
+
+    def _owned(self, method: str, handler: Any) -> Any:
+        async def handle(ctx: Any, params: Any) -> Any:
+            # The extension's own checks (capability, Mcp-Name header) come first, so
+            # that another caller's task id and an id that never existed get past them
+            # alike; fastmcp-tasks runs them again in ``handler`` (they are cheap).
+            check_task_request(self, ctx, params.task_id)
+            exposed = await self.reachable_flow(params.task_id)
+            if method == "tasks/get":
+                with task_runner_resolvable():
+                    return await handler(ctx, params)
+            if method == "tasks/cancel" and exposed is not None:
+                return await self._cancel(exposed, params.task_id, handler, ctx, params)
+            return await handler(ctx, params)
+
+        return handle
+
+    async def _cancel(self, exposed: ExposedFlow, task_id: str, handler: Any, ctx: Any,
+                      params: Any) -> Any:
+        """Cancel, and audit the cancellation exactly once, whatever the task was doing
+        (running, waiting for an answer, queued) and however many cancels race; a
+        finished task is not cancelled, so nothing is audited for it."""
+        result = await handler(ctx, params)
+        docket, scope = self.docket, get_task_scope()
+        if (await is_cancelled(docket, scope, task_id)
+                and await mark_once(docket, f"chainweaver:task-cancel:{scope}:{task_id}")):
+            await self.audit.record(exposed, task_id, "cancelled", current_caller().id)
+        return result
+
+    async def reachable_flow(self, task_id: str) -> ExposedFlow | None:
+        """Refuse a flow task the current caller may not reach, exactly like an unknown id.
+
+        Reachable: created by this caller (the gate's caller id, stored with the task),
+        and its flow version is still published and in the caller's view. A run already
+        under way finishes either way; only answers about it stop. Returns the task's
+        exposed flow (None when the id names no flow task here: fastmcp-tasks answers).
+        """
+        docket = _server_docket(self.server)
+        if docket is None:
+            return None  # pragma: no cover - no request is served before the lifespan starts it
+        payload = await load_task_args(docket, get_task_scope(), task_id)
+        if not FLOW_TASK_KEYS <= payload.keys():
+            # No such task in this token scope (or not a flow task): fastmcp-tasks
+            # answers it.
+            return None
+        exposed = self.provider.exposure.tool(payload["tool"])
+        if (payload.get("caller") != current_caller().id or exposed is None
+                or exposed.flow.version != payload.get("version")
+                or not self.provider.view().allows(exposed)):
+            # The text fastmcp-tasks gives for a missing, expired or cross-scope id.
+            raise MCPError(code=INVALID_PARAMS, message=f"Task {task_id} not found")
+        return exposed
+
+    async def registered_runner(self) -> FastMCPTool:
+        """The runner as Docket registered it: through the server's transforms (a
+        Namespace renames it), so its key is the one Docket and tasks/update know."""
+        for component in await self.server.get_tasks():
+            if isinstance(component, FlowTaskRunner):
+                return component
+        raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
+
+    @property
+    def docket(self) -> Docket:
+        """The running Docket (FastMCP keeps it on the server while it runs)."""
+        docket = _server_docket(self.server)
+        if docket is None:
+            raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
+        return docket
+
+
+def _server_docket(server: FastMCP) -> Docket | None:
+    return cast("Docket | None", running_docket(server))
+
+
+def _requested_version(params: mcp_types.CallToolRequestParams) -> VersionSpec | None:
+    from fastmcp.server.dependencies import extract_version_spec
+
+    text = extract_version_spec(cast("dict[str, Any] | None", params.meta))
+    return VersionSpec(eq=text) if text else None

@@ -1,0 +1,282 @@
+"""The one task function Docket knows: :class:`FlowTaskRunner` runs any exposed flow
+named in a task's payload (as its creator, in its view), reports each step as the
+task's status, refuses a non-idempotent redelivery, and audits each state change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from docket import CurrentExecution, Docket
+from docket.execution import Execution
+from fastmcp.dependencies import CurrentContext
+from fastmcp.server.context import Context
+from fastmcp.tools.base import InputRequiredToolResult, ToolResult
+from fastmcp.tools.base import Tool as FastMCPTool
+from fastmcp.utilities.tasks import TaskConfig
+from fastmcp_tasks.context import get_task_context
+from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS
+from fastmcp_tasks.dependencies import CurrentDocket
+from fastmcp_tasks.input_store import is_cancelled
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, TextContent
+from pydantic import PrivateAttr
+
+from chainweaver.mcp.gate.hooks import (
+    AuditEvent,
+    AuditHook,
+    CallerIdentity,
+    approval_decision,
+    deliver_audit,
+)
+from chainweaver.mcp.gate.security import payload_text
+from chainweaver.mcp.gate.views import CURRENT_CALLER, Views
+from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.runs.approval import ApprovalInTask
+from chainweaver.results import StepRecord
+from chainweaver.run_events import RunObserver
+
+if TYPE_CHECKING:
+
+    from chainweaver.mcp.components.provider import FlowProvider
+
+logger = logging.getLogger("chainweaver.mcp")
+
+# The Docket function name of the one task function. Never a published tool: the
+# provider finds it only inside a tasks/get (provider.task_runner_resolvable), so no
+# client can list or call it.
+
+
+RUNNER_NAME = "chainweaver.flow_task"
+# Keys every flow task's payload has (how a flow task is told from fastmcp-tasks' own).
+FLOW_TASK_KEYS = frozenset({"tool", "version", "arguments"})
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+
+
+def effective_idempotent(exposed: ExposedFlow) -> bool:
+    """May a run of this flow be repeated? Only when its effective safety says so."""
+    return exposed.safety is not None and bool(exposed.safety.idempotent)
+
+
+class TaskAudit:
+    """Sends task audit records (kind ``"task"``) to the server's audit hook."""
+
+    def __init__(self, hook: AuditHook | None, timeout: float) -> None:
+        self.hook = hook
+        self.timeout = timeout
+
+    async def record(self, exposed: ExposedFlow, task_id: str, status: TaskStatus,
+                     caller_id: str | None, *,
+                     phase: Literal["decision", "state", "completed", "approval"] = "state",
+                     reason: str = "ok", result: ToolResult | None = None,
+                     step_id: str | None = None) -> None:
+        if self.hook is None:
+            return
+        digest = length = None
+        outcome: Literal["ok", "error"] | None = None
+        if result is not None:
+            # Hashed as the gate hashes a call's result, so a task's digest and a call's
+            # agree for the same result.
+            data = payload_text("tool", result).encode("utf-8", "surrogatepass")
+            digest, length = hashlib.sha256(data).hexdigest(), len(data)
+            outcome = "error" if result.is_error else "ok"
+        event = AuditEvent(
+            timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
+            flow_name=exposed.flow.name, flow_version=exposed.flow.version,
+            caller_id=caller_id,
+            decision=approval_decision(reason) if phase == "approval" else "allowed",
+            reason=reason, outcome=outcome, result_sha256=digest, result_length=length,
+            task_id=task_id, task_status=status, step_id=step_id)
+        await deliver_audit(self.hook, event, self.timeout)
+
+
+class FlowTaskRunner(FastMCPTool):
+    """The one component Docket registers: runs the exposed flow its payload names.
+
+    The payload is ``{"tool": published name, "version": flow version, "arguments":
+    {...}, "caller": the gate's caller id, "approval": whether the flow asks for
+    approval where the task was created, "client_can_answer": whether the creating
+    client declared elicitation}``, written by :meth:`FlowTasksExtension.create`.
+    """
+
+    _provider: FlowProvider = PrivateAttr()
+    _audit: TaskAudit = PrivateAttr()
+
+    @classmethod
+    def build(cls, provider: FlowProvider, audit: TaskAudit) -> FlowTaskRunner:
+        runner = cls(name=RUNNER_NAME, parameters={"type": "object"},
+                     task_config=TaskConfig(mode="optional"))
+        runner._provider = provider
+        runner._audit = audit
+        return runner
+
+    async def run(  # Docket injects the dependencies
+        self,
+        arguments: dict[str, Any],
+        ctx: Context = CurrentContext(),  # noqa: B008  (dependency injection markers)
+        execution: Execution = CurrentExecution(),  # noqa: B008
+        docket: Docket = CurrentDocket(),  # noqa: B008
+    ) -> ToolResult:
+        # The leg runs as the caller that created the task, as far as its view goes: the
+        # exposure, the view and the names a run shows are judged as for that caller.
+        caller = task_caller(arguments)
+        token = CURRENT_CALLER.set(caller) if caller is not None else None
+        try:
+            return await self._run_leg(arguments, ctx, execution, docket)
+        finally:
+            if token is not None:
+                CURRENT_CALLER.reset(token)
+
+    async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
+                       docket: Docket) -> ToolResult:
+        task_id = ctx.task_id or execution.key
+        caller_id = arguments.get("caller")
+        task = get_task_context()
+        if await is_cancelled(docket, task.task_scope if task else None, task_id):
+            # Cancelled while queued, or as its answer arrived: a leg Docket could not
+            # stop any more (FlowTasksExtension audited the cancellation). Nothing runs.
+            return ToolResult(content=[TextContent(type="text", text="cancelled")],
+                              is_error=True)
+        exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
+        await self._audit.record(exposed, task_id, "working", caller_id)
+        tool = self._provider.flow_tool(exposed)
+        reports = _StepReports(ctx, tool.step_names().label)
+
+        async def audit_answer(step_id: str, answer: str) -> None:
+            await self._audit.record(exposed, task_id, "working", caller_id,
+                                     phase="approval", reason=answer, step_id=step_id)
+
+        asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True),
+                                caller_id=caller_id)
+        try:
+            result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
+                                         in_task=asking)
+        finally:
+            await reports.drain()
+        if isinstance(result, InputRequiredToolResult):
+            # The flow asks for approval before any step runs. fastmcp-tasks' wrapper
+            # keeps the ask with the task (input_required) and ends this leg; the
+            # client's tasks/update enqueues the runner again, carrying the answer.
+            await self._audit.record(exposed, task_id, "input_required", caller_id)
+            return result
+        await self._audit.record(exposed, task_id, "completed", caller_id,
+                                 phase="completed", result=result)
+        return result
+
+    async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
+                        docket: Docket, task_id: str) -> ExposedFlow:
+        """The exposed flow the payload names, if this process may run it now; else the
+        task fails (MCPError) with the reason as its status message."""
+        exposed = self._provider.exposure.tool(arguments["tool"])
+        if (exposed is None or exposed.flow.version != arguments["version"]
+                or not self._provider.view().allows(exposed)):
+            # Not published any more, or no longer in the caller's view: the same words.
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"flow {arguments['tool']!r} version {arguments['version']} is no longer "
+                "published here; the task did not run"))
+        if arguments.get("approval") and not exposed.needs_approval:
+            # A worker whose policy differs (no --approval elicit, but
+            # --allow-requires-approval) would otherwise run it without asking.
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"flow {arguments['tool']!r} asks for approval where the task was created, "
+                "but not on this worker (start it with --approval elicit); the task did "
+                "not run"))
+        # A leg that will only ask for approval runs no step: safe to run again, unmarked.
+        asks_only = exposed.needs_approval and ctx.request_state is None
+        if (not asks_only and not await _first_run(docket, execution.key)
+                and not effective_idempotent(exposed)):
+            await self._audit.record(exposed, task_id, "failed", arguments.get("caller"),
+                                     reason="not_idempotent")
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"the worker running flow {exposed.flow.name!r} stopped during the run, "
+                "and the flow is not idempotent (by its effective safety), so it was not "
+                "run again"))
+        return exposed
+
+
+class _StepReports(RunObserver):
+    """Turns each step that starts into the task's status (``ctx.report_progress``).
+
+    Steps start on the event loop or in worker threads; every report is sent from the
+    loop, in the run's context (the worker's task context lives there), in order.
+    """
+
+    def __init__(self, ctx: Context, label: Callable[[str], str] | None = None) -> None:
+        self.ctx = ctx
+        self.label = label  # a step's id as the task's caller may see it
+        self.loop = asyncio.get_running_loop()
+        self.context = contextvars.copy_context()
+        self.last: asyncio.Future[None] | None = None
+        self.total = 0
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        self.total = total_steps
+
+    def step_started(self, record: StepRecord) -> None:
+        with self._lock:  # steps of the async lane start on the loop and in threads
+            self.started += 1
+            number = self.started
+        step_id = self.label(record.step_id) if self.label is not None else record.step_id
+        self.loop.call_soon_threadsafe(self._send, number, self.total, step_id,
+                                       context=self.context)
+
+    def _send(self, number: int, total: int, step_id: str) -> None:
+        self.last = asyncio.ensure_future(self._report(self.last, number, total, step_id))
+
+    async def _report(self, previous: asyncio.Future[None] | None, number: int, total: int,
+                      step_id: str) -> None:
+        if previous is not None:
+            await previous
+        try:
+            await self.ctx.report_progress(number, total, f"step {number}/{total} {step_id}")
+        except Exception as error:  # a lost status message must not fail the run
+            logger.debug("task status report failed: %s", type(error).__name__)
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)  # reports queued from worker threads
+        if self.last is not None:
+            await self.last
+
+
+def view_grant(views: Views, caller: CallerIdentity) -> dict[str, Any] | None:
+    """What a task keeps of its caller so that its legs see the caller's view: the
+    scopes and the claims the view rule reads (nothing without a rule)."""
+    visibility = views.visibility
+    if visibility is None:
+        return None
+    claims = {name: caller.claims[name] for name in visibility.claims
+              if name in caller.claims}
+    return {"scopes": sorted(caller.scopes), "claims": claims}
+
+
+def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
+    """The caller a task's leg runs as (None: the task kept no view grant)."""
+    grant = arguments.get("grant")
+    caller_id = arguments.get("caller")
+    if not isinstance(grant, dict) or not isinstance(caller_id, str):
+        return None
+    scopes = grant.get("scopes")
+    claims = grant.get("claims")
+    return CallerIdentity(caller_id, dict(claims) if isinstance(claims, dict) else {},
+                          scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
+
+
+async def _first_run(docket: Docket, execution_key: str) -> bool:
+    """Mark this execution as started; False when it was already (a redelivery)."""
+    return await mark_once(docket, f"chainweaver:task-run:{execution_key}")
+
+
+async def mark_once(docket: Docket, name: str) -> bool:
+    """Set a marker that lives as long as a task's keys; False when it was set already."""
+    ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
+    async with docket.redis() as redis:
+        return bool(await redis.set(docket.key(name), "1", nx=True, ex=ttl))
