@@ -82,7 +82,7 @@ def views_server(key_file: str, run_notifications: bool = True) -> Any:
         ToolSafetyContract,
         tool,
     )
-    from chainweaver.mcp import FlowServer, ServingConfig, visible_claim
+    from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig, visible_claim
 
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(tool(safety=ToolSafetyContract(SideEffectLevel.READ))(quote))
@@ -93,9 +93,11 @@ def views_server(key_file: str, run_notifications: bool = True) -> Any:
         executor.registry.register_flow(Flow(
             f"quote_{number}", "Quote a price.", [FlowStep("quote")], input_schema=QuoteInput,
             output_schema=Quote, governance=FlowGovernance(owner=f"team-{number % 7}")))
-    return FlowServer(executor, name="bench-views", auth=verifier(key_file),
-                      visible=visible_claim("teams"),
-                      serving=ServingConfig(run_notifications=run_notifications))
+    return FlowServer(executor,
+                      security=SecurityConfig(auth=verifier(key_file),
+                                              visible=visible_claim("teams")),
+                      serving=ServingConfig(name="bench-views",
+                                            run_notifications=run_notifications))
 
 
 def bare_server(key_file: str) -> Any:

@@ -107,8 +107,8 @@ def requests(client: Client, name: str) -> dict[str, Callable[[], Awaitable[Any]
 
 async def main(chunks: int, number: int) -> None:
     server = FlowServer(build_executor(), expose_schemas=True, expose_prompts=True,
-                        security=SecurityConfig(authenticator=caller),
-                        visible=visible_claim("teams"))
+                        security=SecurityConfig(authenticator=caller,
+                                                visible=visible_claim("teams")))
     targets = {"visible": "flow_000", "hidden": "flow_001", "never existed": "flow_zzz"}
     async with Client(server.fastmcp, log_handler=ignore_log) as client:
         kinds = {label: requests(client, name) for label, name in targets.items()}

@@ -120,7 +120,13 @@ def flow_server(gated: bool) -> Any:
         ToolSafetyContract,
         tool,
     )
-    from chainweaver.mcp import CallerIdentity, FixedWindowRateLimiter, FlowServer, SecurityConfig
+    from chainweaver.mcp import (
+        CallerIdentity,
+        FixedWindowRateLimiter,
+        FlowServer,
+        SecurityConfig,
+        ServingConfig,
+    )
 
     read = ToolSafetyContract(SideEffectLevel.READ)
     executor = FlowExecutor(FlowRegistry())
@@ -141,8 +147,9 @@ def flow_server(gated: bool) -> Any:
 
         options = {"authenticator": authenticate, "audit_hook": audit.append,
                    "rate_limiter": FixedWindowRateLimiter(10**9, 60)}
-    return FlowServer(executor, name="bench-flow", expose_schemas=True, expose_prompts=True,
-                      security=SecurityConfig(**options))
+    return FlowServer(executor, expose_schemas=True, expose_prompts=True,
+                      security=SecurityConfig(**options),
+                      serving=ServingConfig(name="bench-flow"))
 
 
 def constant(text: str) -> Any:

@@ -231,7 +231,6 @@ def build_server(args: argparse.Namespace) -> Built:
     with _quiet_exposure_log():
         server = FlowServer(
             executor,
-            name=args.name,
             expose_schemas=args.expose_schemas,
             expose_prompts=args.expose_prompts,
             policy=ExposurePolicy(
@@ -240,6 +239,7 @@ def build_server(args: argparse.Namespace) -> Built:
                 allowed_side_effects=side_effects,
                 owners=owners,
                 allow_requires_approval=args.allow_requires_approval,
+                **_given(approval=args.approval),
             ),
             security=SecurityConfig(**access.security,
                                     **_given(error_detail=args.error_detail)),
@@ -247,11 +247,10 @@ def build_server(args: argparse.Namespace) -> Built:
                                   allowed_hosts=args.allowed_host,
                                   allowed_origins=args.allowed_origin,
                                   run_notifications=args.run_notifications,
-                                  request_state_keys=state_keys),
-            instructions=instructions,
-            **_given(approval=args.approval, approval_timeout=args.approval_timeout),
-            **access.server,
-            **_task_options(args),
+                                  request_state_keys=state_keys, name=args.name,
+                                  instructions=instructions, **access.serving,
+                                  **_given(approval_timeout=args.approval_timeout)),
+            tasks=_task_settings(args),
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
@@ -277,18 +276,18 @@ def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> No
                                  interval=args.watch_interval, loaded=loaded))
 
 
-def _task_options(args: argparse.Namespace) -> dict[str, Any]:
-    """FlowServer's background-task arguments from --tasks and the --task-* flags."""
+def _task_settings(args: argparse.Namespace) -> Any:
+    """FlowServer's ``tasks`` (a TaskSettings) from --tasks and the --task-* flags."""
     from .mcp import TaskSettings
 
     if args.tasks is None:
         if args.task_concurrency is not None or args.task_redelivery is not None:
             raise CommandError(EXIT_USAGE, "--task-concurrency and --task-redelivery need "
                                "--tasks")
-        return {}
-    settings = TaskSettings(concurrency=args.task_concurrency,
-                            redelivery_timeout=args.task_redelivery)
-    return {"tasks": args.tasks, "task_mode": args.task_mode, "task_settings": settings}
+        return None
+    return TaskSettings(url=args.tasks, mode=args.task_mode,
+                        concurrency=args.task_concurrency,
+                        redelivery_timeout=args.task_redelivery)
 
 
 def _given(**settings: Any) -> dict[str, Any]:
@@ -370,7 +369,7 @@ def load_token_file(path: str) -> Any:
 
 class Access(NamedTuple):
     security: dict[str, Any]  # SecurityConfig settings
-    server: dict[str, Any]  # FlowServer settings
+    serving: dict[str, Any]  # ServingConfig settings
 
 
 def access_settings(args: argparse.Namespace) -> Access:
@@ -432,11 +431,11 @@ def access_settings(args: argparse.Namespace) -> Access:
         except OSError as error:
             raise CommandError(EXIT_MISSING, f"--audit-log {args.audit_log}: cannot be "
                                f"opened: {error.strerror or error}") from None
-    server: dict[str, Any] = {"resources_as_tools": args.resources_as_tools,
-                              "prompts_as_tools": args.prompts_as_tools}
+    serving = {"resources_as_tools": args.resources_as_tools,
+               "prompts_as_tools": args.prompts_as_tools}
     if args.visible_claim is not None:
-        server["visible"] = visible_claim(args.visible_claim)
-    return Access(security, server)
+        security["visible"] = visible_claim(args.visible_claim)
+    return Access(security, serving)
 
 
 def _public_key(path: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -222,8 +223,9 @@ def build_executor() -> FlowExecutor:
 
 def build_server(serving: ServingConfig | None = None) -> FlowServer:
     """The example server: every primitive on, default governance policy."""
-    return FlowServer(build_executor(), name="chainweaver-bookshop",
-                      expose_schemas=True, expose_prompts=True, serving=serving)
+    serving = dataclasses.replace(serving or ServingConfig(), name="chainweaver-bookshop")
+    return FlowServer(build_executor(), expose_schemas=True, expose_prompts=True,
+                      serving=serving)
 
 
 # FastMCP's CLI (`fastmcp run examples/mcp_flow_server.py`) looks for a FastMCP

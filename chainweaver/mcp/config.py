@@ -153,7 +153,9 @@ class SecurityConfig:
     ``"type_only"`` or ``"generic"``. ``auth`` is a FastMCP ``AuthProvider`` (for
     example ``StaticTokenVerifier`` or ``JWTVerifier``) that streamable HTTP enforces
     before any MCP message is read: a request without a valid bearer token gets HTTP
-    401 with ``WWW-Authenticate: Bearer``. It does not apply to stdio.
+    401 with ``WWW-Authenticate: Bearer``. It does not apply to stdio. ``visible`` is the
+    per-caller view rule: ``(caller, flow) -> bool``, a ``Visibility`` or
+    ``visible_claim(...)`` (``docs/security.md``, "Per-caller views").
     """
 
     authenticator: Authenticator | None = None
@@ -163,6 +165,7 @@ class SecurityConfig:
     hook_timeout: float = 5.0
     error_detail: ErrorDetail = "full"
     auth: AuthProvider | None = None
+    visible: Any = None  # VisibleRule | Visibility | None, checked by FlowServer
 
     def __post_init__(self) -> None:
         if self.auth is not None and not isinstance(self.auth, AuthProvider):
@@ -222,6 +225,11 @@ class ServingConfig:
     even to clients that ask (FastMCP's client asks for both on every call): each one is
     a notification, which over HTTP turns the reply into an event stream. A background
     task's status message is kept.
+
+    ``name``, ``version`` (default: ChainWeaver's) and ``instructions`` are what the
+    server says of itself to clients. ``approval_timeout`` (seconds) is how long a run
+    waits for the user's approval answer. ``resources_as_tools`` / ``prompts_as_tools``
+    add FastMCP's tool forms of the resources and prompts, for tools-only clients.
     """
 
     flow_timeout: float | None = None
@@ -232,8 +240,23 @@ class ServingConfig:
     request_state_keys: Iterable[str | bytes] | None = None
     change_debounce: float = 0.05
     run_notifications: bool = True
+    name: str = "chainweaver"
+    version: str | None = None
+    instructions: str | None = None
+    approval_timeout: float = 300.0
+    resources_as_tools: bool = False
+    prompts_as_tools: bool = False
 
     def __post_init__(self) -> None:
+        check_text("name", self.name)
+        check_text("version", self.version, optional=True)
+        if self.instructions is not None and not isinstance(self.instructions, str):
+            raise ExposureConfigError(f"instructions must be None or a string, got "
+                                      f"{self.instructions!r}")
+        object.__setattr__(self, "approval_timeout",
+                           check_seconds("approval_timeout", self.approval_timeout))
+        check_bool("resources_as_tools", self.resources_as_tools)
+        check_bool("prompts_as_tools", self.prompts_as_tools)
         object.__setattr__(self, "flow_timeout",
                            check_seconds("flow_timeout", self.flow_timeout, optional=True))
         check_positive_int("page_size", self.page_size, optional=True)

@@ -9,6 +9,7 @@ import os
 import secrets
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -16,23 +17,18 @@ from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
-from fastmcp.server.auth import AuthProvider
 from mcp.server.request_state import RequestStateSecurity
 
 from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
-from chainweaver.flows import TaskMode
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from chainweaver.mcp.config import (
-    ApprovalMode,
     ExposurePolicy,
     SecurityConfig,
     ServingConfig,
     check_bool,
-    check_seconds,
-    check_text,
 )
 from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
 from chainweaver.mcp.gate.composition import gate_lifespan
@@ -41,8 +37,6 @@ from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import (
     Views,
-    Visibility,
-    VisibleRule,
     check_visible,
     input_schema_lookup,
 )
@@ -86,18 +80,8 @@ class FlowServer:
         policy: ExposurePolicy | None = None,
         security: SecurityConfig | None = None,
         serving: ServingConfig | None = None,
-        name: str = "chainweaver",
-        version: str | None = None,
-        instructions: str | None = None,
-        approval: ApprovalMode | None = None,
-        approval_timeout: float = 300.0,
-        auth: AuthProvider | None = None,
-        visible: VisibleRule | Visibility | None = None,
-        resources_as_tools: bool = False,
-        prompts_as_tools: bool = False,
-        tasks: str | None = None,
-        task_mode: TaskMode = "optional",
-        task_settings: TaskSettings | None = None,
+        tasks: str | TaskSettings | None = None,
+        **deprecated: Any,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
             raise ExposureConfigError(
@@ -105,16 +89,10 @@ class FlowServer:
         check_bool("expose_schemas", expose_schemas)
         check_bool("expose_prompts", expose_prompts)
         policy = _config("policy", policy, ExposurePolicy)
-        if approval is not None:  # the shortcut for the policy's setting
-            policy = dataclasses.replace(policy, approval=approval)
-        approval_timeout = check_seconds("approval_timeout", approval_timeout)  # type: ignore[assignment]
         security = _config("security", security, SecurityConfig)
         serving = _config("serving", serving, ServingConfig)
-        check_text("name", name)
-        check_text("version", version, optional=True)
-        if instructions is not None and not isinstance(instructions, str):
-            raise ExposureConfigError(f"instructions must be None or a string, got "
-                                      f"{instructions!r}")
+        policy, security, serving, tasks = _moved_keywords(
+            deprecated, policy, security, serving, tasks)
         if isinstance(prompts, (str, bytes)):
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         prompts = tuple(prompts)  # once: a generator would be used up by the check
@@ -122,18 +100,19 @@ class FlowServer:
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
         if prompts and not expose_prompts:
             raise ExposureConfigError("server-level prompts need expose_prompts=True")
-        security = _with_auth(security, auth)
-        views = Views(check_visible(visible))
-        check_bool("resources_as_tools", resources_as_tools)
-        check_bool("prompts_as_tools", prompts_as_tools)
+        views = Views(check_visible(security.visible))
+        resources_as_tools, prompts_as_tools = serving.resources_as_tools, \
+            serving.prompts_as_tools
         if resources_as_tools and not expose_schemas:
             raise ExposureConfigError("resources_as_tools needs expose_schemas=True")
         if prompts_as_tools and not expose_prompts:
             raise ExposureConfigError("prompts_as_tools needs expose_prompts=True")
-        task_settings = check_tasks(tasks, task_mode, task_settings)
-        if tasks is not None:
+        task_settings = check_tasks(tasks)
+        if task_settings is not None:
             # The server-wide default mode of flows that set none (see decision.task_mode).
-            policy = dataclasses.replace(policy, task_mode=task_mode)
+            policy = dataclasses.replace(policy, task_mode=task_settings.mode)
+        name, version, instructions = serving.name, serving.version, serving.instructions
+        approval_timeout = serving.approval_timeout
         self.executor = executor
         self.policy = policy
         self.security = security
@@ -182,9 +161,10 @@ class FlowServer:
             request_state_security=None if keys is None else RequestStateSecurity(
                 keys=list(keys), audience=name),
         )
-        self._tasks_url = tasks
-        if tasks is not None:
-            add_tasks(self._fastmcp, self._provider, security, tasks, task_settings)
+        self._tasks_url = task_settings.url if task_settings is not None else None
+        if task_settings is not None:
+            add_tasks(self._fastmcp, self._provider, security, task_settings.url,
+                      task_settings)
         if expose_schemas or expose_prompts:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
@@ -338,6 +318,7 @@ class FlowServer:
             guard = HostOriginRules.for_bind(host, port, hosts, origins)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
+                self._gate.keeps_sessions = False  # no session to keep a log level for
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
                 stateless_http=stateless, log_level=log_level,
@@ -434,14 +415,46 @@ def _config(setting: str, value: C | None, kind: type[C]) -> C:
     return value
 
 
-def _with_auth(security: SecurityConfig, auth: AuthProvider | None) -> SecurityConfig:
-    """``FlowServer(auth=...)``: the same setting as ``SecurityConfig(auth=...)``."""
-    if auth is None:
-        return security
-    if security.auth is not None:
-        raise ExposureConfigError("auth is set twice: give it to FlowServer or to "
-                                  "SecurityConfig, not both")
-    return dataclasses.replace(security, auth=auth)
+# The keywords FlowServer took before they moved into the configuration objects (one
+# release with a DeprecationWarning): keyword -> (object, its field).
+MOVED_KEYWORDS = {
+    "name": ("serving", "name"), "version": ("serving", "version"),
+    "instructions": ("serving", "instructions"),
+    "approval_timeout": ("serving", "approval_timeout"),
+    "resources_as_tools": ("serving", "resources_as_tools"),
+    "prompts_as_tools": ("serving", "prompts_as_tools"),
+    "approval": ("policy", "approval"), "auth": ("security", "auth"),
+    "visible": ("security", "visible"),
+    "task_mode": ("tasks", "mode"), "task_settings": ("tasks", "TaskSettings"),
+}
+
+
+def _moved_keywords(given: dict[str, Any], policy: ExposurePolicy,
+                    security: SecurityConfig, serving: ServingConfig,
+                    tasks: str | TaskSettings | None
+                    ) -> tuple[ExposurePolicy, SecurityConfig, ServingConfig,
+                               str | TaskSettings | None]:
+    """Fold the keywords that moved into the configuration objects, warning once each."""
+    unknown = sorted(set(given) - set(MOVED_KEYWORDS))
+    if unknown:
+        raise TypeError(f"FlowServer() got unexpected keyword argument(s): "
+                        f"{', '.join(unknown)}")
+    configs: dict[str, Any] = {"policy": policy, "security": security, "serving": serving}
+    for keyword, value in given.items():
+        where, field = MOVED_KEYWORDS[keyword]
+        hint = (f"tasks={field}(...)" if field == "TaskSettings"
+                else f"tasks=TaskSettings(url=..., {field}=...)" if where == "tasks"
+                else f"{where}={type(configs[where]).__name__}({field}=...)")
+        warnings.warn(f"FlowServer({keyword}=...) is deprecated and will be removed in the "
+                      f"next release: use {hint}", DeprecationWarning, stacklevel=3)
+        if where != "tasks":
+            if keyword == "auth" and value is not None and security.auth is not None:
+                raise ExposureConfigError("auth is set twice: give it to FlowServer or to "
+                                          "SecurityConfig, not both")
+            configs[where] = dataclasses.replace(configs[where], **{field: value})
+    if "task_mode" in given or "task_settings" in given:
+        tasks = check_tasks(tasks, given.get("task_mode"), given.get("task_settings"))
+    return configs["policy"], configs["security"], configs["serving"], tasks
 
 
 def _freeze_gc() -> None:

@@ -241,24 +241,22 @@ async def test_a_log_level_belongs_to_the_connection_that_set_it() -> None:
     assert not result.is_error and quiet.logs == []
 
 
-async def test_a_failing_state_store_costs_only_the_log_messages(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastmcp.server.context import Context
+def test_the_kept_levels_are_bounded_whatever_sessions_send() -> None:
+    from chainweaver.mcp.gate.log_level import SessionLevels
 
-    from chainweaver.mcp.gate import log_level
+    levels = SessionLevels(max_sessions=100)
+    for number in range(10_000):  # a stream of sessions, each setting a level
+        levels.set(f"session-{number}", "debug")
+    assert len(levels) == 100
+    assert levels.get("session-9999") == "debug" and levels.get("session-0") is None
 
-    def failing(original: Any) -> Any:
-        async def state(self: Context, key: str, *args: Any, **kwargs: Any) -> Any:
-            if key == log_level.STATE_KEY:  # FastMCP's own state keeps working
-                raise OSError("state store unavailable")
-            return await original(self, key, *args, **kwargs)
-        return state
 
-    monkeypatch.setattr(Context, "set_state", failing(Context.set_state))
-    monkeypatch.setattr(Context, "get_state", failing(Context.get_state))
-    result, reports = await call_with_reports(flow_server(), "legacy")
+async def test_a_server_that_keeps_no_sessions_keeps_no_level() -> None:
+    server = flow_server()
+    server._gate.keeps_sessions = False  # as serve("streamable-http", stateless=True) sets
+    result, reports = await call_with_reports(server, "legacy")
     assert result.structured_content == {"order_id": "A-1", "cents": 120}
-    assert reports.logs == []
+    assert reports.logs == []  # asked for, but there is no session to keep it for
 
 
 async def test_an_invalid_level_is_refused_and_changes_nothing() -> None:

@@ -6,6 +6,7 @@ nested. A sub-flow the caller can see keeps its names."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from mcp_types import LOG_LEVEL_META_KEY
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import CallerIdentity, ExposurePolicy, FlowServer
+from chainweaver.mcp import CallerIdentity, ExposurePolicy, FlowServer, SecurityConfig
 from chainweaver.mcp.components.flow_tool import StepNames
 
 from .test_runs import Seen
@@ -202,3 +203,63 @@ def test_step_paths_are_cut_at_the_first_hidden_sub_flow() -> None:
     assert names.path("audit_trail/seal_entry") == "audit_trail/seal_entry"
     assert names.path("open_entry") == "open_entry"
     assert names.hides("ledger") and not names.hides("audit_trail") and names.hides_any()
+
+
+# --------------------------------------------- engine messages that name a hidden flow
+
+LEDGER_READ = ToolSafetyContract("read")
+
+
+@tool(safety=LEDGER_READ)
+def ledger_open(cents: int) -> dict:
+    return {"cents": cents}
+
+
+@tool(safety=LEDGER_READ)
+def ledger_receipt(cents: int) -> dict:
+    return {"receipt": f"r{cents}"}
+
+
+@tool(safety=LEDGER_READ)
+def ledger_reject(cents: int) -> dict:
+    raise RuntimeError("the ledger refused it")
+
+
+@tool(safety=LEDGER_READ)
+def ledger_describe(receipt: str) -> dict:
+    return {"summary": receipt}
+
+
+def ledger_server() -> FlowServer:
+    executor = FlowExecutor(FlowRegistry())
+    for t in (ledger_open, ledger_receipt, ledger_reject, ledger_describe):
+        executor.register_tool(t)
+    register = executor.registry.register_flow
+    register(Flow("secret_ledger", "hidden", [FlowStep("ledger_receipt")]))
+    register(Flow("secret_rejects", "hidden", [FlowStep("ledger_reject")]))
+    register(Flow("wrapper", "visible, runs a hidden one", [FlowStep(flow="secret_rejects")]))
+    register(Flow("nested", "a hidden flow one level down fails",
+                  [FlowStep("ledger_open"), FlowStep(flow="wrapper")]))
+    register(Flow("skipping", "a skipped hidden step leaves a later one without input",
+                  [FlowStep("ledger_open"), FlowStep(flow="secret_ledger", when="cents > 100"),
+                   FlowStep("ledger_describe")]))
+
+    def visible(caller: Any, flow: Flow) -> bool:
+        return not flow.name.startswith("secret_")
+
+    return FlowServer(executor, security=SecurityConfig(visible=visible))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ERAS)
+@pytest.mark.parametrize(("flow", "failed"), [("nested", "wrapper"),
+                                              ("skipping", "ledger_describe")])
+async def test_no_error_text_names_a_hidden_flow_from_any_step(
+        mode: str, flow: str, failed: str) -> None:
+    async with Client(ledger_server().fastmcp, mode=mode) as client:
+        result = await client.call_tool(flow, {"cents": 5}, raise_on_error=False)
+    text = " ".join(block.text for block in result.content)
+    assert result.is_error and f"step {failed!r} failed" in text
+    everything = text + json.dumps(result.meta)
+    assert "secret_" not in everything and "ledger_reject" not in everything
+    assert "ledger_receipt" not in everything

@@ -408,10 +408,14 @@ class FlowTool(FastMCPTool):
                            "step ran")
             text = f"ApprovalDenied: {message} (answer: {answer})"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-        if error.step_id is not None and names.hides(error.step_id):
-            # A sub-flow the caller cannot see: the engine's message would name it.
-            label = names.label(error.step_id)
-            return self._error_result(error.type, f"step {label!r} failed")
+        if names.hides_any():
+            # A flow running a sub-flow the caller cannot see: the engine's message may
+            # name it from any step (a failure nested inside a visible sub-flow, a later
+            # step missing what a skipped hidden step would have given), so only the
+            # failing step's label is said.
+            label = names.label(error.step_id) if error.step_id is not None else None
+            return self._error_result(error.type, f"step {label!r} failed" if label
+                                      else f"flow {self.name!r} failed")
         return self._error_result(error.type, error.message)
 
     def _error_result(self, error_type: str, message: str) -> ToolResult:

@@ -54,7 +54,7 @@ class MountedGate(GateHooks):
                                              context, call_next)
         if context.method == "logging/setLevel":  # the parent's clients' level, for runs
             result = await call_next(context)
-            await log_level.remember(context)
+            log_level.remember(context, sessions=self.gate.keeps_sessions)
             return result
         return await call_next(context)
 

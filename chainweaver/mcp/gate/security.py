@@ -124,6 +124,7 @@ class SecurityGate(GateHooks):
         self.hook_timeout = config.hook_timeout
         self.active = config.active
         self._warned_composition = False
+        self.keeps_sessions = True  # False while serving stateless HTTP
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         # The only hook that sees prompts/get params before the MCP SDK validates
@@ -146,7 +147,7 @@ class SecurityGate(GateHooks):
             return await self._guard_task(context, call_next)
         if context.method == "logging/setLevel":
             result = await call_next(context)
-            await log_level.remember(context)
+            log_level.remember(context, sessions=self.keeps_sessions)
             return result
         return await call_next(context)
 

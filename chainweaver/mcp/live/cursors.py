@@ -11,6 +11,7 @@ view never disturbs its paging (and tells it nothing), while a change inside it 
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
@@ -26,6 +27,9 @@ LIST_AGAIN = ("the published list changed since this cursor was issued; "
 # Set by the list handler wrapper for the length of one list request; the provider
 # notes there the fingerprint of the list it served.
 _LISTED: ContextVar[dict[str, str] | None] = ContextVar("chainweaver_listed", default=None)
+# Keys the fingerprint, so a cursor that reaches someone else cannot be used to test
+# guesses about which flows its caller sees.
+_KEY = secrets.token_bytes(32)
 
 
 def note_listed(kind: str, view: View, names: Callable[[], Iterable[str]]) -> None:
@@ -36,10 +40,10 @@ def note_listed(kind: str, view: View, names: Callable[[], Iterable[str]]) -> No
         return  # not a list request (FastMCP also lists to resolve some lookups)
 
     def digest() -> str:
-        hashed = hashlib.sha256(kind.encode())
+        hashed = hashlib.blake2b(kind.encode(), key=_KEY, digest_size=16)
         for name in names():
             hashed.update(b"\0" + name.encode("utf-8", "surrogatepass"))
-        return hashed.hexdigest()[:16]
+        return hashed.hexdigest()
 
     listed["fingerprint"] = view.cached(f"cursor:{kind}", digest)
 

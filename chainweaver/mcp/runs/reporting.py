@@ -55,7 +55,7 @@ async def log_levels(ctx: Context) -> frozenset[str]:
         # requests) gets its results without a stream of messages in front of them.
         # Sent through the session rather than ctx.log, which also echoes every message
         # to the server's own log.
-        minimum = await client_log_level(ctx)
+        minimum = client_log_level(ctx)
         allowed = frozenset() if minimum is None else frozenset(
             LEVELS[LEVELS.index(minimum):])
     return allowed.intersection(_RUN_LEVELS)

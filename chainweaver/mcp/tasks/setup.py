@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from chainweaver.errors import ExposureConfigError
-from chainweaver.flows import TASK_MODES
+from chainweaver.flows import TASK_MODES, TaskMode
 from chainweaver.mcp.config import SecurityConfig, check_seconds, check_text
 from chainweaver.mcp.fastmcp_seams import lifespan_manager
 
@@ -25,6 +26,12 @@ TASK_URL_SCHEMES = ("memory://", "redis://", "rediss://")
 class TaskSettings:
     """How a server (or ``chainweaver worker``) runs background tasks.
 
+    ``url``: the task backend, ``memory://`` (one process) or ``redis://...`` (replicas
+    and workers share it). ``mode``: how flows that set no ``task_mode`` of their own
+    may run, ``"optional"`` (a client that asks gets a task), ``"required"`` or
+    ``"forbidden"``. ``FlowServer(tasks="redis://...")`` is short for
+    ``FlowServer(tasks=TaskSettings(url="redis://..."))``.
+
     ``concurrency``: flows this process runs at once; ``0`` makes it enqueue only (a
     replica whose tasks ``chainweaver worker`` processes run). ``redelivery_timeout``:
     seconds after which a task whose worker stopped answering goes to another worker.
@@ -34,12 +41,21 @@ class TaskSettings:
     on the queue needs the same one. ``name``: the queue (Docket) name.
     """
 
+    url: str = "memory://"
+    mode: TaskMode = "optional"
     concurrency: int | None = None
     redelivery_timeout: float | None = None
     encryption_key: str | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(TASK_URL_SCHEMES):
+            raise ExposureConfigError(
+                f"tasks must be None or a URL starting with {', '.join(TASK_URL_SCHEMES)}, "
+                f"got {self.url!r}")
+        if self.mode not in TASK_MODES:
+            raise ExposureConfigError(
+                f"task_mode must be one of {', '.join(TASK_MODES)}, got {self.mode!r}")
         if self.concurrency is not None and (
                 not isinstance(self.concurrency, int) or isinstance(self.concurrency, bool)
                 or self.concurrency < 0):
@@ -56,24 +72,31 @@ class TaskSettings:
         return {key: value for key, value in options.items() if value is not None}
 
 
-def check_tasks(url: object, mode: object, settings: object) -> TaskSettings:
-    """Check FlowServer's ``tasks``, ``task_mode`` and ``task_settings`` arguments."""
-    if url is not None and (not isinstance(url, str)
-                            or not url.startswith(TASK_URL_SCHEMES)):
-        raise ExposureConfigError(
-            f"tasks must be None or a URL starting with {', '.join(TASK_URL_SCHEMES)}, "
-            f"got {url!r}")
-    if mode not in TASK_MODES:
-        raise ExposureConfigError(
-            f"task_mode must be one of {', '.join(TASK_MODES)}, got {mode!r}")
-    if settings is None:
-        return TaskSettings()
-    if not isinstance(settings, TaskSettings):
+def check_tasks(tasks: object, mode: object = None, settings: object = None
+                ) -> TaskSettings | None:
+    """FlowServer's ``tasks``: None, a backend URL or a :class:`TaskSettings`; ``mode``
+    and ``settings`` are the deprecated ``task_mode`` / ``task_settings`` keywords."""
+    if settings is not None and not isinstance(settings, TaskSettings):
         raise ExposureConfigError(
             f"task_settings must be a TaskSettings, got {type(settings).__name__}")
-    if url is None:
-        raise ExposureConfigError("task_settings needs tasks= (a task backend URL)")
-    return settings
+    if tasks is None:
+        if settings is not None:
+            raise ExposureConfigError("task_settings needs tasks= (a task backend URL)")
+        if mode is not None and mode not in TASK_MODES:
+            raise ExposureConfigError(
+                f"task_mode must be one of {', '.join(TASK_MODES)}, got {mode!r}")
+        return None
+    if isinstance(tasks, TaskSettings):
+        chosen = tasks
+    elif isinstance(tasks, str):
+        chosen = dataclasses.replace(settings or TaskSettings(), url=tasks)
+    else:
+        raise ExposureConfigError(
+            f"tasks must be None or a URL starting with {', '.join(TASK_URL_SCHEMES)}, "
+            f"got {tasks!r}")
+    if mode is not None:
+        chosen = dataclasses.replace(chosen, mode=cast(TaskMode, mode))
+    return chosen
 
 
 def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig, url: str,
