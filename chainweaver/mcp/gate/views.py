@@ -1,6 +1,6 @@
 """Per-caller views: the exposure snapshot narrowed to the flows one caller may see.
 
-``FlowServer(visible=...)`` takes a rule ``(caller, flow) -> bool``. A caller sees an
+``SecurityConfig(visible=...)`` takes a rule ``(caller, flow) -> bool``. A caller sees an
 exposed flow only when the rule answers exactly ``True``; everywhere else (lists,
 gets, completions, the index, the guide, tasks) the flow answers like a name that
 never existed.
@@ -286,7 +286,7 @@ class Views:
 
 
 def check_visible(visible: object) -> VisibleRule | Visibility | None:
-    """``FlowServer(visible=...)``: None, a callable or a :class:`Visibility`."""
+    """``SecurityConfig(visible=...)``: None, a callable or a :class:`Visibility`."""
     if visible is None or isinstance(visible, Visibility):
         return visible
     if not callable(visible):

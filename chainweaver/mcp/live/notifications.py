@@ -12,7 +12,7 @@ serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus p
 stream); on 2025-11-25 it sends on each live session (stateful HTTP, stdio, memory).
 Stateless HTTP has no channel back to the client: nothing is sent there.
 
-With a view rule (``FlowServer(visible=...)``) each listener is told only what changed
+With a view rule (``SecurityConfig(visible=...)``) each listener is told only what changed
 in *its caller's* view: both snapshots are narrowed to that view before they are
 compared. A listen stream follows the caller the gate admitted for the
 ``subscriptions/listen`` request; a 2025-11-25 session follows the caller the gate
