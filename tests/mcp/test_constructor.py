@@ -79,15 +79,16 @@ MOVED: list[tuple[str, Any, str, Any]] = [
     ("auth", StaticTokenVerifier({"t": {"client_id": "c", "scopes": []}}),
      "SecurityConfig(auth=...)", lambda s: s.security.auth is not None),
     pytest.param("task_mode", "required", "TaskSettings(url=..., mode=...)",
-                 lambda s: s.policy.task_mode == "required", marks=pytest.mark.tasks),
+                 lambda s: s.policy.task_mode == "required", marks=pytest.mark.tasks,
+                 id="task_mode"),
     pytest.param("task_settings", TaskSettings(concurrency=2), "tasks=TaskSettings(...)",
-                 lambda s: s._tasks_url == "memory://", marks=pytest.mark.tasks),
+                 lambda s: s._tasks_url == "memory://", marks=pytest.mark.tasks,
+                 id="task_settings"),
 ]
 
 
 @pytest.mark.parametrize(("keyword", "value", "now", "applied"), MOVED,
-                         ids=[str(m[0] if isinstance(m, tuple) else m.values[0])
-                              for m in MOVED])
+                         ids=[m[0] if isinstance(m[0], str) else None for m in MOVED])
 def test_a_moved_keyword_warns_where_it_lives_now_and_still_applies(
         keyword: str, value: Any, now: str, applied: Any) -> None:
     options: dict[str, Any] = {keyword: value}
