@@ -65,6 +65,40 @@ def notify(method: Callable[..., None], *arguments: Any) -> None:
                        exc_info=True)
 
 
+def fan_out(*observers: RunObserver | None) -> RunObserver | None:
+    """One observer telling each of ``observers`` (None ones left out) in turn; a broken
+    one never keeps the others from being told."""
+    present = tuple(observer for observer in observers if observer is not None)
+    if len(present) <= 1:
+        return present[0] if present else None
+    return _FanOut(present)
+
+
+class _FanOut(RunObserver):
+    def __init__(self, observers: tuple[RunObserver, ...]) -> None:
+        self.observers = observers
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        for observer in self.observers:
+            notify(observer.run_started, flow_name, flow_version, total_steps)
+
+    def step_started(self, record: StepRecord) -> None:
+        for observer in self.observers:
+            notify(observer.step_started, record)
+
+    def step_retrying(self, record: StepRecord, error: ErrorInfo) -> None:
+        for observer in self.observers:
+            notify(observer.step_retrying, record, error)
+
+    def step_finished(self, record: StepRecord) -> None:
+        for observer in self.observers:
+            notify(observer.step_finished, record)
+
+    def run_finished(self, result: ExecutionResult) -> None:
+        for observer in self.observers:
+            notify(observer.run_finished, result)
+
+
 class RunCancelled(Exception):
     """Internal: the run's :class:`Cancellation` was set."""
 

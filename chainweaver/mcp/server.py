@@ -31,15 +31,12 @@ from chainweaver.mcp.config import (
     check_bool,
 )
 from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
+from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
 from chainweaver.mcp.gate.composition import gate_lifespan
 from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
-from chainweaver.mcp.gate.views import (
-    Views,
-    check_visible,
-    input_schema_lookup,
-)
+from chainweaver.mcp.gate.views import Views, check_visible
 from chainweaver.mcp.live.notifications import ChangeNotifier, LiveMiddleware
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
@@ -119,7 +116,7 @@ class FlowServer:
         self.serving = serving
         self._exposure = LiveExposure(Exposure(
             executor, policy, expose_schemas=expose_schemas, expose_prompts=expose_prompts,
-            server_prompts=prompts))
+            server_prompts=prompts), pinned=pinned_snapshot)
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
         keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
@@ -149,7 +146,7 @@ class FlowServer:
             providers=[self._provider],
             # Pinning the snapshot comes first; spans for admitted flow runs sit under
             # FastMCP's own request span.
-            middleware=[self._live, self._gate, FlowTelemetry(self._gate)],
+            middleware=[self._live, self._gate, FlowTelemetry(self._gate, security.error_detail)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
@@ -172,7 +169,8 @@ class FlowServer:
         install_input_schema_lookup(self._fastmcp, input_schema_lookup(
             self._fastmcp, self._exposure, views,
             caller_known=security.authenticator is None))
-        self._notifier.install(self._fastmcp, resources=expose_schemas)
+        self._notifier.install(self._fastmcp, resources=expose_schemas,
+                               page_size=serving.page_size, provider=self._provider)
         self._watcher: FlowFileWatcher | None = None
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.

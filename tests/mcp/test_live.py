@@ -156,15 +156,17 @@ async def test_a_run_in_progress_finishes_after_its_flow_is_retired() -> None:
 
 def test_a_pinned_snapshot_answers_to_the_end_of_the_request() -> None:
     executor = build_catalogue()
-    live = LiveExposure(Exposure(executor, ExposurePolicy()))
+    from chainweaver.mcp.gate.admission import pinned_snapshot, pinning
+
+    live = LiveExposure(Exposure(executor, ExposurePolicy()), pinned=pinned_snapshot)
     request, other = object(), object()
-    with live.pinned(request) as pinned:
+    with pinning(request, live) as pinned:
         executor.registry.set_lifecycle("product_search", "archived")
         live.swap(Exposure(executor, ExposurePolicy(), previous=live.latest))
         assert live.current is pinned and live.tool("product_search") is not None
-        with live.pinned(request) as again:  # the same request keeps its snapshot
+        with pinning(request, live) as again:  # the same request keeps its snapshot
             assert again is pinned
-        with live.pinned(other) as inherited:  # a task of another request does not
+        with pinning(other, live) as inherited:  # a task of another request does not
             assert inherited is live.latest and live.tool("product_search") is None
         assert live.current is pinned
     assert live.current is live.latest is not pinned

@@ -428,8 +428,8 @@ async def test_legacy_input_required_is_never_returned() -> None:
 
 @pytest.mark.anyio
 async def test_approval_state_is_bound_to_flow_version_steps_caller_and_arguments() -> None:
+    from chainweaver.mcp.gate.admission import Admission, admitted
     from chainweaver.mcp.gate.hooks import CallerIdentity
-    from chainweaver.mcp.gate.views import CURRENT_CALLER
     from chainweaver.run_events import ApprovalRequest, CoveredStep
 
     def hook(settings: RunSettings, arguments: dict[str, Any] = ORDER) -> Approval:
@@ -453,11 +453,8 @@ async def test_approval_state_is_bound_to_flow_version_steps_caller_and_argument
     assert not await approval._verify(state, covering("1.0.0", "refund"))
     assert not await approval._verify(state, covering("1.0.0", "charge", "refund"))
     assert not await hook(settings, {**ORDER, "cents": 1})._verify(state, request)
-    token = CURRENT_CALLER.set(CallerIdentity("mallory"))
-    try:
+    with admitted(Admission(object(), caller=CallerIdentity("mallory"))):
         assert not await approval._verify(state, request)  # minted for another caller
-    finally:
-        CURRENT_CALLER.reset(token)
     assert not await approval._verify("not|signed", request)
     stranger = hook(RunSettings(approval=True))  # another server's secret
     assert not await stranger._verify(state, request)

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import CallerIdentity, ExposurePolicy, FlowServer, SecurityConfig
-from chainweaver.mcp.components.flow_tool import StepNames
+from chainweaver.mcp.runs.step_names import StepNames
 
 from .test_runs import Seen
 

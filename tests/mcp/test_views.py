@@ -263,7 +263,8 @@ def test_the_verified_token_is_the_caller_when_no_authenticator_decides() -> Non
     from mcp.server.auth.middleware.auth_context import auth_context_var
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 
-    from chainweaver.mcp.gate.views import caller_from_token, current_caller
+    from chainweaver.mcp.gate.admission import caller as current_caller
+    from chainweaver.mcp.gate.admission import caller_from_token
 
     assert caller_from_token().id == "anonymous"
     for client, claims, expected in (

@@ -16,11 +16,9 @@ and an ``MCPError`` (a protocol error, meant as one) go through unchanged.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import pydantic_core
@@ -33,20 +31,20 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
-from chainweaver.executor import ExecutionResult, FlowExecutor, StepRecord
+from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.mcp.config import ErrorDetail
+from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
 from chainweaver.mcp.runs.approval import Approval, ApprovalInTask, RunSettings
 from chainweaver.mcp.runs.reporting import RunReporter
-from chainweaver.plan import Plan
-from chainweaver.run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, RunObserver
+from chainweaver.mcp.runs.step_names import ALL_VISIBLE, StepNames, run_meta, step_names
+from chainweaver.run_events import ALWAYS_APPROVE, ApprovalHook, RunObserver, fan_out
 from chainweaver.safety import SideEffectLevel
 
 logger = logging.getLogger("chainweaver.mcp")
 
 GENERIC_FAILURE = "The flow failed. Ask the server operator to check its logs."
-HIDDEN_STEP = "subflow#{index}"  # how a sub-flow step the caller cannot see is named
 
 
 def tool_annotations(exposed: ExposedFlow) -> ToolAnnotations:
@@ -90,99 +88,6 @@ def _sendable(arguments: dict[str, Any]) -> bool:
     return True
 
 
-class StepNames:
-    """How a run's steps are named to one caller.
-
-    A sub-flow step whose sub-flow the caller cannot see (not published, or outside
-    its view) is named ``subflow#<index>`` (its position in its flow's steps), and
-    nothing inside it is named: not its id (by default the sub-flow's name), not its
-    steps. Every other step keeps its id.
-    """
-
-    __slots__ = ("_hidden", "_inner")
-
-    def __init__(self, plan: Plan | None, visible: Callable[[str], bool]) -> None:
-        self._hidden: dict[str, str] = {}  # step id -> the label shown instead
-        self._inner: dict[str, StepNames] = {}  # a visible sub-flow step's own names
-        for planned in plan.steps if plan is not None else ():
-            if planned.subplan is None:
-                continue
-            if visible(planned.subplan.flow.name):
-                self._inner[planned.id] = StepNames(planned.subplan, visible)
-            else:
-                self._hidden[planned.id] = HIDDEN_STEP.format(index=planned.index)
-
-    def label(self, step_id: str) -> str:
-        """What a step of this flow (not a path) is called."""
-        return self._hidden.get(step_id, step_id)
-
-    def hides(self, step_id: str) -> bool:
-        """Whether ``step_id`` runs a sub-flow the caller cannot see."""
-        return step_id in self._hidden
-
-    def hides_any(self) -> bool:
-        """Whether any step, at any depth, runs a sub-flow the caller cannot see."""
-        return bool(self._hidden) or any(inner.hides_any() for inner in self._inner.values())
-
-    def inner(self, step_id: str) -> StepNames | None:
-        """The names inside a visible sub-flow step (None: not one)."""
-        return self._inner.get(step_id)
-
-    def path(self, path: str) -> str:
-        """A step path (``"outer/inner"``: step ``inner`` of the sub-flow step ``outer``)
-        as the caller may see it: cut at the first sub-flow it cannot see."""
-        if path in self._hidden or path in self._inner:
-            return self.label(path)
-        for step_id, label in self._hidden.items():
-            if path.startswith(step_id + "/"):
-                return label
-        for step_id, names in self._inner.items():
-            if path.startswith(step_id + "/"):
-                return f"{step_id}/{names.path(path[len(step_id) + 1:])}"
-        return path
-
-    def shown(self, request: ApprovalRequest) -> ApprovalRequest:
-        """``request`` as the caller's user may see it (the approval question)."""
-        steps = getattr(request, "steps", None)
-        if not (self.hides_any() and isinstance(steps, tuple)):
-            return request
-        return dataclasses.replace(request, steps=tuple(
-            dataclasses.replace(step, step_id=self.path(step.step_id)) for step in steps))
-
-
-ALL_VISIBLE = StepNames(None, lambda name: True)
-
-
-def run_meta(result: ExecutionResult, error_detail: str = "full",
-             names: StepNames = ALL_VISIBLE) -> dict[str, Any]:
-    """The tool result's ``_meta``: which flow version ran and, per step, its id, status,
-    attempts and duration (a sub-flow's steps nested under ``steps``); the error type of
-    a failed or skipped step too, never its text, and not even the type when
-    ``error_detail`` is ``"generic"``. Steps are named as ``names`` says: a sub-flow the
-    caller cannot see is one step, ``subflow#<index>``, with no steps nested."""
-    return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
-                            "steps": _step_meta(result.steps, error_detail, names)}}
-
-
-def _step_meta(records: list[StepRecord], error_detail: str,
-               names: StepNames) -> list[dict[str, Any]]:
-    steps = []
-    for record in records:
-        entry: dict[str, Any] = {"id": names.label(record.step_id), "status": record.status,
-                                 "attempts": record.attempts,
-                                 "started_ms": round(record.started_ms, 3),
-                                 "duration_ms": round(record.duration_ms, 3)}
-        if record.error is not None and error_detail != "generic":
-            entry["error"] = record.error.type
-        if record.fallback is not None:
-            entry["fallback"] = record.fallback
-        if record.steps is not None and not names.hides(record.step_id):
-            entry["steps"] = _step_meta(record.steps, error_detail,
-                                        names.inner(record.step_id) or ALL_VISIBLE)
-        steps.append(entry)
-    return steps
-
-
 class ServedFrom:
     """What a flow tool reads of the server publishing it while a call runs: the live
     exposure (every snapshot it swaps in) and the per-caller views."""
@@ -198,14 +103,16 @@ class ServedFrom:
         now = latest.tool(exposed.tool_name)
         return (now is not None and now.flow.name == exposed.flow.name
                 and now.flow.version == exposed.flow.version
-                and self.views.current(latest).allows(now))
+                and self.views.of(latest, admission.caller()).allows(now))
 
     def step_names(self, exposed: ExposedFlow) -> StepNames:
         """How ``exposed``'s steps are named to the current caller (its view of the
-        snapshot the request pinned)."""
+        snapshot the request pinned, as admitted), worked out once per view."""
+        held = admission.current()
         snapshot = self.live.current
-        view = self.views.current(snapshot)
-        return StepNames(exposed.plan, lambda name: view.allows(snapshot.flow(name)))
+        view = held.view if held is not None and held.view is not None \
+            else self.views.of(snapshot, admission.caller())
+        return step_names(view, snapshot, exposed)
 
 
 class FlowTool(FastMCPTool):
@@ -323,10 +230,13 @@ class FlowTool(FastMCPTool):
                                           arguments=arguments, readmit=self.readmits,
                                           shown=names.shown)
         call.part = "the run"
+        held = admission.current()
+        watching = held.observers if held is not None and status is None else ()
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
-                plan=self._exposed.plan, observer=status or reporter, approve=approve)
+                plan=self._exposed.plan, observer=fan_out(status or reporter, *watching),
+                approve=approve)
         except BaseException as error:
             if reporter is not None:
                 reporter.abandon()

@@ -9,10 +9,8 @@ keeps construction linear and cheap and lookups O(1). Server start builds none:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import mcp_types
 from fastmcp.prompts.base import Prompt
@@ -35,9 +33,10 @@ from chainweaver.mcp.components.resources import (
     schema_resource,
 )
 from chainweaver.mcp.config import ErrorDetail
+from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.composition import stamp_owner
 from chainweaver.mcp.gate.views import View, Views
-from chainweaver.mcp.live.cursors import note_listed
+from chainweaver.mcp.live.cursors import fingerprint
 from chainweaver.mcp.publish.exposure import (
     INDEX_URI,
     ExposedFlow,
@@ -47,25 +46,6 @@ from chainweaver.mcp.publish.exposure import (
 )
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.versions import version_key
-
-# True while a ``tasks/get`` is served (see task_runner_resolvable).
-_RUNNER_RESOLVABLE: ContextVar[bool] = ContextVar("chainweaver_runner_resolvable",
-                                                  default=False)
-
-
-@contextmanager
-def task_runner_resolvable() -> Iterator[None]:
-    """Let the task runner be looked up by name, for the ``tasks/get`` served inside.
-
-    fastmcp-tasks builds a finished task's result through the tool its task key names,
-    and every flow task's key names the one runner (``chainweaver.mcp.tasks.extension``). Nowhere
-    else is it found, so no client can list or call it.
-    """
-    token = _RUNNER_RESOLVABLE.set(True)
-    try:
-        yield
-    finally:
-        _RUNNER_RESOLVABLE.reset(token)
 
 
 def _version_ok(version: VersionSpec | None, exposed: ExposedFlow | None) -> bool:
@@ -87,6 +67,9 @@ def _version_matches(spec: VersionSpec, version: str) -> bool:
         return spec.matches(version)
     except (InvalidVersionError, ValueError, TypeError):
         return False
+
+
+T = TypeVar("T")
 
 
 def _itself(exposed: ExposedFlow) -> ExposedFlow:
@@ -156,9 +139,49 @@ class FlowProvider(Provider):
     def view(self) -> View:
         """The current caller's view of the exposure: every get and list goes through it.
 
-        A flow outside it is answered exactly like a name that never existed.
+        The gate's admission carries it; a flow outside it is answered exactly like a
+        name that never existed.
         """
-        return self.views.current(self.exposure.current)
+        held = admission.current()
+        if held is not None and held.view is not None and held.owner == self.owner:
+            return held.view
+        return self.views.of(self.exposure, admission.caller())
+
+    def _admitted(self, kind: Any) -> tuple[bool, ExposedFlow | None]:
+        """Whether this server's gate decided a request of ``kind`` being served, and
+        the flow it admitted it for (None: none in the caller's view)."""
+        held = admission.current()
+        if held is None or not held.decided or held.owner != self.owner or held.kind != kind:
+            return False, None
+        return True, held.target
+
+    def _resolving(self) -> bool:
+        """Whether FastMCP lists to resolve the name of a call, read or render being
+        served (it does when a lookup finds nothing): only the admitted target can be
+        that name, so a list then costs O(1), not O(catalogue)."""
+        held = admission.current()
+        return held is not None and held.looks_up(self.owner)
+
+    def _page(self, kind: str, view: View, listed: list[T], key: Callable[[T], str]
+              ) -> list[T]:
+        """The page of the caller's ``listed`` items a list request asks for (all of
+        them when it asks for none; nothing when it lists another kind), noting the
+        list's fingerprint for its cursors."""
+        held = admission.current()
+        page = held.page if held is not None else None
+        if page is None:
+            return listed
+        if page.kind != kind:
+            # Listed while another list is served: FastMCP 4.2 lists every tool for the
+            # Prefab UI resources it adds to resources/list, which flow tools never
+            # have. Building the whole catalogue for that would make a page O(catalogue).
+            return []
+        page.fingerprint = view.cached(
+            f"cursor:{kind}", lambda: fingerprint(kind, (key(item) for item in listed)))
+        if page.size is None:
+            return listed
+        page.more = page.offset + page.size < len(listed)
+        return listed[page.offset:page.offset + page.size]
 
     def forget_unpublished(self, exposure: Exposure) -> None:
         """Drop the components of flows ``exposure`` no longer publishes as they were
@@ -197,20 +220,32 @@ class FlowProvider(Provider):
             runs=self.runs, live=self.exposure, views=self.views))
 
     async def _list_tools(self) -> Sequence[Tool]:
+        if self._resolving():
+            target = self._admitted("tool")[1]
+            return [self._tool(target)] if target is not None else []
         view = self.view()
         # Sorted, so a list is a function of the caller's view alone (not of the order
         # changes arrived in): its cursors then survive every change outside the view.
         listed = view.cached("listed:tools", lambda: sorted(
             view.select(self.exposure.tools.values(), _itself), key=_tool_name))
-        note_listed("tools", view, lambda: (f"{e.tool_name} {e.flow.version}" for e in listed))
-        return [self._tool(exposed) for exposed in listed]
+        page = self._page("tools", view, listed, lambda e: f"{e.tool_name} {e.flow.version}")
+        return [self._tool(exposed) for exposed in page]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         runner = self.task_runner
-        if runner is not None and name == runner.name and _RUNNER_RESOLVABLE.get():
-            return runner
-        exposed = self.exposure.tool(name)
-        if not self.view().allows(exposed) or not _version_ok(version, exposed):
+        if runner is not None and name == runner.name:
+            # fastmcp-tasks builds a finished task's result through the tool its task
+            # key names: every flow task's names the one runner, found only while a
+            # tasks/* request is served (no client can list or call it).
+            return runner if self._admitted("task")[0] else None
+        decided, exposed = self._admitted("tool")
+        if exposed is None or exposed.tool_name != name:
+            if decided:
+                return None  # the gate found no flow of this name in the caller's view
+            exposed = self.exposure.tool(name)  # outside a request the gate admitted
+            if not self.view().allows(exposed):
+                return None
+        if not _version_ok(version, exposed):
             return None
         return self._tool(exposed)
 
@@ -233,23 +268,34 @@ class FlowProvider(Provider):
     async def _list_resources(self) -> Sequence[Resource]:
         if not self.exposure.expose_schemas:
             return []
+        if self._resolving():
+            target = self._admitted("resource")[1]
+            return [self._schema_resource(target)] if target is not None else []
         view = self.view()
-        listed = view.cached("listed:resources", lambda: sorted(
-            view.select(self.exposure.resources.values(), _itself), key=_schema_uri))
-        note_listed("resources", view,
-                    lambda: (f"{e.schema_uri} {e.flow.version}" for e in listed))
-        return [self._index_resource(view), *(self._schema_resource(e) for e in listed)]
+        # The index first (None stands for it), then the schemas, sorted.
+        listed: list[ExposedFlow | None] = view.cached("listed:resources", lambda: [
+            None, *sorted(view.select(self.exposure.resources.values(), _itself),
+                          key=_schema_uri)])
+        page = self._page("resources", view, listed, lambda e: INDEX_URI if e is None
+                          else f"{e.schema_uri} {e.flow.version}")
+        return [self._index_resource(view) if exposed is None
+                else self._schema_resource(exposed) for exposed in page]
 
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
         if not self.exposure.expose_schemas:
             return None
-        view = self.view()
         if uri == INDEX_URI:
-            return self._index_resource(view)
-        exposed = self.exposure.resource(uri)
-        if not view.allows(exposed) or not _version_ok(version, exposed):
+            return self._index_resource(self.view())
+        decided, exposed = self._admitted("resource")
+        if exposed is None or exposed.schema_uri != uri:
+            if decided:
+                return None  # the gate found no flow of this URI in the caller's view
+            exposed = self.exposure.resource(uri)  # outside a request the gate admitted
+            if not self.view().allows(exposed):
+                return None
+        if not _version_ok(version, exposed):
             return None
         return self._schema_resource(exposed)
 
@@ -288,18 +334,29 @@ class FlowProvider(Provider):
 
     async def _list_prompts(self) -> Sequence[Prompt]:
         view = self.view()
+        if self._resolving():
+            target = self._admitted("prompt")[1]
+            return [self._prompt(PromptEntry(name, target, target.authored_prompts.get(name)),
+                                 view) for name in target.prompt_names] if target else []
         listed = view.cached("listed:prompts", lambda: sorted(
             view.select(self.exposure.prompts.values(), _entry_flow), key=_prompt_name))
-        note_listed("prompts", view, lambda: (
-            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"
-            for entry in listed))
-        return [self._prompt(entry, view) for entry in listed]
+        page = self._page("prompts", view, listed, lambda entry: (
+            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"))
+        return [self._prompt(entry, view) for entry in page]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
-        entry = self.exposure.prompt(name)
         view = self.view()
-        if entry is None or not _version_ok(version, entry.exposed_flow) or (
-                entry.exposed_flow is not None and not view.allows(entry.exposed_flow)):
+        decided, target = self._admitted("prompt")
+        if target is not None and name in target.prompt_names:
+            # Resolved once, by the gate: the flow's prompt of this name.
+            entry: PromptEntry | None = PromptEntry(name, target,
+                                                    target.authored_prompts.get(name))
+        else:
+            entry = self.exposure.prompt(name)  # the guide or a server prompt: no flow
+            if entry is not None and entry.exposed_flow is not None and (
+                    decided or not view.allows(entry.exposed_flow)):
+                return None  # a flow's prompt the gate did not admit: not in the view
+        if entry is None or not _version_ok(version, entry.exposed_flow):
             return None
         return self._prompt(entry, view)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from fastmcp import FastMCP
@@ -32,8 +31,6 @@ from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 
 # Key of the gate in the lifespan state of the FastMCP server a FlowServer builds.
 GATE_STATE_KEY = "chainweaver_security_gate"
-# The gate a parent's MountedGate already ran for the current request.
-ADMITTED_BY: ContextVar[object | None] = ContextVar("chainweaver_admitted_by", default=None)
 
 
 def gate_lifespan(gate: object) -> Callable[[FastMCP], AbstractAsyncContextManager[

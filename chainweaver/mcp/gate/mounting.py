@@ -19,7 +19,6 @@ from fastmcp.server.middleware import MiddlewareContext
 from chainweaver.mcp.fastmcp_seams import completion_handler
 from chainweaver.mcp.gate import log_level
 from chainweaver.mcp.gate.composition import (
-    ADMITTED_BY,
     GateHooks,
     find_component,
     flow_of,
@@ -75,11 +74,7 @@ class MountedGate(GateHooks):
         async def resolved() -> ExposedFlow | None:
             return exposed
 
-        admitted = ADMITTED_BY.set(self.gate)
-        try:
-            return await self.gate.guard_target(kind, name, resolved, context, call_next)
-        finally:
-            ADMITTED_BY.reset(admitted)
+        return await self.gate.guard_target(kind, name, resolved, context, call_next)
 
 
 class MountedCompletions:

@@ -5,9 +5,12 @@ audit for the lists (``tools/list``, ``resources/list``, ``resources/templates/l
 (``subscriptions/listen``, ``resources/subscribe``, ``resources/unsubscribe``) and the
 background-task requests (``tasks/get``, ``tasks/cancel``, ``tasks/update``).
 
-The caller it establishes is the one whose view (see :mod:`.views`) the request is
-served from: a flow outside it is, to every later hook, the audit and the client,
-a name that never existed.
+Every request is admitted here once, in that order, with the target resolved in the
+authenticated caller's view (see :mod:`.views`); what was decided is the request's
+:class:`~.admission.Admission`, which everything after the gate reads. A flow outside
+the caller's view is, to every later hook, the audit and the client, a name that never
+existed. Without hooks the gate still admits (caller from the verified token, target
+in its view); it just calls and audits nothing.
 
 A refused request gets a JSON-RPC error carrying only a reason code. Hooks may be
 sync or async; one that raises (or, if async, takes longer than ``hook_timeout``)
@@ -23,7 +26,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any, Literal
 
 import anyio
@@ -34,9 +37,9 @@ from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
 
 from chainweaver.mcp.config import SecurityConfig
-from chainweaver.mcp.gate import log_level
+from chainweaver.mcp.gate import admission, log_level
+from chainweaver.mcp.gate.admission import Admission, caller_from_token
 from chainweaver.mcp.gate.composition import (
-    ADMITTED_BY,
     GateHooks,
     find_component,
     flow_of,
@@ -55,7 +58,7 @@ from chainweaver.mcp.gate.hooks import (
 )
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
-from chainweaver.mcp.gate.views import CURRENT_CALLER, Views, caller_from_token, report_admitted
+from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 
 logger = logging.getLogger("chainweaver.mcp.gate.security")
@@ -67,22 +70,6 @@ SUBSCRIPTION_METHODS = frozenset({"subscriptions/listen", "resources/subscribe",
 # The tasks extension's requests (fastmcp-tasks): FastMCP dispatches them through the
 # middleware's on_request only.
 TASK_METHODS = frozenset({"tasks/get", "tasks/cancel", "tasks/update"})
-
-# The tool call the gate admitted, while it runs: a flow run audits its approval
-# decisions with the caller the gate established (see audit_approval).
-_ADMITTED_CALL: ContextVar[tuple[SecurityGate, GateContext, CallerIdentity] | None] = \
-    ContextVar("chainweaver_admitted_call", default=None)
-
-
-async def audit_approval(step_id: str, answer: str) -> None:
-    """Audit a run's approval decision (``answer``: accept, decline, cancel, ...)."""
-    admitted = _ADMITTED_CALL.get()
-    if admitted is None:
-        return  # no gate hooks: there is no audit to write to
-    gate, request, caller = admitted
-    await gate._audit(request, caller, approval_decision(answer), answer, phase="approval",
-                      step_id=step_id)
-
 
 class GateRefused(Exception):
     def __init__(self, reason: str, caller: CallerIdentity | None = None) -> None:
@@ -166,35 +153,58 @@ class SecurityGate(GateHooks):
         task request (never authorized: the caller's view narrows what it shows or
         tells). ``mounted``: run by a parent's :class:`MountedGate`, for a request that
         came in through the parent."""
-        if (not self.active or ADMITTED_BY.get() is self or CURRENT_CALLER.get() is not None
-                or not (mounted or reached_directly(self, context))):
-            # Mounted (the parent's MountedGate guarded this list already), or listed by
-            # a tool the gate admitted already (resources_as_tools / prompts_as_tools).
+        held = admission.current()
+        if held is not None and held.caller is not None:
+            # Admitted already: by the parent's MountedGate, or this is a list a tool
+            # the gate admitted makes (resources_as_tools / prompts_as_tools).
+            with admission.admitted(replace(held, kind=kind, name=name, target=None,
+                                            decided=True)):
+                return await call_next(context)
+        if not (mounted or reached_directly(self, context)):
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
+        if not self.active:
+            with admission.admitted(self._record(held, caller_from_token(), gate, None)):
+                return await call_next(context)
         try:
             caller = await self._authenticate(gate)
             await self._limit(gate, caller)
         except GateRefused as refused:
             await self._audit(gate, refused.caller, "denied", refused.reason, task_id=task_id)
             raise refusal_error(refused.reason) from None
-        report_admitted(caller)
+        admission.learn_caller(caller)
         await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
-        result = await self._run_admitted(gate, caller, context, call_next, started,
-                                          task_id=task_id)
+        result = await self._run_admitted(self._record(held, caller, gate, None), context,
+                                          call_next, gate, started, task_id=task_id)
         await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
                           task_id=task_id)
         return result
 
-    async def _run_admitted(self, gate: GateContext, caller: CallerIdentity,
-                            context: MiddlewareContext, call_next: Any, started: float,
+    def _record(self, held: Admission | None, caller: CallerIdentity, gate: GateContext,
+                target: ExposedFlow | None, *, decided: bool = True) -> Admission:
+        """The admission of a request of ``caller`` this gate decided (``decided``
+        False: while it resolves the request's name)."""
+        approvals: Callable[[str, str], Awaitable[None]] | None = None
+        if gate.kind == "tool" and decided and self.audit_hook is not None:
+            async def audit(step_id: str, answer: str) -> None:
+                await self._audit(gate, caller, approval_decision(answer), answer,
+                                  phase="approval", step_id=step_id)
+            approvals = audit
+        return replace(held or Admission(object()), caller=caller,
+                       view=self.views.of(self.exposure, caller), owner=self.owner,
+                       kind=gate.kind, name=gate.name, target=target, decided=decided,
+                       audit_approval=approvals)
+
+    async def _run_admitted(self, record: Admission, context: MiddlewareContext,
+                            call_next: Any, gate: GateContext, started: float,
                             *, task_id: str | None = None) -> Any:
-        """Serve an admitted request as ``caller``; audit it if it is cancelled (a
+        """Serve an admitted request as ``record`` says; audit it if it is cancelled (a
         listen stream ends so too) or raises."""
-        current = CURRENT_CALLER.set(caller)
+        caller = record.caller
         try:
-            return await call_next(context)
+            with admission.admitted(record):
+                return await call_next(context)
         except asyncio.CancelledError:
             # Shielded, so an async audit hook still runs.
             with anyio.CancelScope(shield=True):
@@ -206,8 +216,6 @@ class SecurityGate(GateHooks):
                               outcome="error", error_type=type(error).__name__,
                               task_id=task_id)
             raise
-        finally:
-            CURRENT_CALLER.reset(current)
 
     def published_target(self, kind: RequestKind, name: str) -> ExposedFlow | None:
         """The exposed flow a published name belongs to (None: no flow, or not published).
@@ -237,10 +245,11 @@ class SecurityGate(GateHooks):
     async def _guard(
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
     ) -> Any:
-        if not self.active or ADMITTED_BY.get() is self:
-            # No hooks; or a parent server's MountedGate already ran this gate.
-            return await call_next(context)
-        if not reached_directly(self, context):
+        held = admission.current()
+        if held is not None and held.decided and held.owner == self.owner \
+                and held.kind == kind:
+            return await call_next(context)  # a parent's MountedGate ran this gate
+        if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
         server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         return await self.guard_target(kind, name, lambda: self.target_in(server, kind, name),
@@ -255,27 +264,29 @@ class SecurityGate(GateHooks):
         rate-limit, authorize, audit; then serve it as the caller.
 
         The authenticator sees the request's name only. ``resolve`` runs once the caller
-        is known (with the caller current, so a transform's lookup goes through that
-        caller's view); a flow outside the caller's view is ``None`` to every later
-        hook and the audit, exactly like a name that never existed.
+        is known (see :meth:`_resolve`); a flow outside the caller's view is ``None`` to
+        every later hook and the audit, exactly like a name that never existed.
         """
         headers = get_http_headers(include_all=True)
         gate = _gate_for(kind, name, None, headers)
-        # Set: this request runs inside one the gate admitted already (a tool that
+        held = admission.current()
+        # Admitted already: this request runs inside one the gate admitted (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same
         # caller, same rate-limit unit; the read itself is still authorized and audited.
-        admitted = CURRENT_CALLER.get()
+        admitted = held.caller if held is not None else None
+        if not self.active:
+            token_caller = admitted or caller_from_token()
+            exposed = await self._resolve(held, token_caller, gate, resolve)
+            with admission.admitted(self._record(held, token_caller, _gate_for(
+                    kind, name, exposed, headers), exposed)):
+                return await call_next(context)
         caller: CallerIdentity | None = admitted
         try:
             if admitted is None:
                 caller = await self._authenticate(gate)
             assert caller is not None
-            resolving = CURRENT_CALLER.set(caller)
-            try:
-                exposed = await resolve()
-            finally:
-                CURRENT_CALLER.reset(resolving)
-            gate = self._in_view(_gate_for(kind, name, exposed, headers), exposed, caller)
+            exposed = await self._resolve(held, caller, gate, resolve)
+            gate = _gate_for(kind, name, exposed, headers)
             if admitted is None:
                 await self._limit(gate, caller)
             await self._authorize(gate, caller)
@@ -283,16 +294,12 @@ class SecurityGate(GateHooks):
             await self._audit(gate, refused.caller, "denied", refused.reason)
             raise refusal_error(refused.reason) from None
         if admitted is None:
-            report_admitted(caller)
+            admission.learn_caller(caller)
         await self._audit(gate, caller, "allowed", "ok")
 
         started = time.perf_counter()
-        token = _ADMITTED_CALL.set((self, gate, caller)) if kind == "tool" else None
-        try:
-            result = await self._run_admitted(gate, caller, context, call_next, started)
-        finally:
-            if token is not None:
-                _ADMITTED_CALL.reset(token)
+        result = await self._run_admitted(self._record(held, caller, gate, exposed), context,
+                                          call_next, gate, started)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
@@ -321,16 +328,18 @@ class SecurityGate(GateHooks):
                 "runs there. Refusing such requests.", kind, name)
         return refusal_error("unsupported_composition")
 
-    def _in_view(self, gate: GateContext, exposed: ExposedFlow | None,
-                 caller: CallerIdentity | None) -> GateContext:
-        """``gate`` as ``caller`` may know it: no flow when the flow is outside its view
-        (an unauthenticated request is judged by the anonymous caller's view)."""
-        if exposed is None or not self.views.active:
-            return gate
-        view = self.views.of(self.exposure, caller or caller_from_token())
-        if view.allows(exposed):
-            return gate
-        return _gate_for(gate.kind, gate.name, None, gate.headers)
+    async def _resolve(self, held: Admission | None, caller: CallerIdentity,
+                       gate: GateContext,
+                       resolve: Callable[[], Awaitable[ExposedFlow | None]]
+                       ) -> ExposedFlow | None:
+        """The exposed flow the request reaches in ``caller``'s view (None: none, or one
+        outside the view, exactly like a name that never existed). ``resolve`` runs as
+        the caller, so a transform's lookup goes through that caller's view."""
+        record = self._record(held, caller, gate, None, decided=False)
+        with admission.admitted(record):
+            exposed = await resolve()
+        assert record.view is not None
+        return exposed if record.view.allows(exposed) else None
 
     async def _authenticate(self, gate: GateContext) -> CallerIdentity:
         """The authenticator's caller; without one, the verified token's (or anonymous)."""

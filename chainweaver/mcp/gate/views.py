@@ -21,13 +21,9 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeGuard, TypeVar
-
-from fastmcp.server.dependencies import get_access_token
 
 from chainweaver.errors import ExposureConfigError
 from chainweaver.flows import Flow
@@ -42,78 +38,9 @@ VisibleRule = Callable[[CallerIdentity, Flow], bool]
 MAX_GRANT_SETS = 1024
 T = TypeVar("T")
 
-# The caller the security gate established for the request being served (set while
-# the request runs; unset: the caller comes from the verified bearer token, if any).
-CURRENT_CALLER: ContextVar[CallerIdentity | None] = ContextVar("chainweaver_caller",
-                                                               default=None)
-# Who learns the caller the gate admits for the request being served: the record of
-# the 2025-11-25 session the request came on (set by notifications.LiveMiddleware), so
-# that session is told only what changes in that caller's view.
-_ON_ADMITTED: ContextVar[Callable[[CallerIdentity], None] | None] = ContextVar(
-    "chainweaver_on_admitted", default=None)
-
-
-@contextmanager
-def on_admitted(learn: Callable[[CallerIdentity], None]) -> Iterator[None]:
-    """While the current request is served, ``learn(caller)`` each caller the gate
-    admits (see :func:`report_admitted`)."""
-    token = _ON_ADMITTED.set(learn)
-    try:
-        yield
-    finally:
-        _ON_ADMITTED.reset(token)
-
-
-def report_admitted(caller: CallerIdentity) -> None:
-    """The gate authenticated ``caller`` (and admitted it) for the current request."""
-    learn = _ON_ADMITTED.get()
-    if learn is not None:
-        learn(caller)
-
-
-# Verified bearer token -> its caller, built once per token (the transport verifies
-# the token on every request; the cached caller is checked against what it verified).
-_TOKEN_CALLERS: OrderedDict[str, CallerIdentity] = OrderedDict()
-MAX_TOKEN_CALLERS = 4096
-_TOKEN_LOCK = threading.Lock()
-
-
-def caller_from_token() -> CallerIdentity:
-    """The caller of the current request, from the token FastMCP's ``auth`` verified.
-
-    ``id`` is ``client_id|subject`` (how FastMCP scopes background tasks), or the
-    client id alone when the token has no subject. No token: :data:`ANONYMOUS`.
-    """
-    try:
-        token = get_access_token()
-    except RuntimeError:  # pragma: no cover - no request context at all
-        token = None
-    if token is None:
-        return ANONYMOUS
-    with _TOKEN_LOCK:  # completions run in worker threads
-        caller = _TOKEN_CALLERS.get(token.token)
-        # Two servers' verifiers may read one token string differently (static tokens).
-        if caller is None or caller.client_id != token.client_id or \
-                caller.claims != (token.claims or {}) or caller.scopes != set(token.scopes):
-            caller = _TOKEN_CALLERS[token.token] = _caller_of(token)
-            if len(_TOKEN_CALLERS) > MAX_TOKEN_CALLERS:
-                _TOKEN_CALLERS.popitem(last=False)
-    return caller
-
-
-def _caller_of(token: Any) -> CallerIdentity:
-    claims = dict(token.claims or {})
-    subject = token.subject or (claims.get("sub") if isinstance(claims.get("sub"), str)
-                                else None)
-    identity = f"{token.client_id}|{subject}" if subject else token.client_id
-    return CallerIdentity(identity, claims, subject=subject, client_id=token.client_id,
-                          scopes=frozenset(token.scopes))
-
-
-def current_caller() -> CallerIdentity:
-    """The caller of the request being served: the gate's, else the token's."""
-    caller = CURRENT_CALLER.get()
-    return caller if caller is not None else caller_from_token()
+# Callers whose grant keys are remembered (the same caller object comes back for every
+# request with the same token); the least recently seen is dropped beyond this.
+MAX_KNOWN_CALLERS = 4096
 
 
 @dataclass(frozen=True)
@@ -248,10 +175,6 @@ class Views:
     def active(self) -> bool:
         return self.visibility is not None
 
-    def current(self, snapshot: Any) -> View:
-        """The view of ``snapshot`` for the caller of the request being served."""
-        return self.of(snapshot, ANONYMOUS if self.visibility is None else current_caller())
-
     def of(self, snapshot: Any, caller: CallerIdentity) -> View:
         """The view of ``snapshot`` (an exposure snapshot) for ``caller``."""
         visibility = self.visibility
@@ -268,7 +191,7 @@ class Views:
                 else:
                     key, grant = visibility.grant(caller)
                     self._grants[id(caller)] = (caller, key, grant)
-                    if len(self._grants) > MAX_TOKEN_CALLERS:
+                    if len(self._grants) > MAX_KNOWN_CALLERS:
                         self._grants.popitem(last=False)
             if isinstance(snapshot, LiveExposure):
                 snapshot = snapshot.current  # the request's pinned snapshot
@@ -294,28 +217,3 @@ def check_visible(visible: object) -> VisibleRule | Visibility | None:
                                   f"or a Visibility, got {visible!r}")
     return visible
 
-
-
-def input_schema_lookup(fastmcp: Any, exposure: Any, views: Views, *,
-                        caller_known: bool) -> Callable[[str], Any]:
-    """What the MCP SDK reads to check ``Mcp-Param-*`` headers of a 2026-07-28
-    ``tools/call`` over HTTP: a published tool's input schema, in the view of the
-    token's caller.
-
-    Without it the SDK runs a whole ``tools/list`` through the middleware before every
-    such call (a gated, audited, rate-limited list per call). It runs before any
-    middleware, so it answers ``None`` (no header check, as the SDK does when its list
-    fails) whenever it cannot tell what this caller sees: a flow outside the token
-    caller's view, an ``authenticator`` hook deciding the caller later, or a transform
-    on the server that renames tools.
-    """
-    def lookup(name: str) -> Any:
-        if fastmcp.transforms or (views.active and not caller_known):
-            return None
-        exposed = exposure.tool(name)
-        if exposed is None or (views.active and not views.of(
-                exposure, caller_from_token()).allows(exposed)):
-            return None
-        return exposed.contract.input_schema
-
-    return lookup

@@ -16,7 +16,7 @@ With a view rule (``SecurityConfig(visible=...)``) each listener is told only wh
 in *its caller's* view: both snapshots are narrowed to that view before they are
 compared. A listen stream follows the caller the gate admitted for the
 ``subscriptions/listen`` request; a 2025-11-25 session follows the caller the gate
-last admitted on it (:func:`.views.report_admitted`), or, without an
+last admitted on it (the request's admission tells it), or, without an
 ``authenticator``, the caller of the verified bearer token. A session no caller was
 admitted on yet is told nothing.
 """
@@ -53,8 +53,10 @@ from chainweaver.mcp.fastmcp_seams import (
     low_level_server,
     on_connection_close,
 )
+from chainweaver.mcp.gate import admission
+from chainweaver.mcp.gate.admission import caller_from_token, pinning
 from chainweaver.mcp.gate.hooks import CallerIdentity
-from chainweaver.mcp.gate.views import CURRENT_CALLER, View, Views, caller_from_token, on_admitted
+from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.live.cursors import paged_by_view
 from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
 
@@ -185,9 +187,11 @@ class ChangeNotifier:
 
     # -------------------------------------------------------------- wiring
 
-    def install(self, server: FastMCP, *, resources: bool) -> None:
+    def install(self, server: FastMCP, *, resources: bool, page_size: int | None = None,
+                provider: object = None) -> None:
         """Serve ``subscriptions/listen`` (and, with schema resources, subscribe), and
-        make list cursors name the snapshot that issued them."""
+        serve lists by page of the caller's list (:mod:`.cursors`; ``provider``, the
+        flow provider, cuts the pages)."""
         low = low_level_server(server)
         if low is None:
             return  # warned: no listen stream, no subscriptions, cursors by FastMCP
@@ -201,8 +205,8 @@ class ChangeNotifier:
         for method in LIST_METHODS:
             entry = low.get_request_handler(method)
             if entry is not None:
-                low.add_request_handler(method, entry.params_type,
-                                        paged_by_view(entry.handler))
+                low.add_request_handler(method, entry.params_type, paged_by_view(
+                    entry.handler, server, method, page_size, provider))
 
     def without_back_channel(self, server: FastMCP) -> None:
         """Serving stateless HTTP: 2025-11-25 sessions cannot be notified, so do not
@@ -324,7 +328,8 @@ class ChangeNotifier:
     def admitted_caller(self) -> CallerIdentity | None:
         """The caller of the request being served, as notifications follow it: the one
         the gate admitted, else (no ``authenticator``) the verified token's."""
-        caller = CURRENT_CALLER.get()
+        held = admission.current()
+        caller = held.caller if held is not None else None
         if caller is None and self.callers_from_token:
             caller = caller_from_token()
         return caller
@@ -428,14 +433,16 @@ class LiveMiddleware(Middleware):
         request = context.fastmcp_context.request_context if context.fastmcp_context \
             else None
         # The SDK builds one session object per request: it names the request.
-        with self.live.pinned(request.session if request is not None else object()):
-            session_id = notifiable_session_id() if request is not None else None
-            if request is None or session_id is None:
+        name = request.session if request is not None else object()
+        session_id = notifiable_session_id() if request is not None else None
+        if request is None or session_id is None:
+            with pinning(name, self.live):
                 return await call_next(context)
-            known = self.notifier.remember(session_id, request.session)
-            if self.notifier.callers_from_token:
-                known.caller = caller_from_token()  # the token rides on every request
+        known = self.notifier.remember(session_id, request.session)
+        if self.notifier.callers_from_token:
+            known.caller = caller_from_token()  # the token rides on every request
+            with pinning(name, self.live):
                 return await call_next(context)
-            # An authenticator decides the caller: the gate tells the session record.
-            with on_admitted(known.admit):
-                return await call_next(context)
+        # An authenticator decides the caller: the gate tells the session record.
+        with pinning(name, self.live, learn=known.admit):
+            return await call_next(context)

@@ -14,9 +14,7 @@ import bisect
 import functools
 import gc
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
@@ -370,18 +368,17 @@ def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
 class LiveExposure:
     """The one reference to a server's current :class:`Exposure`, swapped on change.
 
-    A request pins the snapshot current when it starts (:meth:`pinned`, entered by
-    the server's first middleware) and every read during that request answers from
-    it, to the end. Outside a request (reports, background work) reads answer from
-    the latest snapshot. It answers like an :class:`Exposure`.
+    A request pins the snapshot current when it starts (the server's first middleware
+    does, in the request's admission: ``chainweaver.mcp.gate.admission``) and every
+    read during that request answers from it, to the end; ``pinned`` reads that pin.
+    Outside a request (reports, background work) reads answer from the latest
+    snapshot. It answers like an :class:`Exposure`.
     """
 
-    def __init__(self, exposure: Exposure) -> None:
+    def __init__(self, exposure: Exposure,
+                 pinned: Callable[[LiveExposure], Exposure | None] | None = None) -> None:
         self._latest = exposure
-        # (the request that pinned, its snapshot). One variable per holder: several
-        # servers may share a process (mounting).
-        self._pinned: ContextVar[tuple[object, Exposure] | None] = ContextVar(
-            "chainweaver_snapshot", default=None)
+        self._pinned = pinned
 
     @property
     def latest(self) -> Exposure:
@@ -392,29 +389,11 @@ class LiveExposure:
         """Make ``exposure`` the snapshot every request starting from now on uses."""
         self._latest = exposure  # one reference assignment: atomic for readers
 
-    @contextmanager
-    def pinned(self, request: object) -> Iterator[Exposure]:
-        """Pin the snapshot current now for ``request`` (any object naming one request).
-
-        Pinning again for the same request keeps its snapshot. A task started inside a
-        request inherits the pin, so a pin made for another request never counts.
-        """
-        held = self._pinned.get()
-        if held is not None and held[0] is request:
-            yield held[1]
-            return
-        snapshot = self._latest
-        token = self._pinned.set((request, snapshot))
-        try:
-            yield snapshot
-        finally:
-            self._pinned.reset(token)
-
     @property
     def current(self) -> Exposure:
         """The snapshot this request pinned, else the latest."""
-        held = self._pinned.get()
-        return held[1] if held is not None else self._latest
+        pinned = self._pinned(self) if self._pinned is not None else None
+        return pinned if pinned is not None else self._latest
 
     # Exposure's reading API, answered from the current snapshot.
 

@@ -27,8 +27,7 @@ from fastmcp.server.context import Context
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, StrictBool, ValidationError
 
-from chainweaver.mcp.gate.security import audit_approval
-from chainweaver.mcp.gate.views import current_caller
+from chainweaver.mcp.gate import admission
 from chainweaver.run_events import ApprovalRequest
 
 logger = logging.getLogger("chainweaver.mcp.runs.approval")
@@ -218,8 +217,12 @@ class Approval:
             # snapshot or the caller's view while the user was deciding.
             answer = "flow_unavailable"
         self.outcome = answer
-        audit = self._in_task.audit if self._in_task is not None else audit_approval
-        await audit(request.step_id, answer)
+        if self._in_task is not None:
+            await self._in_task.audit(request.step_id, answer)
+        else:
+            held = admission.current()  # the tools/call's: audited as the gate admitted it
+            if held is not None and held.audit_approval is not None:
+                await held.audit_approval(request.step_id, answer)
         return answer == "accept"
 
     def shown(self, request: ApprovalRequest) -> ApprovalRequest:
@@ -292,7 +295,7 @@ class Approval:
     def _caller(self) -> str:
         if self._in_task is not None and self._in_task.caller_id is not None:
             return self._in_task.caller_id
-        return current_caller().id
+        return admission.caller().id
 
     def _binding(self, request: ApprovalRequest) -> str:
         """What a state approves (who, which flow version, which steps, which input), as

@@ -7,16 +7,18 @@ name, version and tool name, and per step its id, status, attempts and duration 
 the error type and fallback when the tool result's metadata carries them, which ``error_detail``
 governs). Never argument values, outputs or error messages.
 
-Spans are built from the step records the tool result carries (``_meta.chainweaver``)
-once the run is over: each step span starts when the step started (``started_ms`` after
-the run's start) and lasts its measured duration, so steps that ran at the same time
-overlap. Spans cost next to nothing until an OpenTelemetry SDK is configured.
+Step spans come from the run itself: the span middleware puts a run observer in the
+request's admission, the flow tool fans the run's step events out to it, and each step
+span is opened as its step ends, starting when the step started (``started_ms`` after
+the run's start) and lasting its measured duration, so steps that ran at the same
+time overlap. Spans cost next to nothing until an OpenTelemetry SDK is configured.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fastmcp.server.middleware import Middleware, MiddlewareContext
@@ -24,7 +26,11 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from chainweaver import __version__
+from chainweaver.executor import StepRecord
+from chainweaver.mcp.gate import admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.runs.step_names import StepNames, step_entry, step_names
+from chainweaver.run_events import RunObserver
 
 if TYPE_CHECKING:
     from chainweaver.mcp.gate.security import SecurityGate
@@ -35,54 +41,67 @@ TRACER = trace.get_tracer("chainweaver", __version__)
 class FlowTelemetry(Middleware):
     """Opens a span around each flow run, with a child span per step.
 
-    Placed after the security gate, so it sees only admitted calls, and resolves the
-    flow exactly as the gate does (in the caller's view: a hidden flow gets no span).
+    Placed after the security gate, so it sees only admitted calls, and reads the flow
+    from the request's admission (a flow outside the caller's view gets no span). It
+    watches the run's steps through the admission's run observers.
     """
 
-    def __init__(self, gate: SecurityGate) -> None:
+    def __init__(self, gate: SecurityGate, error_detail: str = "full") -> None:
         self.gate = gate
+        self.error_detail = error_detail
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
-        name = context.message.name
-        server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
-        exposed = await self.gate.target_in(server, "tool", name)
-        if exposed is None or not self.gate.views.current(self.gate.exposure).allows(exposed):
-            return await call_next(context)
+        held = admission.current()
+        exposed = held.admits(self.gate.owner, "tool") if held is not None else None
+        if held is None or held.view is None or exposed is None:
+            return await call_next(context)  # not a flow, or none in the caller's view
         # Not made the current span: FastMCP enriches its request span only while that
         # span is current, and would open a second SERVER span under this one.
-        started = time.time_ns()
-        span = TRACER.start_span(f"chainweaver.flow {exposed.flow.name}", start_time=started,
-                                 attributes=flow_attributes(exposed, name))
+        span = TRACER.start_span(f"chainweaver.flow {exposed.flow.name}",
+                                 start_time=time.time_ns(),
+                                 attributes=flow_attributes(exposed, context.message.name))
+        names = step_names(held.view, self.gate.exposure, exposed)
+        steps = StepSpans(span, names, self.error_detail)
         try:
-            result = await call_next(context)
+            with admission.admitted(replace(held, observers=(*held.observers, steps))):
+                result = await call_next(context)
         except Exception as error:
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
             span.set_attribute("chainweaver.flow.status", "error")
             span.end()
             raise
-        record_run(span, result, started)
+        failed = bool(getattr(result, "is_error", False))
+        span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, "flow failed"))
         span.end()
         return result
+
+
+class StepSpans(RunObserver):
+    """A span per step of one run, under the run's span, opened as each step ends: it
+    starts when the step started and lasts its measured duration, named and described
+    as the caller may see the step (:mod:`.step_names`)."""
+
+    def __init__(self, parent: Span, names: StepNames, error_detail: str) -> None:
+        self.parent = parent
+        self.names = names
+        self.error_detail = error_detail
+        self.run_started_ns = time.time_ns()
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        self.run_started_ns = time.time_ns()  # step start times count from here
+
+    def step_finished(self, record: StepRecord) -> None:
+        if self.parent.is_recording():
+            _step_spans(self.parent, [step_entry(record, self.error_detail, self.names)],
+                        self.run_started_ns)
 
 
 def flow_attributes(exposed: ExposedFlow, tool_name: str) -> dict[str, str]:
     return {"chainweaver.flow.name": exposed.flow.name,
             "chainweaver.flow.version": exposed.flow.version,
             "chainweaver.flow.tool": tool_name}
-
-
-def record_run(span: Span, result: Any, started_ns: int) -> None:
-    """The run's status on ``span`` and a child span per step, from the result's meta."""
-    failed = bool(getattr(result, "is_error", False))
-    span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
-    if failed:
-        span.set_status(Status(StatusCode.ERROR, "flow failed"))
-    if not span.is_recording():
-        return
-    meta = (getattr(result, "meta", None) or {}).get("chainweaver")
-    steps = meta.get("steps") if isinstance(meta, Mapping) else None
-    if isinstance(steps, Sequence):
-        _step_spans(span, steps, started_ns)
 
 
 def _step_spans(parent: Span, steps: Sequence[Any], start_ns: int) -> None:

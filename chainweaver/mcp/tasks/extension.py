@@ -57,10 +57,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from chainweaver.mcp.components.provider import task_runner_resolvable
 from chainweaver.mcp.fastmcp_seams import check_task_request, running_docket
-from chainweaver.mcp.gate.composition import flow_of, owned_meta
-from chainweaver.mcp.gate.views import current_caller
+from chainweaver.mcp.gate import admission
+from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.runs.approval import SharedMark, declared_elicitation
 
@@ -130,12 +129,15 @@ class FlowTasksExtension(TasksExtension):
         2025-11-25); ``optional``: a task when the client opted in; otherwise, and
         for anything that is not an exposed flow, the ordinary call.
         """
-        # An unknown or hidden name is None here: the ordinary call answers it, exactly
-        # as for any name that never existed. The flow is found from the owner mark in
-        # the tool's metadata, so a transform on server.fastmcp (a rename) keeps its mode.
-        tool = await context.fastmcp.get_tool(params.name, _requested_version(params))
-        meta = owned_meta(tool, self.provider.owner)
-        exposed = flow_of(self.provider.exposure.current, meta) if meta is not None else None
+        # The flow the gate admitted the call for (under any transform): an unknown or
+        # hidden name has none, and the ordinary call answers it, exactly as for any
+        # name that never existed. A version the client asked for that is not the
+        # published one finds no tool: the ordinary call answers that too.
+        held = admission.current()
+        exposed = held.admits(self.provider.owner, "tool") if held is not None else None
+        if exposed is not None and await context.fastmcp.get_tool(
+                params.name, _requested_version(params)) is None:
+            exposed = None
         if exposed is None or exposed.task_mode == "forbidden":
             return await call_next()
         mode = exposed.task_mode
@@ -166,7 +168,7 @@ class FlowTasksExtension(TasksExtension):
         # The gate's caller owns the task: every tasks/* request checks it (_owned), and
         # the task's audit records name it. Stored with the arguments, which live (and
         # are refreshed) exactly as long as the task's other keys.
-        caller = current_caller()
+        caller = admission.caller()
         caller_id = caller.id
         payload = {"tool": exposed.tool_name, "version": exposed.flow.version,
                    "arguments": arguments, "caller": caller_id,
@@ -193,12 +195,15 @@ class FlowTasksExtension(TasksExtension):
             # alike; fastmcp-tasks runs them again in ``handler`` (they are cheap).
             check_task_request(self, ctx, params.task_id)
             exposed = await self.reachable_flow(params.task_id)
-            if method == "tasks/get":
-                with task_runner_resolvable():
-                    return await handler(ctx, params)
-            if method == "tasks/cancel" and exposed is not None:
-                return await self._cancel(exposed, params.task_id, handler, ctx, params)
-            return await handler(ctx, params)
+            # The request's admission, with the flow its task runs (only the task's id
+            # names it): the provider finds the task runner only inside one.
+            held = admission.current() or Admission(ctx.session)
+            with admission.admitted(dataclasses.replace(
+                    held, owner=self.provider.owner, kind="task", name=method,
+                    target=exposed, decided=True)):
+                if method == "tasks/cancel" and exposed is not None:
+                    return await self._cancel(exposed, params.task_id, handler, ctx, params)
+                return await handler(ctx, params)
 
         return handle
 
@@ -211,7 +216,7 @@ class FlowTasksExtension(TasksExtension):
         docket, scope = self.docket, get_task_scope()
         if (await is_cancelled(docket, scope, task_id)
                 and await mark_once(docket, f"chainweaver:task-cancel:{scope}:{task_id}")):
-            await self.audit.record(exposed, task_id, "cancelled", current_caller().id)
+            await self.audit.record(exposed, task_id, "cancelled", admission.caller().id)
         return result
 
     async def reachable_flow(self, task_id: str) -> ExposedFlow | None:
@@ -231,7 +236,7 @@ class FlowTasksExtension(TasksExtension):
             # answers it.
             return None
         exposed = self.provider.exposure.tool(payload["tool"])
-        if (payload.get("caller") != current_caller().id or exposed is None
+        if (payload.get("caller") != admission.caller().id or exposed is None
                 or exposed.flow.version != payload.get("version")
                 or not self.provider.view().allows(exposed)):
             # The text fastmcp-tasks gives for a missing, expired or cross-scope id.

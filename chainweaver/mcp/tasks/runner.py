@@ -29,6 +29,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, TextContent
 from pydantic import PrivateAttr
 
+from chainweaver.mcp.gate import admission
+from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.hooks import (
     AuditEvent,
     AuditHook,
@@ -37,7 +39,7 @@ from chainweaver.mcp.gate.hooks import (
     deliver_audit,
 )
 from chainweaver.mcp.gate.security import payload_text
-from chainweaver.mcp.gate.views import CURRENT_CALLER, Views
+from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.runs.approval import ApprovalInTask
 from chainweaver.results import StepRecord
@@ -50,8 +52,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("chainweaver.mcp")
 
 # The Docket function name of the one task function. Never a published tool: the
-# provider finds it only inside a tasks/get (provider.task_runner_resolvable), so no
-# client can list or call it.
+# provider finds it only while a tasks/* request is served (its admission says so), so
+# no client can list or call it.
 
 
 RUNNER_NAME = "chainweaver.flow_task"
@@ -127,12 +129,10 @@ class FlowTaskRunner(FastMCPTool):
         # The leg runs as the caller that created the task, as far as its view goes: the
         # exposure, the view and the names a run shows are judged as for that caller.
         caller = task_caller(arguments)
-        token = CURRENT_CALLER.set(caller) if caller is not None else None
-        try:
+        if caller is None:
             return await self._run_leg(arguments, ctx, execution, docket)
-        finally:
-            if token is not None:
-                CURRENT_CALLER.reset(token)
+        with admission.admitted(Admission(execution, caller=caller)):
+            return await self._run_leg(arguments, ctx, execution, docket)
 
     async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
                        docket: Docket) -> ToolResult:

@@ -1,0 +1,212 @@
+"""One request, one admission: what the server decided about the request being served.
+
+A request is admitted once, in one fixed order. The first middleware pins the exposure
+snapshot the whole request answers from (:func:`pinning`); the security gate then
+authenticates the caller, resolves the request's target in *that caller's* view of the
+snapshot, rate-limits, authorizes and audits (:mod:`.security`). What it decided is one
+immutable :class:`Admission`, held in one context variable for the length of the
+request. Every later part (the provider, the flow tool, runs, telemetry, tasks,
+approval, notifications) reads it; none resolves a name or checks a view again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastmcp.server.dependencies import get_access_token
+
+from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity, RequestKind
+from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure, LiveExposure
+from chainweaver.run_events import RunObserver
+
+
+@dataclass
+class ListPage:
+    """The page a list request asks for, and what the provider says of the list it
+    cut it from (the one part of an admission written after the gate: by the provider,
+    which alone knows the caller's list)."""
+
+    kind: str  # "tools", "resources", "prompts" or "templates"
+    offset: int = 0
+    size: int | None = None  # None: the whole list
+    fingerprint: str = "0"  # of the caller's list (see chainweaver.mcp.live.cursors)
+    more: bool = False  # items follow this page
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the server decided about one request.
+
+    ``pins``: the snapshot each live exposure answers from for this request (a mounted
+    FlowServer pins its own beside its parent's). ``caller`` and ``view`` are set once
+    the gate authenticated the request; ``kind``, ``name`` and ``target`` (the exposed
+    flow the request reaches in that view, None when it reaches none) once it resolved
+    it (``decided``). ``owner`` is the owner mark of the gate that admitted it;
+    ``observers`` watch the steps of the run an admitted ``tools/call`` starts
+    (telemetry's spans).
+    """
+
+    request: object
+    pins: tuple[tuple[LiveExposure, Exposure], ...] = ()
+    learn: Callable[[CallerIdentity], None] | None = None  # the session record's
+    caller: CallerIdentity | None = None
+    view: View | None = None
+    owner: str | None = None
+    kind: RequestKind | None = None
+    name: str = ""
+    target: ExposedFlow | None = None
+    decided: bool = False
+    audit_approval: Callable[[str, str], Awaitable[None]] | None = None
+    observers: tuple[RunObserver, ...] = ()  # told about the admitted run's steps
+    page: ListPage | None = field(default=None, compare=False)
+
+    def snapshot_of(self, live: LiveExposure) -> Exposure | None:
+        """The snapshot ``live`` answers from for this request (None: not pinned)."""
+        for pinned_live, snapshot in self.pins:
+            if pinned_live is live:
+                return snapshot
+        return None
+
+    def admits(self, owner: str, kind: RequestKind) -> ExposedFlow | None:
+        """The flow the gate of ``owner`` admitted this ``kind`` of request for."""
+        if self.decided and self.owner == owner and self.kind == kind:
+            return self.target
+        return None
+
+    def looks_up(self, owner: str) -> bool:
+        """Whether this is a call, read or render of ``owner``'s: a list made to serve
+        it (FastMCP lists to resolve some names) need only hold its target."""
+        return self.owner == owner and self.kind in ("tool", "resource", "prompt")
+
+
+_ADMISSION: ContextVar[Admission | None] = ContextVar("chainweaver_admission", default=None)
+
+
+def current() -> Admission | None:
+    """The admission of the request being served (None: outside any request)."""
+    return _ADMISSION.get()
+
+
+@contextmanager
+def admitted(record: Admission) -> Iterator[Admission]:
+    """Serve what runs inside as ``record``."""
+    token = _ADMISSION.set(record)
+    try:
+        yield record
+    finally:
+        _ADMISSION.reset(token)
+
+
+@contextmanager
+def pinning(request: object, live: LiveExposure,
+            learn: Callable[[CallerIdentity], None] | None = None) -> Iterator[Exposure]:
+    """Pin ``live``'s snapshot current now for ``request`` (any object naming one request).
+
+    Pinning again for the same request keeps its snapshot. A task started inside a
+    request inherits its admission, so an admission made for another request never
+    counts: it starts afresh.
+    """
+    held = _ADMISSION.get()
+    base = held if held is not None and held.request is request else Admission(request)
+    snapshot = base.snapshot_of(live)
+    if snapshot is not None and learn is None:
+        yield snapshot
+        return
+    snapshot = snapshot or live.latest
+    record = replace(base, pins=(*base.pins, (live, snapshot)), learn=learn or base.learn)
+    with admitted(record):
+        yield snapshot
+
+
+def pinned_snapshot(live: LiveExposure) -> Exposure | None:
+    """The snapshot the request being served pinned for ``live``, if any."""
+    held = _ADMISSION.get()
+    return held.snapshot_of(live) if held is not None else None
+
+
+def caller() -> CallerIdentity:
+    """The caller of the request being served: the gate's, else the token's."""
+    held = _ADMISSION.get()
+    if held is not None and held.caller is not None:
+        return held.caller
+    return caller_from_token()
+
+
+def learn_caller(identity: CallerIdentity) -> None:
+    """Tell the session the request came on which caller the gate admitted, so it is
+    told only what changes in that caller's view."""
+    held = _ADMISSION.get()
+    if held is not None and held.learn is not None:
+        held.learn(identity)
+
+
+# Verified bearer token -> its caller, built once per token (the transport verifies
+# the token on every request; the cached caller is checked against what it verified).
+_TOKEN_CALLERS: OrderedDict[str, CallerIdentity] = OrderedDict()
+MAX_TOKEN_CALLERS = 4096
+_TOKEN_LOCK = threading.Lock()
+
+
+def caller_from_token() -> CallerIdentity:
+    """The caller of the current request, from the token FastMCP's ``auth`` verified.
+
+    ``id`` is ``client_id|subject`` (how FastMCP scopes background tasks), or the
+    client id alone when the token has no subject. No token: :data:`ANONYMOUS`.
+    """
+    try:
+        token = get_access_token()
+    except RuntimeError:  # pragma: no cover - no request context at all
+        token = None
+    if token is None:
+        return ANONYMOUS
+    with _TOKEN_LOCK:  # completions run in worker threads
+        known = _TOKEN_CALLERS.get(token.token)
+        # Two servers' verifiers may read one token string differently (static tokens).
+        if known is None or known.client_id != token.client_id or \
+                known.claims != (token.claims or {}) or known.scopes != set(token.scopes):
+            known = _TOKEN_CALLERS[token.token] = _caller_of(token)
+            if len(_TOKEN_CALLERS) > MAX_TOKEN_CALLERS:
+                _TOKEN_CALLERS.popitem(last=False)
+    return known
+
+
+def _caller_of(token: Any) -> CallerIdentity:
+    claims = dict(token.claims or {})
+    subject = token.subject or (claims.get("sub") if isinstance(claims.get("sub"), str)
+                                else None)
+    identity = f"{token.client_id}|{subject}" if subject else token.client_id
+    return CallerIdentity(identity, claims, subject=subject, client_id=token.client_id,
+                          scopes=frozenset(token.scopes))
+
+
+
+def input_schema_lookup(fastmcp: Any, exposure: Any, views: Views, *,
+                        caller_known: bool) -> Callable[[str], Any]:
+    """What the MCP SDK reads to check ``Mcp-Param-*`` headers of a 2026-07-28
+    ``tools/call`` over HTTP: a published tool's input schema, in the view of the
+    token's caller.
+
+    Without it the SDK runs a whole ``tools/list`` through the middleware before every
+    such call (a gated, audited, rate-limited list per call). It runs before any
+    middleware, so it answers ``None`` (no header check, as the SDK does when its list
+    fails) whenever it cannot tell what this caller sees: a flow outside the token
+    caller's view, an ``authenticator`` hook deciding the caller later, or a transform
+    on the server that renames tools.
+    """
+    def lookup(name: str) -> Any:
+        if fastmcp.transforms or (views.active and not caller_known):
+            return None
+        exposed = exposure.tool(name)
+        if exposed is None or (views.active and not views.of(
+                exposure, caller_from_token()).allows(exposed)):
+            return None
+        return exposed.contract.input_schema
+
+    return lookup
