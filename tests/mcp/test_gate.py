@@ -25,7 +25,6 @@ from chainweaver.mcp import (
     GateContext,
     SecurityConfig,
 )
-from chainweaver.mcp.gate.rate_limit import PRUNE_ABOVE
 
 SECRET_QUERY = "zebra-7781-private"
 
@@ -450,5 +449,5 @@ def test_rate_limiter_memory_is_pruned_even_when_every_key_is_new() -> None:
         clock.now = float(window)
         for n in range(1_000):  # invented names: each key is seen once, never again
             assert limiter.acquire(CallerIdentity("mallory"), f"made-up-{window}-{n}")
-    # Only the windows since the last prune are kept, never all 30,000 keys.
-    assert limiter.tracked_keys <= PRUNE_ABOVE + 1_000
+    # Only the current window's counters are kept, never all 30,000 keys.
+    assert limiter.tracked_keys == 1_000

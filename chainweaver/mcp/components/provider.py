@@ -155,6 +155,21 @@ class FlowProvider(Provider):
             return False, None
         return True, held.target
 
+    def _served_flow(self, kind: Any, name: str, published: Callable[[ExposedFlow], str],
+                     lookup: Callable[[str], ExposedFlow | None],
+                     version: VersionSpec | None) -> ExposedFlow | None:
+        """The exposed flow a get of ``name`` serves: the one the gate admitted the
+        request for (resolved once, there), else, outside a request this server's gate
+        decided, the one ``lookup`` finds in the caller's view."""
+        decided, exposed = self._admitted(kind)
+        if exposed is None or published(exposed) != name:
+            if decided:
+                return None  # the gate found no flow of this name in the caller's view
+            exposed = lookup(name)
+            if not self.view().allows(exposed):
+                return None
+        return exposed if _version_ok(version, exposed) else None
+
     def _resolving(self) -> bool:
         """Whether FastMCP lists to resolve the name of a call, read or render being
         served (it does when a lookup finds nothing): only the admitted target can be
@@ -238,16 +253,8 @@ class FlowProvider(Provider):
             # key names: every flow task's names the one runner, found only while a
             # tasks/* request is served (no client can list or call it).
             return runner if self._admitted("task")[0] else None
-        decided, exposed = self._admitted("tool")
-        if exposed is None or exposed.tool_name != name:
-            if decided:
-                return None  # the gate found no flow of this name in the caller's view
-            exposed = self.exposure.tool(name)  # outside a request the gate admitted
-            if not self.view().allows(exposed):
-                return None
-        if not _version_ok(version, exposed):
-            return None
-        return self._tool(exposed)
+        exposed = self._served_flow("tool", name, _tool_name, self.exposure.tool, version)
+        return self._tool(exposed) if exposed is not None else None
 
     # -------------------------------------------------------------- resources
 
@@ -288,16 +295,9 @@ class FlowProvider(Provider):
             return None
         if uri == INDEX_URI:
             return self._index_resource(self.view())
-        decided, exposed = self._admitted("resource")
-        if exposed is None or exposed.schema_uri != uri:
-            if decided:
-                return None  # the gate found no flow of this URI in the caller's view
-            exposed = self.exposure.resource(uri)  # outside a request the gate admitted
-            if not self.view().allows(exposed):
-                return None
-        if not _version_ok(version, exposed):
-            return None
-        return self._schema_resource(exposed)
+        exposed = self._served_flow("resource", uri, _schema_uri, self.exposure.resource,
+                                    version)
+        return self._schema_resource(exposed) if exposed is not None else None
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
         return [self._template] if self._template is not None else []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from typing import get_args
+from typing import Any, get_args
 
 from fastmcp.server.context import Context
 from fastmcp.server.middleware import MiddlewareContext
@@ -50,6 +50,14 @@ class SessionLevels:
 
 
 SESSIONS = SessionLevels()
+
+
+async def serve_set_level(context: MiddlewareContext, call_next: Any, *,
+                          sessions: bool = True) -> Any:
+    """Serve a ``logging/setLevel`` request, then note the level it set."""
+    result = await call_next(context)
+    remember(context, sessions=sessions)
+    return result
 
 
 def remember(context: MiddlewareContext, *, sessions: bool = True) -> None:

@@ -52,9 +52,8 @@ class MountedGate(GateHooks):
             return await self._guard_listing("completion", _completion_target(params),
                                              context, call_next)
         if context.method == "logging/setLevel":  # the parent's clients' level, for runs
-            result = await call_next(context)
-            log_level.remember(context, sessions=self.gate.keeps_sessions)
-            return result
+            return await log_level.serve_set_level(context, call_next,
+                                                   sessions=self.gate.keeps_sessions)
         return await call_next(context)
 
     async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,

@@ -32,8 +32,6 @@ UNPUBLISHED = "(unpublished)"
 # Requests whose gate name is one of these methods (chosen by the server, never the
 # client) count under that method.
 _METHOD_KINDS = frozenset({"list", "subscription", "task"})
-# Kept for compatibility: counters of past windows are now dropped at every new window.
-PRUNE_ABOVE = 10_000
 
 
 def budget_name(gate: GateContext, exposure: Exposure | LiveExposure) -> str:

@@ -133,9 +133,8 @@ class SecurityGate(GateHooks):
         if context.method in TASK_METHODS:
             return await self._guard_task(context, call_next)
         if context.method == "logging/setLevel":
-            result = await call_next(context)
-            log_level.remember(context, sessions=self.keeps_sessions)
-            return result
+            return await log_level.serve_set_level(context, call_next,
+                                                   sessions=self.keeps_sessions)
         return await call_next(context)
 
     async def _guard_task(self, context: MiddlewareContext, call_next: Any) -> Any:
