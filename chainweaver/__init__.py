@@ -23,6 +23,7 @@ from .errors import (
 from .executor import ALWAYS_APPROVE, ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
+from .mappings import Const, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
 from .registry import FlowRegistry, RegistryChange, RegistryState
 from .safety import SideEffectLevel, ToolSafetyContract, merge_safety_contracts
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ALWAYS_APPROVE",
     "ChainWeaverError",
+    "Const",
     "DefinitionError",
     "DuplicateFlowError",
     "DuplicateToolError",
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidVersionError",
     "LifecycleTransitionError",
+    "Pointer",
     "PromptArgument",
     "PromptDefinitionError",
     "PromptMessage",

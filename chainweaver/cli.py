@@ -1,7 +1,11 @@
-"""The ``chainweaver`` command: serve flow files over MCP, or inspect what would be served.
+"""The ``chainweaver`` command: serve flow files over MCP, inspect what would be served,
+run a flow once, or validate flow files.
 
     chainweaver serve PATH... --tools MODULE [options]
-    chainweaver inspect PATH... --tools MODULE [options] [--json | --graph FLOW]
+    chainweaver inspect PATH... --tools MODULE [options] [--json] [--graph FLOW] [--strict]
+    chainweaver run FLOW PATH... --tools MODULE [--input JSON | --input-file FILE]
+    chainweaver validate PATH... [--tools MODULE] [--format text|json]
+    chainweaver migrate SRC... --out DIR [--partial]
     chainweaver schema
 
 Everything (tools, flow files, policy, token and instructions files, the exposure
@@ -9,8 +13,9 @@ decision) is loaded and checked before anything is served, so a bad file never s
 half-configured server. Exit codes: 0 success, 1 invalid flow file, tool set, policy or
 setting, 2 a missing (or unloadable) file or module, and argparse's usual 2 for a
 malformed command line (an HTTP-only flag with stdio too), 3 an HTTP server that could
-not listen, 141 output into a closed pipe. Errors are one line on stderr; under stdio,
-stdout carries nothing but MCP.
+not listen, 141 output into a closed pipe (``run``: 1 the flow failed, 2 a usage or
+loading error; ``validate``: 1 a flow file has a problem). Errors are one line on
+stderr; under stdio, stdout carries nothing but MCP.
 """
 
 from __future__ import annotations
@@ -23,23 +28,24 @@ from collections.abc import Sequence
 from contextlib import redirect_stdout
 from typing import Any
 
-from .cli_build import (
+from .cli_build import Built, build_server, load_executor
+from .cli_errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INVALID,
     EXIT_MISSING,
     EXIT_OK,
     EXIT_SERVE_FAILED,
     EXIT_USAGE,
-    Built,
     CommandError,
-    build_server,
-    register_tools,
 )
+from .cli_flows import flows_command
+from .cli_graph import graph_document
 from .cli_options import PROG, build_parser, http_defaults
+from .cli_run import run_command
+from .cli_runs import runs_command
+from .cli_validate import static_problems, validate_command
 from .errors import ChainWeaverError
-from .executor import FlowExecutor
-from .files import find_flow_files, load_flows
-from .registry import FlowRegistry
+from .migrate_cli import migrate_command
 
 # ------------------------------------------------------------------ output
 
@@ -110,20 +116,35 @@ def _summary(built: Built, args: argparse.Namespace) -> str:
 
 
 def graph(args: argparse.Namespace) -> str:
-    """The latest version of flow ``args.graph`` in the flow files, as Mermaid (no server
-    is built: only tools and flow files are loaded and checked)."""
+    """The latest version of flow ``args.graph`` in the flow files, as Mermaid, or as
+    JSON with ``--json`` (no server is built: only tools and flow files are loaded and
+    checked)."""
     from .plan import mermaid
 
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    executor = FlowExecutor(FlowRegistry())
-    register_tools(executor, args.tools)
-    flows = [f for f in load_flows(find_flow_files(args.paths), tools=executor.tools)
-             if f.name == args.graph]
+    executor, loaded = load_executor(args.paths, args.tools)
+    flows = [flow for flow in loaded.values() if flow.name == args.graph]
     if not flows:
         raise CommandError(EXIT_INVALID, f"--graph: no flow named {args.graph!r} in the "
                            "flow files")
-    return mermaid(max(flows, key=lambda flow: flow.version_key))
+    flow = max(flows, key=lambda flow: flow.version_key)
+    if args.json:
+        return json.dumps(graph_document(flow), indent=2)
+    return mermaid(flow)
+
+
+def invalid_flows(server: Any) -> list[str]:
+    """``--strict``: each excluded flow that is invalid (whatever the policy), with why."""
+    executor = server.executor
+    found = []
+    for entry in server.exposure_report():
+        if entry.exposed:
+            continue
+        flow = executor.registry.get_flow(entry.flow_name, entry.version)
+        problems = static_problems(executor, flow)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            found.append(f"{entry.flow_name} v{entry.version}: {problems[0][1]}{more}")
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,6 +158,16 @@ def run(args: argparse.Namespace) -> int:
             # devnull so that the flush at exit does not fail again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    if args.command == "run":
+        return run_command(args)
+    if args.command == "validate":
+        return validate_command(args)
+    if args.command == "flows":
+        return flows_command(args)
+    if args.command == "migrate":
+        return migrate_command(args)
+    if args.command == "runs":
+        return runs_command(args)
     http_defaults(args)
     try:
         # Tools modules may print while importing; stdout is only for MCP or the report.
@@ -159,6 +190,10 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "inspect":
         print(format_json(built.server) if args.json else format_table(built.server))
         sys.stdout.flush()  # a closed pipe shows here, inside main's handler
+        invalid = invalid_flows(built.server) if args.strict else []
+        if invalid:
+            raise CommandError(EXIT_INVALID, f"--strict: {len(invalid)} flow(s) excluded as "
+                               f"invalid: {'; '.join(invalid)}")
         return EXIT_OK
     print(_summary(built, args), file=sys.stderr, flush=True)
     if args.command == "worker":

@@ -20,27 +20,21 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from .cli_errors import (
+    EXIT_INVALID,
+    EXIT_MISSING,
+    EXIT_USAGE,
+    CommandError,
+)
+from .cli_flows import governance_settings
+from .cli_runs import run_history_settings
 from .errors import DuplicateToolError
 from .executor import FlowExecutor
 from .files import find_flow_files, load_flows_by_file
-from .flows import FlowLifecycle
+from .flows import Flow, FlowLifecycle
 from .registry import FlowRegistry
 from .safety import SideEffectLevel
 from .tools import Tool
-
-EXIT_OK, EXIT_INVALID, EXIT_MISSING, EXIT_SERVE_FAILED = 0, 1, 2, 3
-EXIT_USAGE = 2  # argparse's code for a command line that does not make sense
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: how a shell reports a reader that went away
-
-
-class CommandError(Exception):
-    """A problem to report as one line on stderr, with the exit code it deserves."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 
 
 def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) -> list[str] | None:
@@ -187,6 +181,27 @@ def register_tools(executor: FlowExecutor, specs: Sequence[str]) -> None:
 # ------------------------------------------------------------------ building
 
 
+def import_from_cwd() -> None:
+    """Put the current directory on ``sys.path``, as ``python -m`` does: tools modules
+    and the models flow files reference import from where the command runs."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def load_executor(paths: Sequence[str], tools: Sequence[str]
+                  ) -> tuple[FlowExecutor, dict[Path, Flow]]:
+    """What every command that runs or serves flows loads: the tools of ``tools``
+    modules and the flow files under ``paths`` (checked against those tools), all
+    registered on a new executor. Also returns the flows by file."""
+    import_from_cwd()
+    executor = FlowExecutor(FlowRegistry())
+    register_tools(executor, tools)
+    loaded = load_flows_by_file(find_flow_files(paths), tools=executor.tools)
+    for flow in loaded.values():
+        executor.registry.register_flow(flow)
+    return executor, loaded
+
+
 @contextmanager
 def _quiet_exposure_log() -> Iterator[None]:
     """The CLI reports exclusions itself; the server's per-flow warnings would repeat them."""
@@ -211,21 +226,13 @@ def build_server(args: argparse.Namespace) -> Built:
         from .mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
     except ImportError as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
+
     instructions = _instructions(args)
     access = access_settings(args)
     lifecycles = _values(args.lifecycle, "--lifecycle", FlowLifecycle)
     side_effects = _values(args.side_effects, "--side-effects", SideEffectLevel)
     owners = _values(args.owner, "--owner")
-    if os.getcwd() not in sys.path:  # like `python -m`: modules next to you import
-        sys.path.insert(0, os.getcwd())
-
-    registry = FlowRegistry()
-    executor = FlowExecutor(registry)
-    register_tools(executor, args.tools)
-    files = find_flow_files(args.paths)
-    loaded = load_flows_by_file(files, tools=executor.tools)
-    for flow in loaded.values():
-        registry.register_flow(flow)
+    executor, loaded = load_executor(args.paths, args.tools)
     state_keys = (load_state_keys(args.request_state_key_file)
                   if args.request_state_key_file is not None else None)
     with _quiet_exposure_log():
@@ -249,6 +256,8 @@ def build_server(args: argparse.Namespace) -> Built:
                                   run_notifications=args.run_notifications,
                                   request_state_keys=state_keys, name=args.name,
                                   instructions=instructions, **access.serving,
+                                  governance=governance_settings(args),
+                                  run_history=run_history_settings(args),
                                   **_given(approval_timeout=args.approval_timeout)),
             tasks=_task_settings(args),
         )
@@ -256,7 +265,7 @@ def build_server(args: argparse.Namespace) -> Built:
         # library's per-flow log lines would only repeat it.
         server.exposure_report()
     _watch(args, server, loaded)
-    return Built(server, len(files), len(executor.tools))
+    return Built(server, len(loaded), len(executor.tools))
 
 
 def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> None:

@@ -9,20 +9,18 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .cli_build import EXIT_USAGE, CommandError
+from .cli_errors import EXIT_USAGE, CommandError
+from .cli_flows import add_flows_command, add_governance_options
+from .cli_runs import add_run_history_options, add_runs_command
 from .errors import ChainWeaverError
+from .migrate_cli import add_migrate_command
 
 PROG = "chainweaver"
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("paths", nargs="+", metavar="PATH",
-                        help="a flow file, or a directory searched for *.flow.yaml, "
-                             "*.flow.yml and *.flow.json")
-    common.add_argument("--tools", action="append", required=True, metavar="MODULE",
-                        help="a module (package.module) or a .py file whose Tool objects "
-                             "are registered; repeatable")
+    add_flow_sources(common)
     common.add_argument("--expose-schemas", action="store_true",
                         help="publish schema resources")
     common.add_argument("--expose-prompts", action="store_true", help="publish prompts")
@@ -49,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_access_options(common)
     _add_watch_options(common)
     _add_task_options(common)
+    add_run_history_options(common)
+    add_governance_options(common)
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
@@ -62,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "and checks it as serve does, but serves nothing.")
     inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
     inspect.add_argument("--graph", metavar="FLOW",
-                         help="print FLOW's steps as a Mermaid flowchart instead")
+                         help="print FLOW's steps as a Mermaid flowchart instead (with "
+                              "--json: its steps, edges and conditions as JSON)")
+    inspect.add_argument("--strict", action="store_true",
+                         help="exit with 1 when any flow is excluded as invalid")
     commands.add_parser(
         "worker", parents=[common], help="run flows for background tasks (needs --tasks)",
         description="Run the flows of background tasks that any server replica on the same "
@@ -71,7 +74,62 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("schema", help="print the JSON Schema of flow files",
                         description="Print the JSON Schema that flow files follow, for "
                                     "editors and CI checks.")
+    add_run_command(commands)
+    add_validate_command(commands)
+    add_migrate_command(commands)
+    add_flows_command(commands)
+    add_runs_command(commands)
     return parser
+
+
+def add_flow_sources(parser: argparse.ArgumentParser, *, tools_required: bool = True
+                     ) -> None:
+    """PATH... and --tools: where flows and their tools are loaded from."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a flow file, or a directory searched for *.flow.yaml, "
+                             "*.flow.yml and *.flow.json")
+    parser.add_argument("--tools", action="append", required=tools_required,
+                        metavar="MODULE", default=None if tools_required else [],
+                        help="a module (package.module) or a .py file whose Tool objects "
+                             "are registered; repeatable")
+
+
+def add_run_command(commands: Any) -> None:
+    """``chainweaver run FLOW PATH... --tools MODULE``."""
+    run = commands.add_parser(
+        "run", help="run one flow and print its result",
+        description="Load the tools and flow files as serve does, run FLOW once on the "
+                    "given input, print its output (JSON) on stdout and a table of its "
+                    "steps on stderr. Exit codes: 0 the flow succeeded, 1 it failed, 2 "
+                    "a usage or loading error.")
+    run.add_argument("flow", metavar="FLOW", help="the name of the flow to run")
+    add_flow_sources(run)
+    given = run.add_argument_group("input (default: {})")
+    one = given.add_mutually_exclusive_group()
+    one.add_argument("--input", metavar="JSON", help="the flow input as a JSON object")
+    one.add_argument("--input-file", metavar="FILE",
+                     help="read the JSON input from FILE ('-': standard input)")
+    run.add_argument("--version", dest="flow_version", metavar="VERSION",
+                     help="run this version of FLOW (default: the latest)")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON document (output, error and steps) on stdout "
+                          "and no table")
+    run.add_argument("-y", "--yes", action="store_true",
+                     help="approve steps that require approval without asking")
+
+
+def add_validate_command(commands: Any) -> None:
+    """``chainweaver validate PATH... [--tools MODULE]``."""
+    validate = commands.add_parser(
+        "validate", help="check flow files and report every problem",
+        description="Check every flow file under PATH as serve would load and judge it, "
+                    "and report every problem with its file, line and flow. With --tools, "
+                    "the steps are also checked against the tools: tools and fields exist, "
+                    "sub-flows, retries and the data flow. Exit codes: 0 no problem, 1 "
+                    "problems found, 2 a usage or loading error.")
+    add_flow_sources(validate, tools_required=False)
+    validate.add_argument("--format", choices=("text", "json"), default="text",
+                          help="text (default: one line per problem) or json")
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ from .flows import (
     exception_class,
 )
 from .inline_schema import InlineSchemaError, model_from_json_schema
+from .mappings import Const, MappingSource, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
 from .safety import SideEffectLevel, ToolSafetyContract
 from .tools import check_model, check_name
@@ -203,6 +204,32 @@ def _string_map(f: _Fields, value: Any, field: str, what: str) -> dict[str, str]
     return value
 
 
+def _input_mapping(f: _Fields, value: Any, field: str) -> dict[str, MappingSource]:
+    """Tool input field -> context key, ``{pointer: /a/b}`` or ``{const: value}``."""
+    if not isinstance(value, dict):
+        raise f.error(field, "must be a mapping of tool input field to context key, "
+                      f"{{pointer: /path}} or {{const: value}}, got {_kind(value)}")
+    mapping: dict[str, MappingSource] = {}
+    for key, item in value.items():
+        f.string(key, field)
+        here = f"{field}.{key}"
+        if isinstance(item, str):
+            mapping[key] = item
+            continue
+        if not isinstance(item, dict) or len(item) != 1 or not {"const", "pointer"} & set(item):
+            raise f.error(here, "must be a string (a context key), {pointer: /path} (a JSON "
+                          "pointer into the context) or {const: value} (a constant), got "
+                          f"{_kind(item)}")
+        if "const" in item:
+            with f.core(f"{here}.const"):
+                mapping[key] = Const(item["const"])
+            continue
+        path = f.string(item["pointer"], f"{here}.pointer")
+        with f.core(f"{here}.pointer"):
+            mapping[key] = Pointer(path)
+    return mapping
+
+
 def _number(f: _Fields, value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise f.error(field, f"must be a number, got {_kind(value)}")
@@ -247,8 +274,7 @@ def _step(f: _Fields, item: Any, field: str) -> FlowStep:
         options["timeout"] = _number(f, data["timeout"], f"{field}.timeout")
     if "retry" in data:
         options["retry"] = _retry(f, data["retry"], f"{field}.retry")
-    mapping = _string_map(f, data.get("input_mapping", {}), f"{field}.input_mapping",
-                          "tool input field to context key")
+    mapping = _input_mapping(f, data.get("input_mapping", {}), f"{field}.input_mapping")
     options["output_mapping"] = _string_map(f, data.get("output_mapping", {}),
                                             f"{field}.output_mapping",
                                             "context key to output field")

@@ -85,6 +85,19 @@ class RetryFormat(_Part):
         "'package.module.ClassName' paths")
 
 
+class ConstFormat(_Part):
+    """A constant for a tool input field."""
+
+    const: Any = Field(description="Any JSON value, given to the field as is")
+
+
+class PointerFormat(_Part):
+    """A JSON pointer (RFC 6901) into the context."""
+
+    pointer: str = Field(pattern=r"^/[^/]", description="'/key/inner/0': a context key, "
+                         "then keys (or list indices) inside its value")
+
+
 class StepFormat(_Part):
     """One step: a tool (``tool``) or a registered flow run as one step (``flow``)."""
 
@@ -110,7 +123,9 @@ class StepFormat(_Part):
                                       "the previous step; [] starts at once)")
     when: str | Absent = Field(None, description="Condition over context keys: names, "
                                "literals, comparisons, in, is None, and, or, not")
-    input_mapping: dict[str, str] = Field({}, description="Tool input field -> context key")
+    input_mapping: dict[str, str | PointerFormat | ConstFormat] = Field(
+        {}, description="Tool input field -> context key, {pointer: /key/inner} or "
+        "{const: value}")
     output_mapping: dict[str, str] = Field({}, description="Context key -> output field "
                                            "(only these keys are written)")
     retry: RetryFormat | Absent = None

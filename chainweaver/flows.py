@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from .conditions import Condition
 from .errors import DefinitionError, LifecycleTransitionError, PromptDefinitionError
+from .mappings import MappingSource, input_mapping_of
 from .prompts import FlowPrompt, repeated_names
 from .safety import ToolSafetyContract
 from .tools import check_model, check_name
@@ -212,7 +213,8 @@ class RetryPolicy:
 class FlowStep:
     """One step of a flow: a tool (or a registered sub-flow) and how it is wired.
 
-    ``input_mapping`` maps a tool input field to the context key that feeds it;
+    ``input_mapping`` maps a tool input field to the context key that feeds it, a
+    ``Pointer`` into the context or a ``Const`` (:mod:`chainweaver.mappings`);
     fields not in the mapping read the context key of the same name, if any.
     ``after`` lists the ids this step waits for (``None``: the previous step in the
     list; ``()``: none). ``when`` is a condition in the safe ``when`` language;
@@ -220,7 +222,7 @@ class FlowStep:
     """
 
     tool_name: str | None = None
-    input_mapping: Mapping[str, str] = field(default_factory=dict)
+    input_mapping: Mapping[str, MappingSource] = field(default_factory=dict)
     _: KW_ONLY
     id: str | None = None
     after: Sequence[str] | None = None
@@ -241,8 +243,7 @@ class FlowStep:
         else:
             check_name("tool", self.tool_name)
         label = f"step {self.id or self.name!r}"
-        object.__setattr__(self, "input_mapping",
-                           _string_mapping(label, "input_mapping", self.input_mapping))
+        object.__setattr__(self, "input_mapping", input_mapping_of(label, self.input_mapping))
         object.__setattr__(self, "output_mapping",
                            _string_mapping(label, "output_mapping", self.output_mapping))
         if self.id is not None and (not isinstance(self.id, str) or not self.id):

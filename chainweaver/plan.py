@@ -25,6 +25,8 @@ from pydantic import BaseModel
 
 from .conditions import Condition
 from .flows import Flow, FlowStep
+from .mapping_checks import check_computed, derived_input_model
+from .mappings import ComputedSource, Const, Pointer
 from .safety import ToolSafetyContract
 from .tools import Tool
 
@@ -82,6 +84,7 @@ class PlannedStep:
     # A sync tool with no condition, retry, timeout or fallback and on_error "fail": the
     # sync lane runs it without a generator (runner.run_plain_step).
     plain: bool
+    computed: tuple[ComputedSource, ...] = ()  # fields fed by constants and pointers
 
 
 @dataclass(slots=True)
@@ -135,7 +138,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
                for index in flow.order]
     writes = [_writes(flow, index, tool, subflow, fallback, resolver, problems)
               for index, (tool, subflow, fallback, _) in zip(flow.order, targets, strict=True)]
-    input_model = resolver.input_model(flow)
+    input_model = _input_model(flow, resolver, targets[0][3])
     input_keys = None if input_model is None else set(input_model.model_fields)
 
     dependents: list[list[int]] = [[] for _ in flow.order]
@@ -143,14 +146,15 @@ def compile_plan(flow: Flow, resolver: Resolver,
         for dep in flow.dependencies[index]:
             dependents[position_of[dep]].append(position)
 
-    planned = []
+    planned: list[PlannedStep] = []
     for position, index in enumerate(flow.order):
         step = flow.steps[index]
         tool, subflow, fallback, subplan = targets[position]
         label = step_label(flow, index)
         step_id = flow.step_ids[index]
         if subflow is not None:
-            model = resolver.input_model(subflow)
+            model = subplan.input_model if subplan is not None \
+                else resolver.input_model(subflow)
             output_model = resolver.output_model(subflow)
         else:
             model = tool.input_schema if tool else None
@@ -161,10 +165,15 @@ def compile_plan(flow: Flow, resolver: Resolver,
             return tuple(p for p in lineage if _may_write(writes[p], key))
 
         sources = []
+        computed: list[ComputedSource] = []
         if model is not None:
             mapping = step.input_mapping
             for name, info in model.model_fields.items():
                 key = mapping.get(name, name)
+                if isinstance(key, (Const, Pointer)):
+                    computed.append(ComputedSource(name, key, () if isinstance(key, Const)
+                                                   else candidates(key.root)))
+                    continue
                 sources.append(FieldSource(name, key, name in mapping, info.is_required(),
                                            candidates(key)))
             for name in mapping:
@@ -179,6 +188,8 @@ def compile_plan(flow: Flow, resolver: Resolver,
             condition_sources = tuple(FieldSource(name, name, False, False, candidates(name))
                                       for name in step.condition.names)
         _check_sources(label, step_id, sources, input_keys, problems)
+        problems.extend(Problem(kind, message, step_id, field) for kind, message, field
+                        in check_computed(label, model, computed, planned, input_model))
         _check_retry(label, step_id, step, tool, subflow, resolver, problems)
         planned.append(PlannedStep(
             position, index, step_id, label, step, tool, subflow, subplan, model, output_model,
@@ -190,6 +201,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
             tool is not None and not tool.is_async and step.condition is None
             and step.retry is None and step.timeout is None and fallback is None
             and step.on_error == "fail",
+            tuple(computed),
         ))
 
     _check_conflicts(planned, ancestors, problems)
@@ -200,6 +212,17 @@ def compile_plan(flow: Flow, resolver: Resolver,
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
                 input_model, tuple(dict.fromkeys(versions)), tuple(problems))
     return plan, problems
+
+
+def _input_model(flow: Flow, resolver: Resolver, first_subplan: Plan | None
+                 ) -> type[BaseModel] | None:
+    """The flow's own input model, else its first step's (a sub-flow's as planned),
+    less what that step feeds with constants and pointers (mapping_checks)."""
+    if flow.input_schema is not None:
+        return flow.input_schema
+    base = first_subplan.input_model if first_subplan is not None \
+        else resolver.input_model(flow)
+    return None if base is None else derived_input_model(flow, base)
 
 
 def _ancestors(flow: Flow, position_of: dict[int, int]) -> list[int]:

@@ -114,6 +114,21 @@ class FlowRegistry:
                 f for f in self._flows[name] if f is not removed)
             self._apply("unregistered", name, version, versions)
 
+    def govern(self, name: str, versions: tuple[Flow, ...]) -> None:
+        """Replace every version of ``name`` at once, as shared governance decided
+        (:mod:`chainweaver.governance`): applied as written, like a flow file edit, so
+        the lifecycle transition rules do not apply. One change (``"lifecycle"``), or
+        none when nothing differs; no versions left removes the name."""
+        if any(flow.name != name for flow in versions):
+            raise ValueError(f"govern({name!r}) takes versions of that flow only")
+        with self._lock:
+            ordered = tuple(sorted(versions, key=lambda f: f.version_key))
+            current = self._flows.get(name, ())
+            if len(ordered) == len(current) and all(
+                    a is b for a, b in zip(ordered, current, strict=True)):
+                return
+            self._apply("lifecycle", name, None, ordered)
+
     def _apply(self, kind: ChangeKind, name: str, version: str | None,
                versions: tuple[Flow, ...]) -> None:
         """Replace ``name``'s versions, then tell every listener (lock held).

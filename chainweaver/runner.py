@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
+from .mappings import MappingMiss, gather_computed
 from .plan import FieldSource, Plan, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver, notify
@@ -288,6 +289,12 @@ def _gather(state: RunState, planned: PlannedStep,
                     "MissingContextKeyError",
                     f"{planned.label}: required field {source.field!r} has no value"
                     f"{_skipped(state, source)}", **_where(planned, field=source.field)))
+    if planned.computed:  # fields fed by constants and JSON pointers
+        try:
+            gather_computed(planned.computed, writes, flow_input, arguments)
+        except MappingMiss as miss:
+            raise StepFailed(ErrorInfo("MissingContextKeyError", f"{planned.label}: {miss}",
+                                       **_where(planned, field=miss.field))) from None
     return arguments
 
 

@@ -41,7 +41,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import FlowServer, ServingConfig
+from chainweaver.mcp import FlowServer, RunHistory, ServingConfig
 
 READ = ToolSafetyContract(SideEffectLevel.READ, idempotent=True)
 PURE = ToolSafetyContract(SideEffectLevel.NONE, idempotent=True)
@@ -222,8 +222,11 @@ def build_executor() -> FlowExecutor:
 
 
 def build_server(serving: ServingConfig | None = None) -> FlowServer:
-    """The example server: every primitive on, default governance policy."""
+    """The example server: every primitive on, default governance policy, and a run
+    history in memory (each run's record readable as chainweaver://runs/{run_id})."""
     serving = dataclasses.replace(serving or ServingConfig(), name="chainweaver-bookshop")
+    if serving.run_history is None:
+        serving = dataclasses.replace(serving, run_history=RunHistory())
     return FlowServer(build_executor(), expose_schemas=True, expose_prompts=True,
                       serving=serving)
 
@@ -346,6 +349,14 @@ async def _walk_through(transport: ClientTransport) -> None:
             print(f"  tools/call {name}: isError={answer.is_error} "
                   f"{answer.content[0].text!r}")
         server_log.print_received()
+
+        _section(9, "The call's run record (only its caller can read it)")
+        run_uri = f"chainweaver://runs/{result.meta['chainweaver']['run_id']}"
+        record = json.loads((await client.read_resource(run_uri))[0].text)
+        print(f"  {run_uri}\n  {record['flow']} {record['version']}: {record['status']}, "
+              f"output {record['output_size']} bytes, sha256 {record['output_sha256'][:16]}…")
+        for step in record["steps"]:
+            print(f"    step {step['id']}: {step['status']}, {step['attempts']} attempt(s)")
 
 
 def main(argv: list[str] | None = None) -> None:

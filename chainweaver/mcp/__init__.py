@@ -8,7 +8,13 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "chainweaver.mcp needs the 'mcp' extra: pip install 'chainweaver[mcp]'"
     ) from error
 
-from chainweaver.mcp.config import ErrorDetail, ExposurePolicy, SecurityConfig, ServingConfig
+from chainweaver.mcp.config import (
+    ErrorDetail,
+    ExposurePolicy,
+    RunHistory,
+    SecurityConfig,
+    ServingConfig,
+)
 from chainweaver.mcp.gate.audit_log import JsonlAuditLog
 from chainweaver.mcp.gate.hooks import (
     GATE_REFUSED,
@@ -47,6 +53,7 @@ __all__ = [
     "RateLimiter",
     "RedisRateLimiter",
     "SecurityConfig",
+    "RunHistory",
     "ServingConfig",
     "Visibility",
     "VisibleRule",

@@ -16,6 +16,7 @@ from fastmcp.server.auth import AuthProvider
 
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
+from chainweaver.governance.state import GovernanceSettings, check_governance
 from chainweaver.mcp.gate.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
@@ -230,6 +231,11 @@ class ServingConfig:
     server says of itself to clients. ``approval_timeout`` (seconds) is how long a run
     waits for the user's approval answer. ``resources_as_tools`` / ``prompts_as_tools``
     add FastMCP's tool forms of the resources and prompts, for tools-only clients.
+    ``run_history`` (a :class:`RunHistory`) keeps a record of every run, readable by its
+    caller as ``chainweaver://runs/...`` resources (``docs/run-history.md``).
+    ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
+    follow the governance state operators share on Redis (``chainweaver flows ...``;
+    ``docs/live-governance.md``, "One switch for every replica").
     """
 
     flow_timeout: float | None = None
@@ -246,8 +252,14 @@ class ServingConfig:
     approval_timeout: float = 300.0
     resources_as_tools: bool = False
     prompts_as_tools: bool = False
+    run_history: RunHistory | None = None
+    governance: str | GovernanceSettings | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "governance", check_governance(self.governance))
+        if self.run_history is not None and not isinstance(self.run_history, RunHistory):
+            raise ExposureConfigError(f"run_history must be None or a RunHistory, got "
+                                      f"{type(self.run_history).__name__}")
         check_text("name", self.name)
         check_text("version", self.version, optional=True)
         if self.instructions is not None and not isinstance(self.instructions, str):
@@ -269,6 +281,40 @@ class ServingConfig:
         object.__setattr__(self, "allowed_origins",
                            _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
         object.__setattr__(self, "request_state_keys", _state_keys(self.request_state_keys))
+
+
+RUN_STORE_SCHEMES = ("memory://", "redis://", "rediss://")
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """Run records and large outputs as resources (see ``docs/run-history.md``).
+
+    ``store``: ``memory://`` (this process) or ``redis://...`` (replicas share it; needs
+    the tasks extra). Retention: the newest ``max_runs`` runs younger than ``max_age``
+    seconds. ``output_limit``: serialised outputs longer than this many bytes travel as
+    a preview and a ``resource_link`` to ``chainweaver://runs/{run_id}/output``.
+    ``max_output_bytes`` bounds the outputs the in-memory store keeps (oldest dropped
+    first). ``prefix``: the Redis key prefix.
+    """
+
+    store: str = "memory://"
+    max_runs: int = 10_000
+    max_age: float = 7 * 86400.0
+    output_limit: int = 65_536
+    max_output_bytes: int = 256 * 2**20
+    prefix: str = "chainweaver:runs"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store, str) or not self.store.startswith(RUN_STORE_SCHEMES):
+            raise ExposureConfigError(
+                f"run_history store must be a URL starting with "
+                f"{', '.join(RUN_STORE_SCHEMES)}, got {self.store!r}")
+        check_positive_int("max_runs", self.max_runs)
+        object.__setattr__(self, "max_age", check_seconds("max_age", self.max_age))
+        check_positive_int("output_limit", self.output_limit)
+        check_positive_int("max_output_bytes", self.max_output_bytes)
+        check_text("prefix", self.prefix)
 
 
 def _state_keys(value: object) -> tuple[bytes, ...] | None:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
-import os
 import secrets
-import sys
 import threading
 import warnings
 import weakref
@@ -38,8 +35,12 @@ from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import Views, check_visible
 from chainweaver.mcp.live.notifications import ChangeNotifier, LiveMiddleware
+from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
+from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
+from chainweaver.mcp.runs.records import RunStore
+from chainweaver.mcp.runs.setup import connect_run_log, open_run_log
 from chainweaver.mcp.runs.telemetry import FlowTelemetry
 from chainweaver.mcp.tasks.setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
 from chainweaver.prompts import FlowPrompt
@@ -120,13 +121,14 @@ class FlowServer:
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
         keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
+        self._run_log = run_log = open_run_log(serving.run_history)
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout, owner=owner,
                                       runs=RunSettings.build(
                                           policy.approval == "elicit", approval_timeout,
                                           keys, serving.run_notifications),
-                                      views=views)
+                                      views=views, run_log=run_log)
         # The gate reads the live reference like a snapshot: the request's pinned one.
         self._gate = SecurityGate(cast(Exposure, self._exposure), security, owner=owner,
                                   views=views)
@@ -136,6 +138,8 @@ class FlowServer:
                                         views=views,
                                         callers_from_token=security.authenticator is None)
         self._live = LiveMiddleware(self._exposure, self._notifier)
+        # Before the snapshot follower subscribes: shared decisions govern a change first.
+        self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -153,7 +157,7 @@ class FlowServer:
             mask_error_details=security.error_detail != "full",
             list_page_size=serving.page_size,
             # Marks requests that arrive through this server's own transport.
-            lifespan=_serving_lifespan(gate_lifespan(self._gate), self._notifier),
+            lifespan=_serving_lifespan(gate_lifespan(self._gate), self._notifier, self._shared),
             # None: FastMCP seals request state under a key of this process's own.
             request_state_security=None if keys is None else RequestStateSecurity(
                 keys=list(keys), audience=name),
@@ -162,15 +166,16 @@ class FlowServer:
         if task_settings is not None:
             add_tasks(self._fastmcp, self._provider, security, task_settings.url,
                       task_settings)
-        if expose_schemas or expose_prompts:
+        if expose_schemas or expose_prompts or run_log is not None:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
                        prompts=prompts_as_tools)
         install_input_schema_lookup(self._fastmcp, input_schema_lookup(
             self._fastmcp, self._exposure, views,
             caller_known=security.authenticator is None))
-        self._notifier.install(self._fastmcp, resources=expose_schemas,
+        self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
+        connect_run_log(run_log, self._gate, self._provider, self._notifier)
         self._watcher: FlowFileWatcher | None = None
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.
@@ -185,7 +190,7 @@ class FlowServer:
             # Decide every flow first, so the snapshot is among what is frozen: the
             # operator traded a slower start for lists that skip it.
             self._exposure.catalogue  # noqa: B018
-            _freeze_gc()
+            freeze_gc()
 
     def close(self) -> None:
         """Stop following the executor's registry (the snapshot in use stays), and stop
@@ -235,6 +240,11 @@ class FlowServer:
             MountedCompletions.install(parent, namespace, self._provider.complete)
 
     @property
+    def run_store(self) -> RunStore | None:
+        """Where run records are kept (None: no ``ServingConfig(run_history=...)``)."""
+        return self._run_log.store if self._run_log is not None else None
+
+    @property
     def registered_tool_names(self) -> list[str]:
         """Published tool names of the exposed flows, sorted."""
         return sorted(self._exposure.tools)
@@ -274,6 +284,8 @@ class FlowServer:
         if self._tasks_url is None or self._tasks_url.startswith("memory://"):
             raise ExposureConfigError("run_worker needs tasks='redis://...': a worker runs "
                                       "tasks that other processes put on a shared queue")
+        if self._shared is not None:
+            self._shared.follower.role = "worker"
         async with worker_lifespan(self._fastmcp):
             await anyio.sleep_forever()
 
@@ -308,7 +320,7 @@ class FlowServer:
             try:
                 await self._fastmcp.run_async("stdio", show_banner=False, log_level=log_level)
             finally:
-                _flush_stray_stdout()
+                flush_stray_stdout()
         elif transport == "streamable-http":
             # ServingConfig normalised both to tuples (or None) when it was built.
             hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
@@ -391,14 +403,14 @@ def _weakly(follower: _Follower) -> Callable[[object], None]:
     return follow
 
 
-def _serving_lifespan(
-    inner: Callable[[FastMCP], Any], notifier: ChangeNotifier
-) -> Callable[[FastMCP], Any]:
-    """``inner`` (the gate's lifespan) with change notifications delivered meanwhile."""
+def _serving_lifespan(inner: Callable[[FastMCP], Any], notifier: ChangeNotifier,
+                      shared: SharedRunner | None) -> Callable[[FastMCP], Any]:
+    """``inner`` (the gate's lifespan) with change notifications delivered meanwhile,
+    and the shared governance state followed (``live/shared.py``)."""
 
     @asynccontextmanager
     async def lifespan(server: FastMCP) -> AsyncIterator[Any]:
-        async with inner(server) as state, notifier.running():
+        async with inner(server) as state, notifier.running(), running(shared):
             yield state
 
     return lifespan
@@ -453,42 +465,3 @@ def _moved_keywords(given: dict[str, Any], policy: ExposurePolicy,
     if "task_mode" in given or "task_settings" in given:
         tasks = check_tasks(tasks, given.get("task_mode"), given.get("task_settings"))
     return configs["policy"], configs["security"], configs["serving"], tasks
-
-
-def _freeze_gc() -> None:
-    """Move every object alive now out of the cyclic garbage collector's reach.
-
-    Done here, at the end of construction, because this is the one point every way
-    of running the server passes (``serve``, ``serve_async``, an in-memory client,
-    mounting). What is alive is mostly long-lived: the catalogue, the exposure
-    snapshot, the executor. A large list creates enough objects to trigger full
-    collections, and each one walked all of that again: frozen, it is skipped.
-    The cost: cyclic garbage among frozen objects is never freed. Collect first, so
-    no garbage is frozen; components built later (on first use) are not frozen.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def _flush_stray_stdout() -> None:
-    """Send text still buffered in ``sys.stdout`` (a tool's ``print``) to stderr.
-
-    While it serves, mcp's stdio transport points fd 1 at stderr, so printed text
-    cannot reach the client; when it stops it points fd 1 back at the MCP channel,
-    where anything the buffer still held would land at interpreter exit.
-    """
-    stream = sys.stdout
-    try:
-        if stream is None or stream.fileno() != 1:
-            return
-        channel = os.dup(1)
-    except (OSError, ValueError):
-        return
-    try:
-        os.dup2(2, 1)
-        stream.flush()
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.dup2(channel, 1)
-        os.close(channel)

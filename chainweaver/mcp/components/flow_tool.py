@@ -19,8 +19,10 @@ import asyncio
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pydantic_core
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import CurrentContext, get_context
@@ -34,9 +36,17 @@ from pydantic import PrivateAttr
 from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.views import Views
+from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
 from chainweaver.mcp.runs.approval import Approval, ApprovalInTask, RunSettings
+from chainweaver.mcp.runs.recording import (
+    RunLog,
+    RunRecorder,
+    RunStart,
+    output_meta,
+    run_start,
+    state_run_id,
+)
 from chainweaver.mcp.runs.reporting import RunReporter
 from chainweaver.mcp.runs.step_names import ALL_VISIBLE, StepNames, run_meta, step_names
 from chainweaver.run_events import ALWAYS_APPROVE, ApprovalHook, RunObserver, fan_out
@@ -92,9 +102,11 @@ class ServedFrom:
     """What a flow tool reads of the server publishing it while a call runs: the live
     exposure (every snapshot it swaps in) and the per-caller views."""
 
-    def __init__(self, live: LiveExposure, views: Views) -> None:
+    def __init__(self, live: LiveExposure, views: Views,
+                 view: Callable[[], View] | None = None) -> None:
         self.live = live
         self.views = views
+        self.view = view  # the current caller's view, as the publishing server admitted it
 
     def readmits(self, exposed: ExposedFlow) -> bool:
         """Whether a call of ``exposed`` would be admitted now: its version is the one
@@ -108,9 +120,8 @@ class ServedFrom:
     def step_names(self, exposed: ExposedFlow) -> StepNames:
         """How ``exposed``'s steps are named to the current caller (its view of the
         snapshot the request pinned, as admitted), worked out once per view."""
-        held = admission.current()
         snapshot = self.live.current
-        view = held.view if held is not None and held.view is not None \
+        view = self.view() if self.view is not None \
             else self.views.of(snapshot, admission.caller())
         return step_names(view, snapshot, exposed)
 
@@ -124,6 +135,7 @@ class FlowTool(FastMCPTool):
     _timeout: float | None = PrivateAttr(default=None)
     _runs: RunSettings = PrivateAttr(default_factory=RunSettings)
     _served: ServedFrom | None = PrivateAttr(default=None)
+    _run_log: RunLog | None = PrivateAttr(default=None)
 
     @classmethod
     def build(
@@ -136,6 +148,8 @@ class FlowTool(FastMCPTool):
         runs: RunSettings | None = None,
         live: LiveExposure | None = None,
         views: Views | None = None,
+        view: Callable[[], View] | None = None,
+        run_log: RunLog | None = None,
     ) -> FlowTool:
         flow = exposed.flow
         tool = cls(
@@ -155,7 +169,8 @@ class FlowTool(FastMCPTool):
         if runs is not None:
             tool._runs = runs
         if live is not None:
-            tool._served = ServedFrom(live, views or Views(None))
+            tool._served = ServedFrom(live, views or Views(None), view)
+        tool._run_log = run_log
         return tool
 
     @property
@@ -180,39 +195,74 @@ class FlowTool(FastMCPTool):
 
     async def run_flow(self, arguments: dict[str, Any], ctx: Context | Any = None, *,
                        status: RunObserver | None = None,
-                       in_task: ApprovalInTask | None = None) -> ToolResult:
+                       in_task: ApprovalInTask | None = None,
+                       run: RunStart | None = None) -> ToolResult:
         """Run the flow: ``tools/call`` comes here through :meth:`run`, a background
         task's runner directly, with ``status`` observing the steps (the task's status
-        message) in place of the client's progress and log reports, and ``in_task``
-        saying how its approval is asked and audited."""
+        message) in place of the client's progress and log reports, ``in_task``
+        saying how its approval is asked and audited, and ``run`` which run it is (its
+        id, caller and task)."""
         call = _Call()
         try:
-            return await self._call(call, arguments, ctx, status, in_task)
+            return await self._call(call, arguments, ctx, status, in_task, run)
         except MCPError:
             raise  # a protocol error, meant as one (asyncio.CancelledError is no Exception)
         except Exception as error:
             if call.reporter is not None:
                 call.reporter.abandon()
-            return self._unexpected(error, call.part)
+            result = self._unexpected(error, call.part)
+            if call.recorder is None:
+                return result
+            return await self._ended(call.recorder, result, error_type=_type_name(error))
+
+    def _run_start(self, ctx: Context | None) -> RunStart:
+        """Which run a ``tools/call`` starts: the retry of a call that asked for approval
+        continues that call's run (named by the state the client echoes)."""
+        held = admission.current()
+        caller_id = admission.caller().id
+        state = getattr(ctx, "request_state", None) if self._exposed.needs_approval else None
+        return run_start(state_run_id(caller_id, state) if isinstance(state, str) else None,
+                         caller_id, held.run if held is not None else None)
+
+    async def _ended(self, recorder: RunRecorder, tool_result: ToolResult,
+                     result: ExecutionResult | None = None, approval: Approval | None = None,
+                     *, meta: dict[str, Any] | None = None,
+                     error_type: str = "FlowUnavailable") -> ToolResult:
+        """``tool_result`` with the run's id (and linked output) in its ``_meta``, once
+        the run's record says how it ended."""
+        await recorder.finish(result, tool_result, approval, error_type=error_type)
+        meta = meta or {"chainweaver": {}}
+        meta["chainweaver"]["run_id"] = recorder.run_id
+        linked = output_meta(recorder.record)
+        if linked is not None:
+            meta["chainweaver"]["output"] = linked
+        tool_result.meta = meta
+        return tool_result
 
     async def _call(self, call: _Call, arguments: dict[str, Any], ctx: Context | Any,
-                    status: RunObserver | None, in_task: ApprovalInTask | None
-                    ) -> ToolResult:
+                    status: RunObserver | None, in_task: ApprovalInTask | None,
+                    run: RunStart | None) -> ToolResult:
         """:meth:`run_flow`'s work, saying in ``call`` which part of it is under way."""
         flow = self._exposed.flow
-        call.part = "checking the arguments"
-        if not _sendable(arguments):
-            # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
-            # it, and the flow must not run on text that is not Unicode.
-            text = f"Invalid arguments for {self.name!r}: text must be valid Unicode"
-            return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         call.part = "reading the request"
         if not isinstance(ctx, Context):
             # Called as tools/call does (run(arguments)), the default is the dependency
             # marker itself; a background-task worker injects a real Context.
             ctx = _request_context()
-        call.part = "run reporting"
+        call.part = "run records"
         names = self.step_names()
+        recorder = call.recorder = RunRecorder(self._run_log, self._exposed,
+                                               run or self._run_start(ctx), names)
+        await recorder.begin()
+        call.part = "checking the arguments"
+        if not _sendable(arguments):
+            # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
+            # it, and the flow must not run on text that is not Unicode.
+            text = f"Invalid arguments for {self.name!r}: text must be valid Unicode"
+            return await self._ended(recorder, ToolResult(
+                content=[TextContent(type="text", text=text)], is_error=True),
+                error_type="InputValidationError")
+        call.part = "run reporting"
         reporter = None
         if ctx is not None and status is None and self._runs.notifications:
             reporter = call.reporter = await RunReporter.wanted(
@@ -225,7 +275,9 @@ class FlowTool(FastMCPTool):
         approve: ApprovalHook = ALWAYS_APPROVE
         if self._exposed.needs_approval:
             if ctx is None:
-                return self._error_result("ApprovalDenied", "no client to ask for approval")
+                return await self._ended(recorder, self._error_result(
+                    "ApprovalDenied", "no client to ask for approval"),
+                    error_type="ApprovalDenied")
             approval = approve = Approval(ctx, self.name, self._runs, in_task,
                                           arguments=arguments, readmit=self.readmits,
                                           shown=names.shown)
@@ -235,22 +287,26 @@ class FlowTool(FastMCPTool):
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
-                plan=self._exposed.plan, observer=fan_out(status or reporter, *watching),
-                approve=approve)
+                plan=self._exposed.plan,
+                observer=fan_out(status or reporter, recorder, *watching), approve=approve)
         except BaseException as error:
             if reporter is not None:
                 reporter.abandon()
             if isinstance(error, asyncio.CancelledError):
                 logger.info("a call of %r was cancelled by the client", self.name)
+                with anyio.CancelScope(shield=True):
+                    await recorder.cancelled()
             raise
         call.part = "run reporting"
         if reporter is not None:
             await reporter.close()
         call.part = "approval"
         if approval is not None and approval.ask is not None:
+            call.part = "run records"
+            await recorder.waiting(approval.ask.request_state)
             return InputRequiredToolResult(approval.ask)
         if approval is not None and approval.outcome == "flow_unavailable":
-            return self._unavailable()
+            return await self._ended(recorder, self._unavailable(), approval=approval)
         call.part = "serialising the result"
         meta = run_meta(result, self._error_detail, names)
         if not result.success:
@@ -266,8 +322,12 @@ class FlowTool(FastMCPTool):
                 tool_result = self._error_result(
                     "OutputSerializationError",
                     f"flow {self._exposed.flow.name!r} output cannot be sent as JSON: {error}")
-        tool_result.meta = meta
-        return tool_result
+                return await self._ended(recorder, tool_result, meta=meta,
+                                         error_type="OutputSerializationError")
+            call.part = "run records"
+            tool_result = await recorder.outgoing(
+                tool_result, has_schema=self.output_schema is not None)
+        return await self._ended(recorder, tool_result, result, approval, meta=meta)
 
     def _unexpected(self, error: Exception, part: str) -> ToolResult:
         """The isError result for an exception nothing expected: the flow and the part
@@ -342,11 +402,12 @@ class FlowTool(FastMCPTool):
 class _Call:
     """One call of a flow tool, as far as an unexpected failure needs to know it."""
 
-    __slots__ = ("part", "reporter")
+    __slots__ = ("part", "recorder", "reporter")
 
     def __init__(self) -> None:
         self.part = "the call"  # named in the result when something unexpected fails
         self.reporter: RunReporter | None = None
+        self.recorder: RunRecorder | None = None
 
 
 def _type_name(error: BaseException) -> str:

@@ -32,11 +32,12 @@ from chainweaver.mcp.components.resources import (
     index_resource,
     schema_resource,
 )
+from chainweaver.mcp.components.run_resources import RunResources, run_templates
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.composition import stamp_owner
 from chainweaver.mcp.gate.views import View, Views
-from chainweaver.mcp.live.cursors import fingerprint
+from chainweaver.mcp.live.cursors import INVALID_CURSOR, LIST_AGAIN, fingerprint, position
 from chainweaver.mcp.publish.exposure import (
     INDEX_URI,
     ExposedFlow,
@@ -45,6 +46,7 @@ from chainweaver.mcp.publish.exposure import (
     PromptEntry,
 )
 from chainweaver.mcp.runs.approval import RunSettings
+from chainweaver.mcp.runs.recording import RunLog, is_run_uri
 from chainweaver.versions import version_key
 
 
@@ -109,6 +111,7 @@ class FlowProvider(Provider):
         owner: str = "",
         runs: RunSettings | None = None,
         views: Views | None = None,
+        run_log: RunLog | None = None,
     ) -> None:
         super().__init__()
         self.exposure = exposure
@@ -121,6 +124,10 @@ class FlowProvider(Provider):
         self._cache: dict[tuple[str, str], tuple[object, Any]] = {}
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
+        self.run_log = run_log
+        self.run_resources = RunResources(run_log, exposure, error_detail) \
+            if run_log is not None else None
+        self._run_templates = run_templates() if run_log is not None else []
         # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks.extension).
         self.task_runner: Tool | None = None
 
@@ -143,17 +150,19 @@ class FlowProvider(Provider):
         name that never existed.
         """
         held = admission.current()
-        if held is not None and held.view is not None and held.owner == self.owner:
-            return held.view
-        return self.views.of(self.exposure, admission.caller())
+        record = held.of(self.owner) if held is not None else None
+        if record is not None and record.view is not None and record.owner == self.owner:
+            return record.view
+        # Outside a request this server's gate admitted: a background task's run (its
+        # record names the caller), or no request at all (the token's caller, if any).
+        caller = record.caller if record is not None else None
+        return self.views.of(self.exposure, caller or admission.caller_from_token())
 
     def _admitted(self, kind: Any) -> tuple[bool, ExposedFlow | None]:
         """Whether this server's gate decided a request of ``kind`` being served, and
         the flow it admitted it for (None: none in the caller's view)."""
         held = admission.current()
-        if held is None or not held.decided or held.owner != self.owner or held.kind != kind:
-            return False, None
-        return True, held.target
+        return held.admits(self.owner, kind) if held is not None else (False, None)
 
     def _served_flow(self, kind: Any, name: str, published: Callable[[ExposedFlow], str],
                      lookup: Callable[[str], ExposedFlow | None],
@@ -184,17 +193,27 @@ class FlowProvider(Provider):
         list's fingerprint for its cursors."""
         held = admission.current()
         page = held.page if held is not None else None
-        if page is None:
-            return listed
+        if page is None or page.owner != self.owner:
+            return listed  # not a list request, or another server's list (a mount)
         if page.kind != kind:
             # Listed while another list is served: FastMCP 4.2 lists every tool for the
             # Prefab UI resources it adds to resources/list, which flow tools never
             # have. Building the whole catalogue for that would make a page O(catalogue).
             return []
+        # Checked here, while the gate serves the list, so the gate refuses (and
+        # audits) a stale or forged cursor like any other refused list. (FastMCP
+        # swallows an exception raised by a provider's list: hence the note.)
         page.fingerprint = view.cached(
             f"cursor:{kind}", lambda: fingerprint(kind, (key(item) for item in listed)))
+        if page.issued is not None and page.issued != page.fingerprint:
+            page.refused = LIST_AGAIN
+            return []
         if page.size is None:
             return listed
+        page.offset = position(page.cursor) if page.cursor is not None else 0
+        if page.offset < 0:
+            page.refused = INVALID_CURSOR
+            return []
         page.more = page.offset + page.size < len(listed)
         return listed[page.offset:page.offset + page.size]
 
@@ -232,7 +251,8 @@ class FlowProvider(Provider):
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
         return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
-            runs=self.runs, live=self.exposure, views=self.views))
+            runs=self.runs, live=self.exposure, views=self.views, view=self.view,
+            run_log=self.run_log))
 
     async def _list_tools(self) -> Sequence[Tool]:
         if self._resolving():
@@ -291,6 +311,8 @@ class FlowProvider(Provider):
     async def _get_resource(
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
+        if self.run_resources is not None and is_run_uri(uri):
+            return await self.run_resources.resource(uri, self.view())
         if not self.exposure.expose_schemas:
             return None
         if uri == INDEX_URI:
@@ -300,7 +322,10 @@ class FlowProvider(Provider):
         return self._schema_resource(exposed) if exposed is not None else None
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
-        return [self._template] if self._template is not None else []
+        templates: list[ResourceTemplate] = [self._template] if self._template else []
+        if self.run_resources is not None:
+            templates.extend(self._run_templates)
+        return templates
 
     async def _get_resource_template(
         self, uri: str, version: VersionSpec | None = None
@@ -393,6 +418,11 @@ class FlowProvider(Provider):
     ) -> list[str]:
         """Completion values for exposed prompts and the schema template only."""
         typed = argument.value or ""
+        if isinstance(ref, mcp_types.ResourceTemplateReference) and \
+                self.run_resources is not None:
+            runs = self.run_resources.complete(ref.uri, argument.name, typed, self.view())
+            if runs is not None:
+                return runs
         if isinstance(ref, mcp_types.ResourceTemplateReference):
             if self._template is None or ref.uri != TEMPLATE_URI:
                 return []

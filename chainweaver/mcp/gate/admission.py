@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastmcp.server.dependencies import get_access_token
+from mcp import MCPError
+from mcp_types import INVALID_PARAMS
 
 from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity, RequestKind
 from chainweaver.mcp.gate.views import View, Views
@@ -34,10 +36,34 @@ class ListPage:
     which alone knows the caller's list)."""
 
     kind: str  # "tools", "resources", "prompts" or "templates"
-    offset: int = 0
+    owner: str  # the owner mark of the server whose list handler serves it
+    cursor: str | None = None  # the position the client sent (the fingerprint cut off)
+    issued: str | None = None  # the fingerprint of the list that cursor was cut from
     size: int | None = None  # None: the whole list
-    fingerprint: str = "0"  # of the caller's list (see chainweaver.mcp.live.cursors)
+    offset: int = 0
+    fingerprint: str = ""  # of the caller's list (see chainweaver.mcp.live.cursors)
     more: bool = False  # items follow this page
+    # Why the cursor is refused (-32602), found while the gate serves the list: the
+    # gate raises it there, so the refusal is audited like any other.
+    refused: str | None = None
+
+    def check(self) -> None:
+        """Raise the refusal the provider found for this page's cursor, if any."""
+        if self.refused is not None:
+            raise MCPError(code=INVALID_PARAMS, message=self.refused)
+
+
+@dataclass
+class RunNote:
+    """What the flow tool tells the gate of the run an admitted ``tools/call`` started,
+    for its audit: the error type of a failed run (which ``error_detail`` may keep
+    from the client) and, for an output sent as a resource link, the output's digest
+    and length (the result itself carries only a preview)."""
+
+    run_id: str | None = None
+    error_type: str | None = None
+    output_sha256: str | None = None
+    output_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,10 +76,11 @@ class Admission:
     flow the request reaches in that view, None when it reaches none) once it resolved
     it (``decided``). ``owner`` is the owner mark of the gate that admitted it;
     ``observers`` watch the steps of the run an admitted ``tools/call`` starts
-    (telemetry's spans).
+    (telemetry's spans); ``run`` is where that run's tool notes what the audit needs.
     """
 
     request: object
+    outer: Admission | None = None  # another server's decision this one is nested in
     pins: tuple[tuple[LiveExposure, Exposure], ...] = ()
     learn: Callable[[CallerIdentity], None] | None = None  # the session record's
     caller: CallerIdentity | None = None
@@ -66,6 +93,7 @@ class Admission:
     audit_approval: Callable[[str, str], Awaitable[None]] | None = None
     observers: tuple[RunObserver, ...] = ()  # told about the admitted run's steps
     page: ListPage | None = field(default=None, compare=False)
+    run: RunNote | None = field(default=None, compare=False)  # an admitted call's run
 
     def snapshot_of(self, live: LiveExposure) -> Exposure | None:
         """The snapshot ``live`` answers from for this request (None: not pinned)."""
@@ -74,16 +102,40 @@ class Admission:
                 return snapshot
         return None
 
-    def admits(self, owner: str, kind: RequestKind) -> ExposedFlow | None:
-        """The flow the gate of ``owner`` admitted this ``kind`` of request for."""
-        if self.decided and self.owner == owner and self.kind == kind:
-            return self.target
+    def of(self, owner: str) -> Admission | None:
+        """The record ``owner``'s gate made of this request (a FlowServer mounted in
+        another admits the request again, nested in the other's record); a record no
+        gate made (a pinned request, a background task's run) stands for any server."""
+        record: Admission | None = self
+        while record is not None:
+            if record.owner == owner or record.owner is None:
+                return record
+            record = record.outer
         return None
+
+    def admits(self, owner: str, kind: RequestKind) -> tuple[bool, ExposedFlow | None]:
+        """Whether ``owner``'s gate decided this ``kind`` of request, and the flow it
+        admitted it for (None: none in the caller's view)."""
+        record = self.of(owner)
+        if record is None or record.owner != owner or not record.decided \
+                or record.kind != kind:
+            return False, None
+        return True, record.target
 
     def looks_up(self, owner: str) -> bool:
         """Whether this is a call, read or render of ``owner``'s: a list made to serve
         it (FastMCP lists to resolve some names) need only hold its target."""
-        return self.owner == owner and self.kind in ("tool", "resource", "prompt")
+        record = self.of(owner)
+        return record is not None and record.owner == owner \
+            and record.kind in ("tool", "resource", "prompt")
+
+    def nested_in(self, owner: str) -> Admission | None:
+        """This request's record by ``owner``'s gate, when the request already passed
+        that gate (a read a tool the gate admitted makes, or a request a parent's
+        ``MountedGate`` admitted for it)."""
+        record = self.of(owner)
+        return record if record is not None and record.owner == owner \
+            and record.caller is not None else None
 
 
 _ADMISSION: ContextVar[Admission | None] = ContextVar("chainweaver_admission", default=None)
@@ -119,8 +171,10 @@ def pinning(request: object, live: LiveExposure,
     if snapshot is not None and learn is None:
         yield snapshot
         return
-    snapshot = snapshot or live.latest
-    record = replace(base, pins=(*base.pins, (live, snapshot)), learn=learn or base.learn)
+    pins = base.pins if snapshot is not None else (*base.pins, (live, live.latest))
+    record = replace(base, pins=pins, learn=learn or base.learn)
+    snapshot = record.snapshot_of(live)
+    assert snapshot is not None
     with admitted(record):
         yield snapshot
 

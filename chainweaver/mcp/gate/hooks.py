@@ -11,6 +11,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 # "list" (tools/list, resources/list, resources/templates/list, prompts/list),
@@ -44,6 +45,9 @@ class CallerIdentity:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scopes", frozenset(self.scopes))
+        # A read-only copy: a caller's view is worked out once per caller object, so
+        # claims changed behind its back must not keep showing the old view.
+        object.__setattr__(self, "claims", MappingProxyType(dict(self.claims)))
 
 
 ANONYMOUS = CallerIdentity("anonymous")

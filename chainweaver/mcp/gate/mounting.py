@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -17,7 +18,7 @@ from fastmcp import FastMCP
 from fastmcp.server.middleware import MiddlewareContext
 
 from chainweaver.mcp.fastmcp_seams import completion_handler
-from chainweaver.mcp.gate import log_level
+from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.composition import (
     GateHooks,
     find_component,
@@ -26,7 +27,8 @@ from chainweaver.mcp.gate.composition import (
 )
 from chainweaver.mcp.gate.hooks import RequestKind
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
-from chainweaver.mcp.gate.security import SecurityGate, _completion_target
+from chainweaver.mcp.gate.requests import completion_target
+from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.publish.exposure import ExposedFlow
 
 
@@ -49,7 +51,7 @@ class MountedGate(GateHooks):
                 return await self._guard("prompt", params["name"], context,
                                          refuse_malformed(problem), call_next)
         if context.method == "completion/complete":
-            return await self._guard_listing("completion", _completion_target(params),
+            return await self._guard_listing("completion", completion_target(params),
                                              context, call_next)
         if context.method == "logging/setLevel":  # the parent's clients' level, for runs
             return await log_level.serve_set_level(context, call_next,
@@ -63,17 +65,29 @@ class MountedGate(GateHooks):
     async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
                      call_next: Any, otherwise: Any = None) -> Any:
         parent = context.fastmcp_context.fastmcp if context.fastmcp_context else None
-        component = None if parent is None else await find_component(parent, kind, name)
+        if parent is None or not self.gate.active:
+            return await (otherwise or call_next)(context)  # nothing to guard
+        # Whose request is it? Only a component this caller may see can be this
+        # server's: the caller is authenticated first (nothing audited yet), and the
+        # name resolved in its view. A flow hidden from it is then, like a name that
+        # never existed, the parent's to answer.
+        caller = await self.gate.caller_for(kind, name)
+        probe = self.gate.probe(caller, kind, name)
+        with admission.admitted(probe):
+            component = await find_component(parent, kind, name)
         meta = owned_meta(component, self.gate.owner)
-        if not self.gate.active or meta is None:
-            # Not this FlowServer's component (the parent answers), or nothing to guard.
-            return await (otherwise or call_next)(context)
+        if meta is None:
+            # Not this server's, for this caller: served as the gate decided, so no
+            # later lookup finds a flow of this server under the name either.
+            with admission.admitted(replace(probe, decided=True)):
+                return await (otherwise or call_next)(context)
         exposed = flow_of(self.gate.exposure, meta)
 
         async def resolved() -> ExposedFlow | None:
             return exposed
 
-        return await self.gate.guard_target(kind, name, resolved, context, call_next)
+        return await self.gate.guard_target(kind, name, resolved, context, call_next,
+                                            authenticated=caller)
 
 
 class MountedCompletions:

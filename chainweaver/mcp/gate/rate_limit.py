@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.publish.decision import INDEX_URI
+from chainweaver.mcp.runs.recording import RUNS_URI, is_run_uri
 
 if TYPE_CHECKING:
     from chainweaver.mcp.publish.exposure import Exposure, LiveExposure
@@ -47,6 +48,9 @@ def budget_name(gate: GateContext, exposure: Exposure | LiveExposure) -> str:
     if gate.kind == "completion":
         # The reference names a prompt or a template: any string the client likes.
         return "completion/complete"
+    if gate.kind == "resource" and is_run_uri(gate.name):
+        # Every run resource, the caller's own or not: one budget, whatever the id.
+        return RUNS_URI
     if gate.flow_name is not None:
         return gate.name  # resolved to one published tool, schema resource or prompt
     # Published, but of no flow: the guide, a server-level prompt, the index. They are

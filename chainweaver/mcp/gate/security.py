@@ -38,7 +38,7 @@ from mcp_types import INTERNAL_ERROR
 
 from chainweaver.mcp.config import SecurityConfig
 from chainweaver.mcp.gate import admission, log_level
-from chainweaver.mcp.gate.admission import Admission, caller_from_token
+from chainweaver.mcp.gate.admission import Admission, RunNote, caller_from_token
 from chainweaver.mcp.gate.composition import (
     GateHooks,
     find_component,
@@ -58,8 +58,10 @@ from chainweaver.mcp.gate.hooks import (
 )
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
+from chainweaver.mcp.gate.requests import completion_target, payload_text, task_id_of
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
+from chainweaver.mcp.runs.recording import is_run_uri
 
 logger = logging.getLogger("chainweaver.mcp.gate.security")
 
@@ -83,19 +85,6 @@ def refusal_error(reason: str) -> MCPError:
                     data={"reason": reason})
 
 
-def payload_text(kind: RequestKind, result: Any) -> str:
-    """The text a request returned, as the audit hashes it."""
-    if kind == "tool":
-        # A call run as a background task returns its handle, which has no content:
-        # the task's own audit records its result (chainweaver.mcp.tasks.extension).
-        return "\n".join(getattr(block, "text", "") for block in getattr(result, "content", ()))
-    if kind == "resource":
-        return "\n".join(
-            c.content if isinstance(c.content, str) else c.content.hex() for c in result.contents
-        )
-    return "\n".join(getattr(m.content, "text", "") for m in result.messages)
-
-
 class SecurityGate(GateHooks):
     """FastMCP middleware applying the gate to tools, resources and prompts alike."""
 
@@ -112,6 +101,9 @@ class SecurityGate(GateHooks):
         self.active = config.active
         self._warned_composition = False
         self.keeps_sessions = True  # False while serving stateless HTTP
+        # With a run history: the flow of the caller's run a run URI names (set by
+        # FlowServer; see chainweaver.mcp.components.run_resources).
+        self.run_target: Callable[[str], Awaitable[ExposedFlow | None]] | None = None
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         # The only hook that sees prompts/get params before the MCP SDK validates
@@ -125,7 +117,7 @@ class SecurityGate(GateHooks):
                 return await self._guard("prompt", name if isinstance(name, str) else "",
                                          context, refuse_malformed(problem))
         if context.method == "completion/complete":
-            return await self._guard_listing("completion", _completion_target(params),
+            return await self._guard_listing("completion", completion_target(params),
                                              context, call_next)
         if context.method in SUBSCRIPTION_METHODS:
             return await self._guard_listing("subscription", context.method, context,
@@ -141,7 +133,7 @@ class SecurityGate(GateHooks):
         """Authenticate, rate-limit and audit ``tasks/get``, ``tasks/cancel`` and
         ``tasks/update`` (``kind="task"``, the method as name), and serve them as the
         caller: the tasks extension answers only that caller's tasks, in its view."""
-        task_id = _task_id(context.message)
+        task_id = task_id_of(context.message)
         return await self._guard_listing("task", context.method or "", context, call_next,
                                          task_id=task_id)
 
@@ -153,18 +145,23 @@ class SecurityGate(GateHooks):
         tells). ``mounted``: run by a parent's :class:`MountedGate`, for a request that
         came in through the parent."""
         held = admission.current()
-        if held is not None and held.caller is not None:
-            # Admitted already: by the parent's MountedGate, or this is a list a tool
-            # the gate admitted makes (resources_as_tools / prompts_as_tools).
-            with admission.admitted(replace(held, kind=kind, name=name, target=None,
+        nested = held.nested_in(self.owner) if held is not None else None
+        if nested is not None:
+            # Admitted by this gate already: by the parent's MountedGate, or this is a
+            # list a tool the gate admitted makes (resources_as_tools / prompts_as_tools).
+            with admission.admitted(replace(nested, kind=kind, name=name, target=None,
                                             decided=True)):
                 return await call_next(context)
         if not (mounted or reached_directly(self, context)):
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
         if not self.active:
-            with admission.admitted(self._record(held, caller_from_token(), gate, None)):
-                return await call_next(context)
+            record = self._record(held, caller_from_token(), gate, None)
+            with admission.admitted(record):
+                result = await call_next(context)
+            if record.page is not None:
+                record.page.check()
+            return result
         try:
             caller = await self._authenticate(gate)
             await self._limit(gate, caller)
@@ -190,10 +187,16 @@ class SecurityGate(GateHooks):
                 await self._audit(gate, caller, approval_decision(answer), answer,
                                   phase="approval", step_id=step_id)
             approvals = audit
-        return replace(held or Admission(object()), caller=caller,
+        base = held or Admission(object())
+        # Another server's gate decided this request first (this server is mounted in
+        # it): keep its record, for its own components, and make this gate's inside it.
+        foreign = held is not None and held.owner not in (None, self.owner)
+        outer = held if foreign else base.outer
+        observers = () if foreign else base.observers
+        return replace(base, caller=caller,
                        view=self.views.of(self.exposure, caller), owner=self.owner,
                        kind=gate.kind, name=gate.name, target=target, decided=decided,
-                       audit_approval=approvals)
+                       audit_approval=approvals, outer=outer, observers=observers)
 
     async def _run_admitted(self, record: Admission, context: MiddlewareContext,
                             call_next: Any, gate: GateContext, started: float,
@@ -203,7 +206,10 @@ class SecurityGate(GateHooks):
         caller = record.caller
         try:
             with admission.admitted(record):
-                return await call_next(context)
+                result = await call_next(context)
+            if record.page is not None:
+                record.page.check()  # a cursor the provider found stale or forged
+            return result
         except asyncio.CancelledError:
             # Shielded, so an async audit hook still runs.
             with anyio.CancelScope(shield=True):
@@ -231,7 +237,10 @@ class SecurityGate(GateHooks):
 
     async def target_in(self, server: FastMCP | None, kind: RequestKind, name: str
                         ) -> ExposedFlow | None:
-        """The exposed flow a request for ``name`` on ``server`` reaches, if any."""
+        """The exposed flow a request for ``name`` on ``server`` reaches, if any (for a
+        run URI: the flow of that run, when the current caller started it)."""
+        if kind == "resource" and self.run_target is not None and is_run_uri(name):
+            return await self.run_target(name)
         if server is None or not server.transforms:
             return self.published_target(kind, name)
         # A transform added to server.fastmcp (a Namespace, a rename) changes the names
@@ -245,8 +254,7 @@ class SecurityGate(GateHooks):
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
     ) -> Any:
         held = admission.current()
-        if held is not None and held.decided and held.owner == self.owner \
-                and held.kind == kind:
+        if held is not None and held.admits(self.owner, kind)[0]:
             return await call_next(context)  # a parent's MountedGate ran this gate
         if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
@@ -258,6 +266,7 @@ class SecurityGate(GateHooks):
         self, kind: RequestKind, name: str,
         resolve: Callable[[], Awaitable[ExposedFlow | None]],
         context: MiddlewareContext, call_next: Any,
+        authenticated: CallerIdentity | None = None,
     ) -> Any:
         """Admit one request: authenticate, resolve its flow in *that caller's* view,
         rate-limit, authorize, audit; then serve it as the caller.
@@ -272,7 +281,8 @@ class SecurityGate(GateHooks):
         # Admitted already: this request runs inside one the gate admitted (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same
         # caller, same rate-limit unit; the read itself is still authorized and audited.
-        admitted = held.caller if held is not None else None
+        nested = held.nested_in(self.owner) if held is not None else None
+        admitted = nested.caller if nested is not None else None
         if not self.active:
             token_caller = admitted or caller_from_token()
             exposed = await self._resolve(held, token_caller, gate, resolve)
@@ -282,7 +292,7 @@ class SecurityGate(GateHooks):
         caller: CallerIdentity | None = admitted
         try:
             if admitted is None:
-                caller = await self._authenticate(gate)
+                caller = authenticated or await self._authenticate(gate)
             assert caller is not None
             exposed = await self._resolve(held, caller, gate, resolve)
             gate = _gate_for(kind, name, exposed, headers)
@@ -297,8 +307,10 @@ class SecurityGate(GateHooks):
         await self._audit(gate, caller, "allowed", "ok")
 
         started = time.perf_counter()
-        result = await self._run_admitted(self._record(held, caller, gate, exposed), context,
-                                          call_next, gate, started)
+        # Where the run a call starts notes what its audit needs (see RunNote).
+        note = RunNote() if kind == "tool" else None
+        result = await self._run_admitted(replace(self._record(held, caller, gate, exposed),
+                                                  run=note), context, call_next, gate, started)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
@@ -308,12 +320,37 @@ class SecurityGate(GateHooks):
                               outcome="error", error_type="UnsendableResult")
             raise MCPError(code=INTERNAL_ERROR, message="The result cannot be sent") from None
         failed = kind == "tool" and bool(getattr(result, "is_error", False))
+        digest, length = hashlib.sha256(data).hexdigest(), len(data)
+        if note is not None and note.output_sha256 is not None \
+                and note.output_length is not None:
+            # The output went as a resource link (an isError result for a flow with an
+            # output schema, yet the run succeeded): the digest of the output itself,
+            # which the link reads back (the result holds a preview).
+            digest, length, failed = note.output_sha256, note.output_length, False
         await self._audit(
             gate, caller, "allowed", "ok", started=started,
             outcome="error" if failed else "ok",
-            result_sha256=hashlib.sha256(data).hexdigest(), result_length=len(data),
+            error_type=note.error_type if note is not None and failed else None,
+            result_sha256=digest, result_length=length,
         )
         return result
+
+    async def caller_for(self, kind: RequestKind, name: str) -> CallerIdentity | None:
+        """The caller the request would be admitted as (None: it would be refused);
+        nothing is audited (see ``MountedGate``: is the request this server's?)."""
+        gate = _gate_for(kind, name, None, get_http_headers(include_all=True))
+        try:
+            return await self._authenticate(gate)
+        except GateRefused:
+            return None
+
+    def probe(self, caller: CallerIdentity | None, kind: RequestKind, name: str
+              ) -> Admission:
+        """An undecided admission of ``caller``'s request (the token's caller when
+        None), for looking its name up in that caller's view."""
+        gate = _gate_for(kind, name, None, {})
+        return self._record(admission.current(), caller or caller_from_token(), gate, None,
+                            decided=False)
 
     def _unsupported_composition(self, kind: RequestKind, name: str) -> MCPError:
         # The request did not come through this server's transport: it was routed in
@@ -438,22 +475,6 @@ def _gate_for(kind: RequestKind, name: str, exposed: ExposedFlow | None,
               headers: Mapping[str, str]) -> GateContext:
     return GateContext(kind, name, exposed.flow.name if exposed else None,
                        exposed.flow.version if exposed else None, headers)
-
-
-def _task_id(params: Any) -> str | None:
-    """The ``taskId`` of a ``tasks/*`` request, when it names one (for the audit)."""
-    task_id = params.get("taskId") if isinstance(params, Mapping) else None
-    return task_id if isinstance(task_id, str) else None
-
-
-def _completion_target(params: Any) -> str:
-    """The prompt name or template URI a ``completion/complete`` request refers to."""
-    ref = params.get("ref") if isinstance(params, Mapping) else getattr(params, "ref", None)
-    if isinstance(ref, Mapping):
-        target = ref.get("name", ref.get("uri"))
-    else:
-        target = getattr(ref, "name", None) or getattr(ref, "uri", None)
-    return target if isinstance(target, str) else ""
 
 
 def _with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:

@@ -24,12 +24,14 @@ from typing import Any
 import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import bind_request_context
+from fastmcp.server.providers import LocalProvider
 from mcp import MCPError
 
 from chainweaver.mcp.gate.admission import Admission, ListPage, admitted
 
 LIST_AGAIN = ("the published list changed since this cursor was issued; "
               "list again from the start")
+INVALID_CURSOR = "Invalid cursor"
 # Lists whose items the flow provider alone can page, by what they list.
 PAGED_BY_PROVIDER = frozenset({"tools/list", "resources/list", "prompts/list"})
 LISTED = {"tools/list": "tools", "resources/list": "resources", "prompts/list": "prompts",
@@ -49,7 +51,7 @@ def fingerprint(kind: str, names: Iterable[str]) -> str:
 
 
 def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
-                  page_size: int | None, provider: object) -> Callable[..., Any]:
+                  page_size: int | None, provider: Any) -> Callable[..., Any]:
     """``method``'s list handler with cursors bound to the caller's list, and pages cut
     by ``provider`` (the flow provider) when it alone serves that list."""
 
@@ -58,11 +60,14 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
         issued, inner = _split(cursor) if cursor is not None else (None, None)
         by_provider = page_size is not None and method in PAGED_BY_PROVIDER \
             and await _only_flows(server, provider, method)
-        page = ListPage(LISTED.get(method, method),
-                        offset=_offset(inner) if by_provider and inner else 0,
-                        size=page_size if by_provider else None)
+        page = ListPage(LISTED.get(method, method), provider.owner, cursor=inner,
+                        issued=issued, size=page_size if by_provider else None)
+        if cursor is not None and issued is None:
+            # Not a cursor of ours: refused by the gate, as it serves the list.
+            page.refused = INVALID_CURSOR
         # The request's admission starts here, with the page it asks for; the first
         # middleware pins its snapshot in the same record (same request: its session).
+        # The provider checks the cursor inside the gate (see FlowProvider._page).
         with admitted(Admission(ctx.session, page=page)):
             if by_provider:
                 result = await _serve_page(server, method, ctx)
@@ -70,24 +75,32 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
                 if inner is not None:
                     params = params.model_copy(update={"cursor": inner})
                 result = await handler(ctx, params)
+        page.check()  # refused while no gate served it (a server without its own gate)
         if issued is not None and issued != page.fingerprint:
+            # A list no provider fingerprinted (the schema template's) has no pages.
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
-        position = (str(page.offset + (page.size or 0)) if page.more else None) \
+        following = (str(page.offset + (page.size or 0)) if page.more else None) \
             if by_provider else getattr(result, "next_cursor", None)
-        if position is not None:
-            result = result.model_copy(update={"next_cursor": f"{page.fingerprint}.{position}"})
+        if following is not None:
+            fingerprinted = page.fingerprint or "0"
+            result = result.model_copy(update={"next_cursor": f"{fingerprinted}.{following}"})
         return result
 
     return paged
 
 
 async def _only_flows(server: FastMCP, provider: object, method: str) -> bool:
-    """Whether ``method``'s list on ``server`` holds the flow provider's items alone."""
+    """Whether ``method``'s list on ``server`` holds the flow provider's items alone:
+    no transform, and no provider beside it but FastMCP's own (for components added
+    with its decorators) holding none of that kind. Any other provider (a mounted
+    server's) may list differently for each caller, so it is never asked here."""
     if server.transforms:
         return False
     for other in server.providers:
         if other is provider:
             continue
+        if not isinstance(other, LocalProvider):
+            return False
         if method == "tools/list":
             found: Any = await other.list_tools()
         elif method == "resources/list":
@@ -115,14 +128,16 @@ async def _serve_page(server: FastMCP, method: str, ctx: Any) -> Any:
             prompts=[p.to_mcp_prompt(name=p.name) for p in prompts])
 
 
-def _split(cursor: str) -> tuple[str, str]:
+def _split(cursor: str) -> tuple[str | None, str | None]:
+    """A cursor's fingerprint and position (None, None: not a cursor of ours)."""
     issued, dot, inner = cursor.partition(".")
     if not dot or not issued or not all(c in "0123456789abcdef" for c in issued):
-        raise MCPError(code=mcp_types.INVALID_PARAMS, message="Invalid cursor")
+        return None, None
     return issued, inner
 
 
-def _offset(position: str) -> int:
-    if not (position.isascii() and position.isdigit()) or len(position) > 12:
-        raise MCPError(code=mcp_types.INVALID_PARAMS, message="Invalid cursor")
-    return int(position)
+def position(cursor: str) -> int:
+    """The offset a cursor's position names (-1: it names none)."""
+    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 12:
+        return -1
+    return int(cursor)

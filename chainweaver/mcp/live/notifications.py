@@ -334,6 +334,27 @@ class ChangeNotifier:
             caller = caller_from_token()
         return caller
 
+    async def run_updated(self, caller_id: str, flow_name: str, uris: list[str]) -> None:
+        """A run's status changed: tell the sessions and listen streams of the caller
+        that started it, while its flow is in their view, that ``uris`` (the run's and
+        the listing's) were updated. Nobody else hears of it."""
+        latest = self.live.latest
+        exposed = latest.flow(flow_name)
+
+        def sees(caller: CallerIdentity | None) -> bool:
+            return caller is not None and caller.id == caller_id and \
+                self.views.of(latest, caller).allows(exposed)
+
+        for session_id, known in list(self._sessions.items()):
+            if not sees(known.caller):
+                continue
+            if not await _send_legacy(known, ViewChange(updated=frozenset(uris))):
+                self._sessions.pop(session_id, None)
+        for bus, (_, caller) in list(self._streams.items()):
+            if sees(caller):
+                for uri in uris:
+                    await bus.publish(ResourceUpdated(uri=uri))
+
     # --------------------------------------------------------- request handlers
 
     async def _listen(self, ctx: Any, params: mcp_types.SubscriptionsListenRequestParams

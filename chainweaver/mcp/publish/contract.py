@@ -98,7 +98,8 @@ def build_contract(executor: FlowExecutor, flow: Flow) -> PublishedContract:
 
     Flows with the same input and output models share one (immutable) contract.
     """
-    input_model = executor.input_model(flow)
+    # The plan's: a first step's constants and pointers change what the caller gives.
+    input_model = executor.plan(flow).input_model
     output_model = executor.output_model(flow)
     if input_model is None:
         raise ContractError("its input model is unknown")

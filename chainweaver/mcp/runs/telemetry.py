@@ -52,15 +52,16 @@ class FlowTelemetry(Middleware):
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         held = admission.current()
-        exposed = held.admits(self.gate.owner, "tool") if held is not None else None
-        if held is None or held.view is None or exposed is None:
+        record = held.of(self.gate.owner) if held is not None else None
+        exposed = held.admits(self.gate.owner, "tool")[1] if held is not None else None
+        if held is None or record is None or record.view is None or exposed is None:
             return await call_next(context)  # not a flow, or none in the caller's view
         # Not made the current span: FastMCP enriches its request span only while that
         # span is current, and would open a second SERVER span under this one.
         span = TRACER.start_span(f"chainweaver.flow {exposed.flow.name}",
                                  start_time=time.time_ns(),
                                  attributes=flow_attributes(exposed, context.message.name))
-        names = step_names(held.view, self.gate.exposure, exposed)
+        names = step_names(record.view, self.gate.exposure, exposed)
         steps = StepSpans(span, names, self.error_detail)
         try:
             with admission.admitted(replace(held, observers=(*held.observers, steps))):

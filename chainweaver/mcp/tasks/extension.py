@@ -62,6 +62,8 @@ from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.runs.approval import SharedMark, declared_elicitation
+from chainweaver.mcp.runs.recording import RunRecorder, run_start
+from chainweaver.mcp.runs.step_names import ALL_VISIBLE
 
 if TYPE_CHECKING:
     import mcp_types
@@ -134,7 +136,7 @@ class FlowTasksExtension(TasksExtension):
         # name that never existed. A version the client asked for that is not the
         # published one finds no tool: the ordinary call answers that too.
         held = admission.current()
-        exposed = held.admits(self.provider.owner, "tool") if held is not None else None
+        exposed = held.admits(self.provider.owner, "tool")[1] if held is not None else None
         if exposed is not None and await context.fastmcp.get_tool(
                 params.name, _requested_version(params)) is None:
             exposed = None
@@ -177,7 +179,11 @@ class FlowTasksExtension(TasksExtension):
         grant = view_grant(self.provider.views, caller)
         if grant is not None:
             payload["grant"] = grant
+        run = run_start(None, caller_id)
+        payload["run"] = run.run_id  # every leg of the task continues this run's record
         created = await create_task(await self.registered_runner(), payload, context)
+        run.task_id = created.task_id
+        await RunRecorder(self.provider.run_log, exposed, run, ALL_VISIBLE).begin()
         await self.audit.record(exposed, created.task_id, "working", caller_id,
                                 phase="decision", reason="created")
         return created
@@ -217,6 +223,9 @@ class FlowTasksExtension(TasksExtension):
         if (await is_cancelled(docket, scope, task_id)
                 and await mark_once(docket, f"chainweaver:task-cancel:{scope}:{task_id}")):
             await self.audit.record(exposed, task_id, "cancelled", admission.caller().id)
+            run_id = (await load_task_args(docket, scope, task_id)).get("run")
+            if self.provider.run_log is not None and isinstance(run_id, str):
+                await self.provider.run_log.cancelled(run_id)
         return result
 
     async def reachable_flow(self, task_id: str) -> ExposedFlow | None:

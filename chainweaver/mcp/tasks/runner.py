@@ -30,7 +30,7 @@ from mcp_types import INTERNAL_ERROR, TextContent
 from pydantic import PrivateAttr
 
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import Admission
+from chainweaver.mcp.gate.admission import Admission, RunNote
 from chainweaver.mcp.gate.hooks import (
     AuditEvent,
     AuditHook,
@@ -38,10 +38,11 @@ from chainweaver.mcp.gate.hooks import (
     approval_decision,
     deliver_audit,
 )
-from chainweaver.mcp.gate.security import payload_text
+from chainweaver.mcp.gate.requests import payload_text
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.runs.approval import ApprovalInTask
+from chainweaver.mcp.runs.recording import run_start
 from chainweaver.results import StepRecord
 from chainweaver.run_events import RunObserver
 
@@ -78,10 +79,10 @@ class TaskAudit:
                      caller_id: str | None, *,
                      phase: Literal["decision", "state", "completed", "approval"] = "state",
                      reason: str = "ok", result: ToolResult | None = None,
-                     step_id: str | None = None) -> None:
+                     step_id: str | None = None, note: RunNote | None = None) -> None:
         if self.hook is None:
             return
-        digest = length = None
+        digest = length = error_type = None
         outcome: Literal["ok", "error"] | None = None
         if result is not None:
             # Hashed as the gate hashes a call's result, so a task's digest and a call's
@@ -89,12 +90,18 @@ class TaskAudit:
             data = payload_text("tool", result).encode("utf-8", "surrogatepass")
             digest, length = hashlib.sha256(data).hexdigest(), len(data)
             outcome = "error" if result.is_error else "ok"
+            if note is not None and note.output_sha256 is not None:
+                # Sent as a resource link: the output's own digest, as for a call.
+                digest, length, outcome = note.output_sha256, note.output_length, "ok"
+            if outcome == "error" and note is not None:
+                error_type = note.error_type
         event = AuditEvent(
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
             caller_id=caller_id,
             decision=approval_decision(reason) if phase == "approval" else "allowed",
-            reason=reason, outcome=outcome, result_sha256=digest, result_length=length,
+            reason=reason, outcome=outcome, error_type=error_type, result_sha256=digest,
+            result_length=length,
             task_id=task_id, task_status=status, step_id=step_id)
         await deliver_audit(self.hook, event, self.timeout)
 
@@ -155,9 +162,11 @@ class FlowTaskRunner(FastMCPTool):
 
         asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True),
                                 caller_id=caller_id)
+        note = RunNote()
+        run = run_start(arguments.get("run"), caller_id or "anonymous", note, task_id)
         try:
             result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
-                                         in_task=asking)
+                                         in_task=asking, run=run)
         finally:
             await reports.drain()
         if isinstance(result, InputRequiredToolResult):
@@ -167,7 +176,7 @@ class FlowTaskRunner(FastMCPTool):
             await self._audit.record(exposed, task_id, "input_required", caller_id)
             return result
         await self._audit.record(exposed, task_id, "completed", caller_id,
-                                 phase="completed", result=result)
+                                 phase="completed", result=result, note=note)
         return result
 
     async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,

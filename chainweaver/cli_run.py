@@ -1,0 +1,231 @@
+"""``chainweaver run FLOW PATH... --tools MODULE``: run one flow from the command line.
+
+The output goes to stdout as JSON and a table of the steps to stderr, so
+``chainweaver run ... | jq`` works; ``--json`` prints one document with both instead.
+Exit codes: 0 the flow succeeded, 1 it failed (its error names the step and the field),
+2 a usage or loading error (bad input JSON, a flow file or tools module that does not
+load, no such flow or version, a flow that cannot run at all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from .cli_build import load_executor
+from .cli_errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, CommandError
+from .cli_options import PROG
+from .errors import ChainWeaverError, FlowNotFoundError
+from .executor import FlowExecutor
+from .results import ErrorInfo, ExecutionResult, StepRecord
+from .run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, approval_request
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell shows for Ctrl-C
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.flow`` once and report it; returns the exit code."""
+    flow_input = read_input(args.input, args.input_file)
+    try:
+        # Tools may print, while importing or running: stdout is for the result only.
+        with redirect_stdout(sys.stderr):
+            executor, _ = load_executor(args.paths, args.tools)
+            plan = _plan(executor, args.flow, args.flow_version)
+            result = executor.execute_flow(args.flow, flow_input, plan=plan,
+                                           approve=approver(args.yes, plan))
+    except CommandError as error:
+        raise CommandError(EXIT_USAGE, str(error)) from None
+    except (OSError, ImportError, ChainWeaverError) as error:
+        # Missing files and modules, invalid flow files, duplicate flows: nothing ran.
+        raise CommandError(EXIT_USAGE, str(error)) from None
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json:
+        print(json.dumps(result_document(result), indent=2), flush=True)
+    else:
+        print(step_table(result), file=sys.stderr, flush=True)
+        if result.success:
+            print(json.dumps(jsonable(result.final_output), indent=2), flush=True)
+        else:
+            print(f"{PROG}: flow {result.flow_name} {result.flow_version} failed: "
+                  f"{describe_error(result.error)}", file=sys.stderr, flush=True)
+    return EXIT_OK if result.success else EXIT_INVALID
+
+
+def read_input(text: str | None, file: str | None) -> dict[str, Any]:
+    """The flow input from ``--input`` or ``--input-file`` (``-``: stdin); ``{}`` when
+    neither is given. Anything but a JSON object is a usage error."""
+    source = "--input"
+    if file is not None:
+        source = f"--input-file {file}"
+        try:
+            text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CommandError(EXIT_USAGE, f"{source}: no such file") from None
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise CommandError(EXIT_USAGE, f"{source}: cannot be read: {reason}") from None
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CommandError(EXIT_USAGE, f"{source}: not JSON: {error.msg} at line "
+                           f"{error.lineno}, column {error.colno}") from None
+    except RecursionError:
+        raise CommandError(EXIT_USAGE, f"{source}: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise CommandError(EXIT_USAGE, f"{source}: the input must be a JSON object "
+                           f"({{\"field\": value, ...}}), got {type(value).__name__}")
+    return value
+
+
+def _plan(executor: FlowExecutor, name: str, version: str | None) -> Any:
+    """The plan to run; a flow that is missing or cannot run at all is a usage error."""
+    try:
+        flow = executor.registry.get_flow(name, version)
+    except FlowNotFoundError as error:
+        names = list(executor.registry.state().names())
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close and close[0] != name else ""
+        listed = ", ".join(sorted(names)) or "none"
+        raise CommandError(EXIT_USAGE, f"{error}{hint}; flows in the files: {listed}"
+                           ) from None
+    fatal = [problem.message for problem in executor.flow_problems(flow) if problem.fatal]
+    if fatal:
+        raise CommandError(EXIT_USAGE, f"flow {name!r} {flow.version} cannot run: "
+                           + "; ".join(fatal))
+    return executor.plan(flow)
+
+
+# ------------------------------------------------------------------ approval
+
+
+def approver(yes: bool, plan: Any) -> ApprovalHook | None:
+    """``--yes``: approve without asking; else ask on the terminal, or refuse when stdin
+    is not one (a script must say ``--yes``). None when no step needs approval."""
+    if approval_request(plan) is None:
+        return None
+    return ALWAYS_APPROVE if yes else ask_on_terminal
+
+
+def ask_on_terminal(request: ApprovalRequest) -> bool:
+    """Ask ``y/N`` on stderr and read the answer from stdin (a terminal)."""
+    what = f"flow {request.flow_name!r} {request.flow_version} needs approval: " \
+           f"{request.describe()}"
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+        print(f"{PROG}: {what}; not asking, standard input is not a terminal: pass --yes "
+              "to approve", file=sys.stderr, flush=True)
+        return False
+    print(f"{PROG}: {what}", file=sys.stderr)
+    print("Run it? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
+# ------------------------------------------------------------------ output
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it (dates as text; anything else by its ``str``)."""
+    return to_jsonable_python(value, fallback=str)
+
+
+def describe_error(error: ErrorInfo | None) -> str:
+    """``at step 'x' (tool 't'), field 'f': Type: message``."""
+    if error is None:
+        return "no error recorded"
+    where = []
+    if error.step_id is not None:
+        tool = f" (tool {error.tool_name!r})" if error.tool_name not in (None,
+                                                                          error.step_id) else ""
+        where.append(f"at step {error.step_id!r}{tool}")
+    if error.field is not None:
+        where.append(f"field {error.field!r}")
+    prefix = ", ".join(where)
+    return f"{prefix + ': ' if prefix else ''}{_typed(error)}"
+
+
+def _typed(error: ErrorInfo) -> str:
+    """The message, led by the error type unless it names it already."""
+    return error.message if error.type in error.message else f"{error.type}: {error.message}"
+
+
+def _rows(records: list[StepRecord], prefix: str = "") -> list[tuple[StepRecord, str]]:
+    """Each record with its path; a sub-flow's steps follow their step (``outer/inner``)."""
+    rows = []
+    for record in records:
+        path = prefix + (record.step_id or record.tool_name)
+        rows.append((record, path))
+        rows.extend(_rows(record.steps or [], path + "/"))
+    return rows
+
+
+def duration(ms: float) -> str:
+    if ms < 10:
+        return f"{ms:.2f} ms"
+    return f"{ms:.1f} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
+
+
+def step_table(result: ExecutionResult) -> str:
+    """The steps as aligned columns: id, status, attempts, duration, and an error
+    column when a step has one."""
+    rows = _rows(result.steps)
+    if not rows:
+        return "no step ran"
+    errors = any(record.error is not None for record, _ in rows)
+    table = [["STEP", "STATUS", "ATTEMPTS", "DURATION", *(["ERROR"] if errors else [])]]
+    for record, path in rows:
+        status = record.status + (f" (fallback {record.fallback})" if record.fallback else "")
+        cells = [path, status, str(record.attempts), duration(record.duration_ms)]
+        table.append(cells + [_short(record.error)] if errors else cells)
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths,
+                                                                   strict=False)),
+                                row[-1]]).rstrip() for row in table)
+
+
+def _short(error: ErrorInfo | None) -> str:
+    if error is None:
+        return "-"
+    where = f"field {error.field!r}: " if error.field else ""
+    return where + _typed(error)
+
+
+def record_document(record: StepRecord) -> dict[str, Any]:
+    return {
+        "id": record.step_id, "tool": record.tool_name, "status": record.status,
+        "attempts": record.attempts, "duration_ms": round(record.duration_ms, 3),
+        "inputs": jsonable(record.inputs), "outputs": jsonable(record.outputs),
+        "error": _error_document(record.error),
+        "attempt_errors": [_error_document(e) for e in record.attempt_errors],
+        "fallback": record.fallback,
+        "steps": None if record.steps is None else [record_document(r) for r in record.steps],
+    }
+
+
+def _error_document(error: ErrorInfo | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"type": error.type, "message": error.message, "step_id": error.step_id,
+            "tool": error.tool_name, "field": error.field}
+
+
+def result_document(result: ExecutionResult) -> dict[str, Any]:
+    """What ``run --json`` prints: the outcome, the output or error, and every step."""
+    return {
+        "flow": result.flow_name, "version": result.flow_version,
+        "success": result.success, "output": jsonable(result.final_output),
+        "error": _error_document(result.error),
+        "duration_ms": round(result.duration_ms, 3),
+        "steps": [record_document(record) for record in result.steps],
+    }

@@ -1,0 +1,169 @@
+"""``chainweaver runs``: the run history an operator reads (list, show; filter by flow,
+status and caller; ``--json`` for scripts), and ``serve``'s run-history flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from .cli_errors import EXIT_OK, EXIT_USAGE, CommandError
+
+EXIT_NOT_FOUND = 1  # show: no such run (unknown, another prefix, or expired)
+EXIT_STORE = 3  # the store could not be reached or read
+FOREVER = 100 * 365 * 86400.0
+STATUSES = ("running", "waiting_approval", "completed", "failed", "cancelled")
+
+
+def add_run_history_options(parser: argparse.ArgumentParser) -> None:
+    """``serve``'s flags for ``ServingConfig(run_history=RunHistory(...))``."""
+    group = parser.add_argument_group("run history (docs/run-history.md)")
+    group.add_argument("--run-history", metavar="URL",
+                       help="keep a record of every run: memory:// or redis://... (replicas "
+                            "share it); runs readable as chainweaver://runs/... resources")
+    group.add_argument("--run-history-max-runs", type=int, default=10_000, metavar="N",
+                       help="keep the newest N runs (default: 10000)")
+    group.add_argument("--run-history-max-age", type=float, default=7 * 86400.0,
+                       metavar="SECONDS", help="forget runs older than this (default: 7 days)")
+    group.add_argument("--output-limit", type=int, default=65_536, metavar="BYTES",
+                       help="larger outputs travel as a resource link (default: 65536)")
+
+
+def run_history_settings(args: argparse.Namespace) -> Any:
+    """The ``RunHistory`` the flags ask for (None: no --run-history)."""
+    url = getattr(args, "run_history", None)
+    if url is None:
+        return None
+    from .mcp.config import RunHistory
+
+    return RunHistory(store=url, max_runs=args.run_history_max_runs,
+                      max_age=args.run_history_max_age, output_limit=args.output_limit)
+
+
+def add_runs_command(commands: Any) -> None:
+    """``chainweaver runs list|show``."""
+    runs = commands.add_parser(
+        "runs", help="read the run history servers keep (--run-history redis://...)",
+        description="List or show the runs that servers started with --run-history "
+                    "recorded (never argument or output values). Exit codes: 0 success, "
+                    "1 no such run (show), 2 a malformed command line, 3 the store "
+                    "could not be read.")
+    actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="runs, newest first")
+    show = actions.add_parser("show", help="one run's record")
+    show.add_argument("run_id", metavar="RUN_ID")
+    for parser in (listing, show):
+        parser.add_argument("--store", required=True, metavar="URL",
+                            help="the servers' --run-history URL (redis://...)")
+        parser.add_argument("--prefix", default="chainweaver:runs",
+                            help="the Redis key prefix (default: chainweaver:runs)")
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    listing.add_argument("--flow", help="only runs of this flow")
+    listing.add_argument("--status", choices=STATUSES, help="only runs in this status")
+    listing.add_argument("--caller", help="only runs this caller started (its gate id)")
+    listing.add_argument("--limit", type=int, default=50, help="at most N runs (default: 50)")
+    listing.add_argument("--cursor", help="continue after the page that printed it")
+
+
+def runs_command(args: argparse.Namespace) -> int:
+    if not args.store.startswith(("redis://", "rediss://")):
+        raise CommandError(EXIT_USAGE, "--store must be a redis:// URL: a memory:// history lives "
+                              "only inside its server")
+    if args.runs_command == "list":
+        _check_list(args)
+    from redis.exceptions import RedisError
+
+    try:
+        store = _store(args)
+    except ValueError as error:  # a URL redis-py cannot read
+        raise CommandError(EXIT_USAGE, f"--store: {error}") from None
+    try:
+        return anyio.run(_show if args.runs_command == "show" else _list, args, store)
+    except RedisError as error:
+        from .cli import _redacted
+
+        raise CommandError(EXIT_STORE, f"cannot read the run history at "
+                           f"{_redacted(args.store)}: {type(error).__name__}") from None
+
+
+def _check_list(args: argparse.Namespace) -> None:
+    from .mcp.runs.records import parse_cursor
+
+    if args.limit < 1:
+        raise CommandError(EXIT_USAGE, "--limit must be at least 1")
+    if args.cursor is not None:
+        try:
+            parse_cursor(args.cursor)
+        except ValueError:
+            raise CommandError(EXIT_USAGE, f"--cursor {args.cursor!r} is not one a page "
+                               "printed") from None
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from .mcp.runs.redis_records import RedisRunStore
+
+    # Redis expires records as the servers' --run-history-max-age says: no age here.
+    return RedisRunStore(args.store, prefix=args.prefix, max_age=FOREVER)
+
+
+def _when(stamp: float | None) -> str:
+    if stamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+async def _show(args: argparse.Namespace, store: Any) -> int:
+    try:
+        record = await store.get(args.run_id)
+    finally:
+        await store.close()
+    if record is None:
+        raise CommandError(EXIT_NOT_FOUND, f"no run {args.run_id!r} in the history at "
+                           f"{args.prefix} (unknown, or expired)")
+    data = record.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    for key, value in data.items():
+        if key in ("started_at", "ended_at"):
+            value = _when(value)
+        if key not in ("steps", "approvals"):
+            print(f"{key:>14}: {value}")
+    for step in record.steps:
+        print(f"{'step':>14}: {step['id']} {step['status']} attempts={step['attempts']} "
+              f"{step['duration_ms']} ms {step.get('error') or ''}".rstrip())
+    for decision in record.approvals:
+        print(f"{'approval':>14}: {decision['decision']} at {_when(decision['at'])} "
+              f"({', '.join(decision['steps'])})")
+    return EXIT_OK
+
+
+async def _list(args: argparse.Namespace, store: Any) -> int:
+    from .mcp.runs.records import RunQuery
+
+    try:
+        records, cursor = await store.page(RunQuery(
+            caller=args.caller, flow=args.flow, status=args.status, cursor=args.cursor,
+            limit=args.limit))
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps({"runs": [record.to_dict() for record in records],
+                          "next_cursor": cursor}, indent=2))
+        return EXIT_OK
+    rows = [("RUN", "STARTED", "STATUS", "FLOW", "VERSION", "CALLER", "ERROR")]
+    rows += [(r.run_id, _when(r.started_at), r.status, r.flow, r.version, r.caller,
+              r.error_type or "-") for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows if records else []:
+        print("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),
+                         row[-1]]))
+    if not records:
+        print("chainweaver: no runs match", file=sys.stderr)
+    if cursor is not None:
+        print(f"chainweaver: more runs: --cursor {cursor}", file=sys.stderr)
+    return EXIT_OK

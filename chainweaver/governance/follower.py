@@ -1,0 +1,177 @@
+"""Following the shared governance state from one process (a server replica or worker).
+
+:meth:`SharedGovernance.run` subscribes to the change channel, reads the whole state
+(so nothing published before the subscription is missed), applies it, and then:
+
+- on each message, reads the state again and applies it (changes arrive in ms);
+- every ``confirm_interval`` seconds, compares the shared version counter with the
+  version applied, and reads the state when they differ (a missed message is caught);
+- every ``heartbeat_interval`` seconds, and after each apply, records what it applied
+  and when (``chainweaver flows status``).
+
+When Redis cannot be reached it keeps the state it applied last, logs that once,
+retries with a growing pause, and reads everything again on reconnect. With
+``stop_serving_after``, once the state has gone unconfirmed that long it serves no
+flow (every flow archived) until the state is confirmed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from chainweaver.registry import FlowRegistry
+
+from .overlay import GovernanceOverlay
+from .state import GovernanceSettings
+from .store import GovernanceStore
+
+logger = logging.getLogger("chainweaver.governance")
+
+RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0, 2.0)  # seconds between reconnect attempts
+
+
+def iso(at: float) -> str:
+    """A wall-clock time as logs and status show it (UTC, microseconds)."""
+    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="microseconds")
+
+
+class SharedGovernance:
+    """Applies the shared state to ``registry`` for as long as :meth:`run` runs."""
+
+    def __init__(self, settings: GovernanceSettings, registry: FlowRegistry,
+                 role: str = "serve") -> None:
+        self.settings = settings
+        self.role = role
+        self.process = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
+        # Subscribed now, before a server's snapshot follower: see overlay.py.
+        self.overlay = GovernanceOverlay(registry)
+        self.applied_at: float | None = None  # wall time of the last apply
+        self.confirmed: float | None = None  # monotonic time the state was last confirmed
+        self.outage_since: float | None = None  # wall time Redis was lost
+        self.last_outage: dict[str, float] | None = None
+        self._started = time.monotonic()
+        self._beat = 0.0
+
+    @property
+    def version(self) -> int:
+        """The shared version applied last."""
+        return self.overlay.state.version
+
+    async def run(self) -> None:
+        """Follow the shared state until cancelled; never raises for a lost Redis."""
+        failures = 0
+        while True:
+            store = GovernanceStore(self.settings.url, self.settings.prefix)
+            try:
+                await self._follow(store)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # connection refused, reset, timed out, ...
+                self._lost(error)
+            finally:
+                await _quietly_close(store)
+            self._check_stale()
+            await asyncio.sleep(RETRY_PAUSES[min(failures, len(RETRY_PAUSES) - 1)])
+            failures = 0 if self.outage_since is None else failures + 1
+
+    async def _follow(self, store: GovernanceStore) -> None:
+        pubsub = store.redis.pubsub()
+        try:
+            await pubsub.subscribe(store.channel)
+            await self._sync(store, confirmed_version=None)
+            interval = min(self.settings.confirm_interval, self.settings.heartbeat_interval)
+            next_confirm = time.monotonic() + self.settings.confirm_interval
+            while True:
+                wait = max(0.0, min(interval, next_confirm - time.monotonic()))
+                message = await pubsub.get_message(ignore_subscribe_messages=True,
+                                                   timeout=wait)
+                if message is not None:
+                    await self._sync(store, confirmed_version=None)
+                elif time.monotonic() >= next_confirm:
+                    await self._sync(store, await store.current_version())
+                    next_confirm = time.monotonic() + self.settings.confirm_interval
+                if time.monotonic() - self._beat >= self.settings.heartbeat_interval:
+                    await self._heartbeat(store)
+        finally:
+            await _quietly_close(pubsub)
+
+    async def _sync(self, store: GovernanceStore, confirmed_version: int | None) -> None:
+        """Read and apply the state, unless ``confirmed_version`` is the one applied."""
+        if confirmed_version is None or confirmed_version != self.version:
+            state = await store.read()
+            if state.version != self.version or self.overlay.suspended:
+                self._apply(state)
+                self.confirmed = time.monotonic()
+                self._recovered()
+                await self._heartbeat(store)
+                return
+        self.confirmed = time.monotonic()
+        if self._recovered():
+            await self._heartbeat(store)
+
+    def _apply(self, state: Any) -> None:
+        previous = self.version
+        changed = self.overlay.apply(state)
+        if self.overlay.suspended:
+            self.overlay.resume()
+            logger.warning("shared governance: state confirmed again; serving flows")
+        self.applied_at = time.time()
+        logger.info("shared governance: applied version %d at %s (was %d; flows changed: "
+                    "%s)", state.version, iso(self.applied_at), previous,
+                    ", ".join(changed) or "none")
+
+    def _recovered(self) -> bool:
+        """Reachable again after an outage: log it and keep it for status."""
+        if self.outage_since is None:
+            return False
+        now = time.time()
+        self.last_outage = {"from": self.outage_since, "to": now}
+        logger.warning("shared governance: Redis reachable again after %.1f s; "
+                       "re-synchronised to version %d", now - self.outage_since, self.version)
+        self.outage_since = None
+        return True
+
+    def _lost(self, error: Exception) -> None:
+        if self.outage_since is None:
+            self.outage_since = time.time()
+            logger.warning("shared governance: Redis unreachable (%s: %s); serving the "
+                           "last applied state (version %d) until it is back",
+                           type(error).__name__, error, self.version)
+
+    def _check_stale(self) -> None:
+        """Stop serving flows once the state went unconfirmed for too long (opt-in)."""
+        limit = self.settings.stop_serving_after
+        if limit is None or self.overlay.suspended:
+            return
+        since = self.confirmed if self.confirmed is not None else self._started
+        if time.monotonic() - since > limit:
+            self.overlay.suspend()
+            logger.error("shared governance: state not confirmed for more than %g s; "
+                         "serving no flow until Redis is reachable", limit)
+
+    def record(self) -> dict[str, Any]:
+        """What this process's heartbeat says."""
+        now = time.time()
+        return {"role": self.role, "version": self.version, "applied_at": self.applied_at,
+                "seen": now, "interval": self.settings.heartbeat_interval,
+                "state": "suspended" if self.overlay.suspended else "serving",
+                "last_outage": self.last_outage,
+                "confirmed_ago": None if self.confirmed is None
+                else round(time.monotonic() - self.confirmed, 3)}
+
+    async def _heartbeat(self, store: GovernanceStore) -> None:
+        self._beat = time.monotonic()
+        await store.heartbeat(self.process, self.record())
+
+
+async def _quietly_close(closable: Any) -> None:
+    try:
+        await closable.aclose()
+    except Exception:  # closing a connection to a Redis that went away
+        logger.debug("closing a Redis connection failed", exc_info=True)

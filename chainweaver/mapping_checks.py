@@ -1,0 +1,272 @@
+"""Static checks of constants and JSON pointers, and the flow input they imply.
+
+- :func:`pointer_problem`: whether a JSON pointer can find anything in a value of a
+  given model's field, by the model's JSON Schema (a key an object does not have, an
+  index into an object, anything inside a string...).
+- :func:`constant_problem`: whether a constant fits the field it feeds.
+- :func:`derived_input_model`: a flow without ``input_schema`` takes its first step's
+  input fields; fields that step feeds with a constant, a pointer or another context
+  key are not asked of the caller; the keys it reads instead are (a renamed key typed
+  like its field; a pointer's top-level key as an object holding the pointed-to path,
+  typed like the field it feeds).
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+
+from .flows import Flow
+from .inline_schema import InlineModel, model_from_json_schema
+from .mappings import ComputedSource, Const, Pointer, describe, is_index, pointer_text
+from .schemas import model_json_schema, resolve_property
+
+
+class Producer(Protocol):
+    """What the checks read of an earlier planned step (``plan.PlannedStep``)."""
+
+    id: str
+    output_mapping: Any
+    output_model: type[BaseModel] | None
+    fallback: Any
+
+
+# (kind, message, field): a problem the plan records for the step being checked.
+Finding = tuple[str, str, str]
+
+_SCALAR_TYPES = ("string", "integer", "number", "boolean", "null")
+
+
+def field_annotation(model: type[BaseModel], name: str) -> Any:
+    """The field's type with its constraints (pydantic keeps them as metadata)."""
+    info = model.model_fields[name]
+    if info.metadata:
+        parts = (info.annotation, *info.metadata)
+        return Annotated[parts]
+    return info.annotation
+
+
+def constant_problem(model: type[BaseModel], name: str, const: Const) -> str | None:
+    """Why ``const`` cannot feed field ``name`` of ``model`` (None: it fits)."""
+    try:
+        TypeAdapter(field_annotation(model, name)).validate_python(const.value)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{where + ': ' if where else ''}{first['msg']}"
+    except Exception:  # a type pydantic cannot adapt on its own: the run decides
+        return None
+    return None
+
+
+def pointer_problem(model: type[BaseModel], name: str, pointer: Pointer) -> str | None:
+    """Why ``pointer`` (whose root is field ``name`` of ``model``) can never find a value
+    there, by the model's JSON Schema (None: it may)."""
+    try:
+        root = model_json_schema(model)
+    except Exception:  # an unpublishable model: nothing to check against
+        return None
+    current: Any = root.get("properties", {}).get(name)
+    if current is None:
+        return None  # the field is not in the schema (an alias?): unknown
+    tokens = pointer.tokens
+    for depth in range(1, len(tokens)):
+        current = resolve_property(dict(current), root)
+        branches = [b for b in current.get("anyOf", current.get("oneOf", ()))
+                    if isinstance(b, Mapping) and b.get("type") != "null"]
+        if len(branches) > 1:
+            return None  # a union: any branch may hold it
+        token = tokens[depth]
+        here = pointer_text(tokens[:depth])
+        kind = current.get("type")
+        if kind == "array" or "items" in current or "prefixItems" in current:
+            if not is_index(token):
+                return f"{here} is a list, and {token!r} is not an index"
+            prefix = current.get("prefixItems")
+            if isinstance(prefix, list) and int(token) < len(prefix):
+                current = prefix[int(token)]
+            else:
+                current = current.get("items", {})
+            continue
+        if kind == "object" or "properties" in current:
+            properties = current.get("properties")
+            extra = current.get("additionalProperties")
+            if isinstance(properties, Mapping) and token in properties:
+                current = properties[token]
+                continue
+            if isinstance(extra, Mapping):
+                current = extra
+                continue
+            if extra is True or (properties is None and extra is not False):
+                return None  # a free-form object: anything may be in it
+            known = ", ".join(properties or ()) or "none"
+            return f"{here} has no field {token!r} (its fields: {known})"
+        if kind in _SCALAR_TYPES:
+            return f"{here} is {'an' if kind == 'integer' else 'a'} {kind}, with nothing inside"
+        return None  # untyped: unknown
+    return None
+
+
+def check_computed(label: str, model: type[BaseModel] | None,
+                   computed: list[ComputedSource], planned: Sequence[Producer],
+                   input_model: type[BaseModel] | None) -> list[Finding]:
+    """The plan's checks of one step's constants and pointers (see compile_plan)."""
+    problems: list[Finding] = []
+    for item in computed:
+        source = item.source
+        what = f"{label} maps field {item.field!r} to {describe(source)}"
+        if isinstance(source, Const):
+            problem = None if model is None else constant_problem(model, item.field, source)
+            if problem:
+                problems.append(("ConstantTypeError", f"{what}, which does not fit "
+                                 f"the field: {problem}", item.field))
+            continue
+        root = source.root
+        producers: list[tuple[str, type[BaseModel] | None, str]] = []
+        for position in item.candidates:
+            earlier = planned[position]
+            output = dict((key, name) for key, name in earlier.output_mapping).get(root, root)
+            producers.append((f"step {earlier.id!r}", earlier.output_model, output))
+            if earlier.fallback is not None:
+                producers.append((f"step {earlier.id!r} fallback {earlier.fallback.name!r}",
+                                  earlier.fallback.output_schema, output))
+        if input_model is not None and root in input_model.model_fields:
+            producers.append(("the flow input", input_model, root))
+        elif not item.candidates:
+            if input_model is not None:
+                problems.append((
+                    "MissingContextKeyError", f"{what}, but neither the flow input nor an "
+                    f"earlier step provides context key {root!r}", item.field))
+            continue
+        for who, producer, name in producers:
+            if producer is None or name not in producer.model_fields:
+                continue  # an undeclared output may hold anything
+            problem = pointer_problem(producer, name, source)
+            if problem:
+                problems.append(("UnknownFieldError", f"{what}, but in {who} {problem}",
+                                 item.field))
+                break
+    return problems
+
+
+# ------------------------------------------------------------------ the flow input
+
+_DERIVED: dict[tuple[Any, ...], type[BaseModel]] = {}
+_MAX_DERIVED = 4096  # flows reloaded by a watcher must not grow this without bound
+
+
+def derived_input_model(flow: Flow, base: type[BaseModel]) -> type[BaseModel]:
+    """``base`` (the first step's input model) as the flow's input: see the module doc.
+
+    Returns ``base`` itself when the first step maps no constant or pointer, so flows
+    that use neither keep publishing exactly what they did.
+    """
+    mapping = flow.steps[flow.order[0]].input_mapping
+    special = {name: source for name, source in mapping.items()
+               if name in base.model_fields and source != name
+               and (not isinstance(source, str) or _identifier(source))}
+    if not special:
+        return base
+    signature = json.dumps([(name, source if isinstance(source, str) else
+                             source.path if isinstance(source, Pointer) else None)
+                            for name, source in sorted(special.items())])
+    key = (flow.name, base, signature)
+    model = _DERIVED.get(key)
+    if model is None:
+        if len(_DERIVED) >= _MAX_DERIVED:
+            _DERIVED.clear()
+        model = _DERIVED[key] = _derive(flow.name, base, special)
+    return model
+
+
+def _model_name(flow_name: str) -> str:
+    parts = flow_name.replace("-", "_").replace(".", "_").split("_")
+    return "".join(part.capitalize() for part in parts if part) + "Input"
+
+
+def _pointer_tree(base: type[BaseModel], special: Mapping[str, str | Const | Pointer]
+                  ) -> dict[str, Any]:
+    """Root field -> nested dict of tokens, whose leaves are the fed field's name."""
+    tree: dict[str, Any] = {}
+    for name, source in special.items():
+        if not isinstance(source, Pointer) or source.root in base.model_fields \
+                or not _identifier(source.root):
+            continue  # the base already asks for it, or no field can carry that name
+        node = tree
+        tokens = source.tokens
+        for token in tokens[:-1]:
+            child = node.get(token)
+            if not isinstance(child, dict):
+                child = node[token] = {} if child is None else {"": child}
+            node = child
+        if tokens[-1] not in node:
+            node[tokens[-1]] = name
+    return tree
+
+
+def _identifier(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name) \
+        and not name.startswith(("_", "model_"))
+
+
+def _derive(flow_name: str, base: type[BaseModel],
+            special: Mapping[str, str | Const | Pointer]) -> type[BaseModel]:
+    name = _model_name(flow_name)
+    tree = _pointer_tree(base, special)
+    if issubclass(base, InlineModel):
+        return _derive_inline(name, base, special, tree)
+    fields: dict[str, Any] = {field: (info.annotation, info)
+                              for field, info in base.model_fields.items()
+                              if field not in special}
+    for field, key in special.items():
+        if isinstance(key, str) and key not in fields:  # a rename: the caller gives key
+            fields[key] = (base.model_fields[field].annotation, base.model_fields[field])
+    for root, node in tree.items():
+        fields[root] = (_nested_type(base, node, f"{name}{root.title()}"), ...)
+    return create_model(name, __config__=ConfigDict(**base.model_config),
+                        **fields)
+
+
+def _nested_type(base: type[BaseModel], node: Any, name: str) -> Any:
+    """The type of one level of the pointer tree: the fed field's type at a leaf, an
+    object (keeping fields nobody points at) above it."""
+    if isinstance(node, str):
+        return field_annotation(base, node)
+    if "" in node or not all(_identifier(token) for token in node):
+        return Any  # a level both read whole and walked into, or keys no field can name
+    fields: dict[str, Any] = {token: (_nested_type(base, child, f"{name}{token.title()}"), ...)
+              for token, child in node.items()}
+    return create_model(name, __config__=ConfigDict(extra="allow"), **fields)
+
+
+def _derive_inline(name: str, base: type[InlineModel], special: Mapping[str, Any],
+                   tree: dict[str, Any]) -> type[BaseModel]:
+    schema = json.loads(json.dumps(base._json_schema))
+    properties = schema.setdefault("properties", {})
+    for field in special:
+        properties.pop(field, None)
+    required = [r for r in schema.get("required", []) if r not in special]
+    original = base._json_schema.get("properties", {})
+
+    def nested(node: Any) -> dict[str, Any]:
+        if isinstance(node, str):
+            return json.loads(json.dumps(original.get(node, {})))
+        if "" in node or not all(_identifier(token) for token in node):
+            return {}
+        return {"type": "object", "properties": {t: nested(c) for t, c in node.items()},
+                "required": list(node)}
+
+    for field, key in special.items():
+        if isinstance(key, str) and key not in properties:
+            properties[key] = json.loads(json.dumps(original.get(field, {})))
+            if field in base._json_schema.get("required", []):
+                required.append(key)
+    for root, node in tree.items():
+        properties[root] = nested(node)
+        required.append(root)
+    schema["required"] = required
+    return model_from_json_schema(schema, name)

@@ -1,0 +1,289 @@
+"""Recording runs: a run observer building each run's record, the server's run log
+that stores it and tells subscribers, and large outputs sent as resource links.
+
+Every flow run started through MCP (a ``tools/call`` or a background task's leg) gets
+a run id, carried in its result's ``_meta``. With a run history configured
+(``ServingConfig(run_history=RunHistory(...))``) its record is saved when it starts,
+when it waits for approval and when it ends; every failed, cancelled or refused run is
+logged at warning, with its id, flow, version, step and error type, whatever the
+client was told.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastmcp.tools.base import ToolResult
+from mcp_types import ResourceLink, TextContent
+
+from chainweaver.mcp.gate.admission import RunNote
+from chainweaver.mcp.runs.records import (
+    FINISHED,
+    RunRecord,
+    RunStatus,
+    RunStore,
+    new_run_id,
+)
+from chainweaver.mcp.runs.step_names import StepNames, step_entry
+from chainweaver.run_events import RunObserver
+
+if TYPE_CHECKING:
+    from chainweaver.executor import ExecutionResult, StepRecord
+    from chainweaver.mcp.config import RunHistory
+    from chainweaver.mcp.publish.exposure import ExposedFlow
+
+logger = logging.getLogger("chainweaver.mcp.runs")
+
+RUNS_URI = "chainweaver://runs"
+OUTPUT_MIME = "application/json"
+PREVIEW_BYTES = 1024
+
+
+def is_run_uri(uri: str) -> bool:
+    """Whether ``uri`` is a run resource's (``chainweaver://runs...``)."""
+    return uri == RUNS_URI or uri.startswith((RUNS_URI + "/", RUNS_URI + "?"))
+
+
+def run_uri(run_id: str) -> str:
+    return f"{RUNS_URI}/{run_id}"
+
+
+def output_uri(run_id: str) -> str:
+    return f"{RUNS_URI}/{run_id}/output"
+
+
+def state_run_id(caller_id: str, state: str) -> str:
+    """The run id of a call that asked for approval, from the state its retry echoes
+    (bound to the caller: another caller's copy of the state names another run)."""
+    return hashlib.sha256(f"{caller_id}\0{state}".encode()).hexdigest()[:24]
+
+
+@dataclass
+class RunStart:
+    """Which run a flow tool's run is: its id, its caller and task, and where the
+    audit of its request reads what it needs (:class:`RunNote`)."""
+
+    run_id: str
+    caller_id: str
+    task_id: str | None = None
+    note: RunNote = field(default_factory=RunNote)
+
+
+class RunLog:
+    """The server's run history: its store and output limit, and who is told of each
+    status change (``updated``: the change notifier's, set by FlowServer)."""
+
+    def __init__(self, settings: RunHistory, store: RunStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.updated: Callable[[RunRecord], Awaitable[None]] | None = None
+
+    async def save(self, record: RunRecord, *, new: bool = False,
+                   changed: bool = True) -> None:
+        try:
+            await self.store.save(record, new=new)
+        except Exception as error:  # a lost record must never fail the run
+            logger.warning("run %s: its record could not be saved (%s)", record.run_id,
+                           type(error).__name__)
+            return
+        if changed and self.updated is not None:
+            await self.updated(record)
+
+    async def cancelled(self, run_id: str) -> None:
+        """Mark a run cancelled (a background task's ``tasks/cancel``)."""
+        record = await self.store.get(run_id)
+        if record is None or record.status in FINISHED:
+            return
+        record.status, record.ended_at = "cancelled", time.time()
+        log_unsuccessful(record)
+        await self.save(record)
+
+
+def log_unsuccessful(record: RunRecord) -> None:
+    """The operator's line for a failed, cancelled or refused run."""
+    logger.warning("run %s of flow %r version %s %s at step %s: %s", record.run_id,
+                   record.flow, record.version, record.status,
+                   repr(record.error_step) if record.error_step else "(none)",
+                   record.error_type or "(no error type)")
+
+
+class RunRecorder(RunObserver):
+    """Builds one run's record from its steps, and saves it at each status change."""
+
+    def __init__(self, log: RunLog | None, exposed: ExposedFlow, start: RunStart,
+                 names: StepNames) -> None:
+        self.log = log
+        self.start = start
+        self.names = names
+        flow = exposed.flow
+        now = time.time()
+        self.record = RunRecord(start.run_id, flow.name, flow.version, exposed.tool_name,
+                                start.caller_id, int(now * 1e6), now,
+                                task_id=start.task_id)
+        self._lock = threading.Lock()
+        self._decided_at: float | None = None  # when the approval was answered
+        start.note.run_id = start.run_id
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    async def begin(self) -> None:
+        """Save the record as running (a task's later leg, or the retry of a call that
+        asked for approval, continues the record it left). A call naming a run that no
+        longer waits for approval (a replayed approval state) is a run of its own: it
+        never rewrites how that run ended."""
+        if self.log is None:
+            return
+        record = self.record
+        known = await self.log.store.get(record.run_id)
+        if known is not None and record.task_id is None \
+                and known.status != "waiting_approval":
+            record.run_id = self.start.run_id = self.start.note.run_id = new_run_id()
+            known = None
+        if known is not None:
+            record.seq, record.started_at = known.seq, known.started_at
+            record.approvals = list(known.approvals)
+        await self.log.save(record, new=known is None)
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        # The first step is scheduled right after an approval was given.
+        if self._decided_at is None:
+            self._decided_at = time.time()
+
+    async def asking(self) -> None:
+        """The run asks its user for approval over the 2025-11-25 back-channel (an
+        elicitation) and waits for the answer: ``waiting_approval`` meanwhile."""
+        if self.log is not None:
+            self.record.status = "waiting_approval"
+            await self.log.save(self.record)
+
+    async def answered(self) -> None:
+        """The user answered an elicitation :meth:`asking` waited for."""
+        self._decided_at = time.time()
+        if self.log is not None and self.record.status == "waiting_approval":
+            self.record.status = "running"
+            await self.log.save(self.record)
+
+    def step_finished(self, record: StepRecord) -> None:
+        entry = step_entry(record, "full", self.names)
+        with self._lock:  # steps of the async lane end on the loop and in threads
+            self.record.steps.append(entry)
+
+    async def waiting(self, state: str | None) -> None:
+        """The run asked for approval and waits: a call's record moves to the id its
+        retry will name (from ``state``); a task keeps its own."""
+        if self.log is None:
+            return
+        record = self.record
+        if state is not None and record.task_id is None:
+            await self.log.store.delete(record.run_id)
+            record.run_id = self.start.note.run_id = state_run_id(record.caller, state)
+            await self.begin()
+        record.status = "waiting_approval"
+        await self.log.save(record)
+
+    async def finish(self, result: ExecutionResult | None, tool_result: ToolResult,
+                     approval: Any = None, *, error_type: str = "FlowUnavailable") -> None:
+        """The run ended with ``tool_result`` (``result``: the executor's, None when the
+        flow never ran: then a failure's type is ``error_type``)."""
+        record, note = self.record, self.start.note
+        record.ended_at = time.time()
+        if approval is not None and approval.outcome != "not_asked":
+            request = approval.request
+            record.approvals.append({
+                "at": self._decided_at or record.ended_at, "decision": approval.outcome,
+                "steps": [self.names.path(step) for step in request.step_ids]
+                if request is not None else []})
+        error = result.error if result is not None else None
+        failed = bool(tool_result.is_error) and not _linked(tool_result)
+        record.status = _status(error.type if error is not None else None, failed)
+        if failed:
+            record.error_type = error.type if error is not None else error_type
+            record.error_step = self.names.path(error.step_id) \
+                if error is not None and error.step_id is not None else None
+            note.error_type = record.error_type
+        elif record.output_sha256 is None:
+            data = "\n".join(getattr(block, "text", "")
+                             for block in tool_result.content).encode("utf-8")
+            record.output_sha256 = hashlib.sha256(data).hexdigest()
+            record.output_size, record.output_mime = len(data), OUTPUT_MIME
+        if record.status != "completed":
+            log_unsuccessful(record)
+        if self.log is not None:
+            await self.log.save(record)
+
+    async def cancelled(self) -> None:
+        record = self.record
+        record.status, record.ended_at = "cancelled", time.time()
+        record.error_type = "CancelledError"
+        log_unsuccessful(record)
+        if self.log is not None:
+            await self.log.save(record)
+
+    async def outgoing(self, tool_result: ToolResult, *, has_schema: bool) -> ToolResult:
+        """``tool_result`` (a success), or, when its output is above the output limit,
+        a preview and a ``resource_link`` to the output kept in the store (see
+        ``docs/run-history.md`` for flows with an output schema)."""
+        log = self.log
+        if log is None or len(tool_result.content) != 1:
+            return tool_result
+        text = getattr(tool_result.content[0], "text", "")
+        if len(text) * 4 <= log.settings.output_limit:
+            return tool_result  # cannot be above it, whatever the characters
+        data = text.encode("utf-8")
+        if len(data) <= log.settings.output_limit:
+            return tool_result
+        record, note = self.record, self.start.note
+        record.output_sha256 = note.output_sha256 = hashlib.sha256(data).hexdigest()
+        record.output_size = note.output_length = len(data)
+        record.output_mime, record.output_stored = OUTPUT_MIME, True
+        await log.store.put_output(record.run_id, data)
+        return link_result(record, data, log.settings.output_limit, has_schema)
+
+
+def _linked(tool_result: ToolResult) -> bool:
+    return any(isinstance(block, ResourceLink) for block in tool_result.content)
+
+
+def _status(error_type: str | None, failed: bool) -> RunStatus:
+    if not failed:
+        return "completed"
+    return "cancelled" if error_type == "CancelledError" else "failed"
+
+
+def link_result(record: RunRecord, data: bytes, limit: int, has_schema: bool) -> ToolResult:
+    """A short preview of the output and a link to all of it. For a flow with an output
+    schema it is an ``isError`` result: a success would have to carry structured
+    content that fits the schema, and a preview never does."""
+    uri = output_uri(record.run_id)
+    preview = data[:PREVIEW_BYTES].decode("utf-8", "ignore")
+    size = len(data)
+    said = (f"The output of flow {record.tool!r} is {size} bytes, above this server's "
+            f"limit of {limit} bytes for a tool result; read it from {uri} "
+            "(in ranges: ?offset=N&length=M).")
+    text = f"{said}\nPreview: {preview}…" if has_schema else f"{preview}…\n[{said}]"
+    link = ResourceLink(type="resource_link", uri=uri, name=f"{record.tool}_output",
+                        title=f"Output of run {record.run_id}", mime_type=OUTPUT_MIME,
+                        size=size, description="The whole output of the run, as JSON.")
+    return ToolResult(content=[TextContent(type="text", text=text), link],
+                      is_error=has_schema)
+
+
+def output_meta(record: RunRecord) -> dict[str, Any] | None:
+    """``_meta.chainweaver.output`` of a result whose output travels as a link."""
+    if not record.output_stored:
+        return None
+    return {"uri": output_uri(record.run_id), "size": record.output_size,
+            "sha256": record.output_sha256, "mime_type": record.output_mime}
+
+
+def run_start(run_id: str | None, caller_id: str, note: RunNote | None = None,
+              task_id: str | None = None) -> RunStart:
+    return RunStart(run_id or new_run_id(), caller_id, task_id, note or RunNote())

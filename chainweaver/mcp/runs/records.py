@@ -1,0 +1,320 @@
+"""Run records: what every flow run started through MCP did, never with its values.
+
+A :class:`RunRecord` holds a run's id, flow and version, status, times, steps (id,
+status, attempts, duration, error type), the output's size and SHA-256 (the digest the
+audit records), the task id and the approval decisions. A :class:`RunStore` keeps
+records newest first per caller, pages them with a cursor, and keeps the outputs that
+travel as resource links. :class:`MemoryRunStore` is the default (bounded by count, age
+and output bytes); ``redis://`` URLs give :class:`~.redis_records.RedisRunStore`, which
+any replica reads. Outputs at rest are encrypted under the tasks' encryption setting
+(``FASTMCP_TASKS_ENCRYPTION_KEY`` / ``TaskSettings(encryption_key=...)``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import secrets
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+RunStatus = Literal["running", "waiting_approval", "completed", "failed", "cancelled"]
+STATUSES: tuple[RunStatus, ...] = ("running", "waiting_approval", "completed", "failed",
+                                   "cancelled")
+FINISHED = frozenset({"completed", "failed", "cancelled"})
+RUN_ID = re.compile(r"[0-9a-f]{24}")
+_CURSOR = re.compile(r"([0-9]{1,20})\.([0-9a-f]{24})")
+# Keeps derived Fernet keys apart from the tasks' own use of the same material.
+_OUTPUT_KEY_SALT = "chainweaver-run-output-key"
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(12)
+
+
+@dataclass
+class RunRecord:
+    """One run, as stored. ``caller`` is the gate's caller id; ``seq`` orders runs
+    (microseconds since the epoch at start). Never holds argument or output values."""
+
+    run_id: str
+    flow: str
+    version: str
+    tool: str
+    caller: str
+    seq: int
+    started_at: float
+    status: RunStatus = "running"
+    ended_at: float | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    error_type: str | None = None
+    error_step: str | None = None
+    output_size: int | None = None
+    output_sha256: str | None = None
+    output_mime: str | None = None
+    output_stored: bool = False
+    task_id: str | None = None
+    approvals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def cursor(self) -> str:
+        """Where a page that ends with this record continues (older runs)."""
+        return f"{self.seq}.{self.run_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        return cls(**known)
+
+    def document(self, *, error_types: bool = True) -> dict[str, Any]:
+        """The record as its caller reads it (error types only when ``error_types``)."""
+        data = self.to_dict()
+        for name in ("caller", "seq", "output_stored"):
+            data.pop(name)
+        if not error_types:
+            data["error_type"] = None
+            data["steps"] = [_without_errors(step) for step in self.steps]
+        return data
+
+
+def _without_errors(step: dict[str, Any]) -> dict[str, Any]:
+    step = {key: value for key, value in step.items() if key != "error"}
+    if isinstance(step.get("steps"), list):
+        step["steps"] = [_without_errors(inner) for inner in step["steps"]]
+    return step
+
+
+def parse_cursor(cursor: str) -> tuple[int, str]:
+    """``(seq, run_id)`` of a page cursor; ValueError when it is not one."""
+    match = _CURSOR.fullmatch(cursor)
+    if match is None:
+        raise ValueError(f"invalid cursor {cursor!r}")
+    return int(match.group(1)), match.group(2)
+
+
+Keep = Callable[[RunRecord], bool]
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """Which runs a page holds: the caller's (None: everybody's, for operators), of one
+    flow and one status when given, older than ``cursor``, at most ``limit``; ``keep``
+    drops records the reader may not see (a flow outside its view)."""
+
+    caller: str | None = None
+    flow: str | None = None
+    status: str | None = None
+    cursor: str | None = None
+    limit: int = 50
+    keep: Keep | None = None
+
+    def admits(self, record: RunRecord, now: float, max_age: float) -> bool:
+        return ((self.status is None or record.status == self.status)
+                and (self.flow is None or record.flow == self.flow)
+                and record.started_at >= now - max_age
+                and (self.keep is None or self.keep(record)))
+
+
+class RunStore(ABC):
+    """Where run records and linked outputs live (async: the Redis store does I/O)."""
+
+    max_runs: int
+    max_age: float
+
+    @abstractmethod
+    async def save(self, record: RunRecord, *, new: bool = False) -> None:
+        """Store ``record`` (``new``: its first save, which files it for listing)."""
+
+    @abstractmethod
+    async def get(self, run_id: str) -> RunRecord | None:
+        """The record of ``run_id`` (None: none, or dropped by retention)."""
+
+    @abstractmethod
+    async def delete(self, run_id: str) -> None:
+        """Forget a record (a call that only asked for approval is re-filed)."""
+
+    @abstractmethod
+    async def page(self, query: RunQuery) -> tuple[list[RunRecord], str | None]:
+        """Records ``query`` selects, newest first, and the cursor of the next page."""
+
+    @abstractmethod
+    async def put_output(self, run_id: str, data: bytes) -> None:
+        """Keep a run's serialised output (it travels as a resource link)."""
+
+    @abstractmethod
+    async def output(self, run_id: str, offset: int = 0, length: int | None = None
+                     ) -> bytes | None:
+        """Bytes ``offset`` .. ``offset + length`` of a kept output (None: none kept)."""
+
+    async def close(self) -> None:  # noqa: B027 - a store without connections has none
+        """Release connections."""
+
+
+class MemoryRunStore(RunStore):
+    """Records in this process: the newest ``max_runs`` younger than ``max_age``
+    seconds; outputs up to ``max_output_bytes`` in total (oldest dropped first)."""
+
+    def __init__(self, max_runs: int = 10_000, max_age: float = 7 * 86400,
+                 max_output_bytes: int = 256 * 2**20) -> None:
+        self.max_runs = max_runs
+        self.max_age = max_age
+        self.max_output_bytes = max_output_bytes
+        self._records: OrderedDict[str, RunRecord] = OrderedDict()  # oldest first
+        self._by: dict[str | tuple[str, str], list[tuple[int, str]]] = {}  # ascending
+        self._outputs: OrderedDict[str, bytes] = OrderedDict()
+        self._output_bytes = 0
+        self._lock = threading.Lock()
+
+    async def save(self, record: RunRecord, *, new: bool = False) -> None:
+        with self._lock:
+            known = record.run_id in self._records
+            self._records[record.run_id] = record
+            if not known:
+                key = (record.seq, record.run_id)
+                for index in (record.caller, (record.caller, record.flow)):
+                    entries = self._by.setdefault(index, [])
+                    if entries and entries[-1] > key:
+                        bisect.insort(entries, key)  # started on another clock tick
+                    else:
+                        entries.append(key)
+            self._trim(time.time())
+
+    def _trim(self, now: float) -> None:
+        records = self._records
+        while records:
+            oldest = next(iter(records.values()))
+            if len(records) <= self.max_runs and oldest.started_at >= now - self.max_age:
+                return
+            self._drop(oldest)
+
+    def _drop(self, record: RunRecord) -> None:
+        self._records.pop(record.run_id, None)
+        key = (record.seq, record.run_id)
+        for index in (record.caller, (record.caller, record.flow)):
+            entries = self._by.get(index)
+            if not entries:
+                continue
+            at = bisect.bisect_left(entries, key)
+            if at < len(entries) and entries[at] == key:
+                del entries[at]
+            if not entries:
+                del self._by[index]
+        data = self._outputs.pop(record.run_id, None)
+        if data is not None:
+            self._output_bytes -= len(data)
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        record = self._records.get(run_id)
+        if record is None or record.started_at < time.time() - self.max_age:
+            return None
+        return record
+
+    async def delete(self, run_id: str) -> None:
+        with self._lock:
+            record = self._records.get(run_id)
+            if record is not None:
+                self._drop(record)
+
+    async def page(self, query: RunQuery) -> tuple[list[RunRecord], str | None]:
+        with self._lock:
+            if query.caller is None:
+                keys: list[tuple[int, str]] = [(r.seq, r.run_id)
+                                               for r in self._records.values()]
+                keys.sort()
+            else:
+                index = query.caller if query.flow is None else (query.caller, query.flow)
+                keys = self._by.get(index, [])
+            at = len(keys) if query.cursor is None else bisect.bisect_left(
+                keys, parse_cursor(query.cursor))
+            now, found = time.time(), list[RunRecord]()
+            while at > 0 and len(found) <= query.limit:
+                at -= 1
+                record = self._records.get(keys[at][1])
+                if record is not None and query.admits(record, now, self.max_age):
+                    found.append(record)
+        if len(found) > query.limit:
+            return found[:query.limit], found[query.limit - 1].cursor
+        return found, None
+
+    async def put_output(self, run_id: str, data: bytes) -> None:
+        with self._lock:
+            if run_id not in self._records or len(data) > self.max_output_bytes:
+                return
+            self._outputs[run_id] = data
+            self._output_bytes += len(data)
+            while self._output_bytes > self.max_output_bytes:
+                _, dropped = self._outputs.popitem(last=False)
+                self._output_bytes -= len(dropped)
+
+    async def output(self, run_id: str, offset: int = 0, length: int | None = None
+                     ) -> bytes | None:
+        data = self._outputs.get(run_id)
+        if data is None:
+            return None
+        return data[offset:] if length is None else data[offset:offset + length]
+
+
+def open_store(url: str, *, max_runs: int, max_age: float, max_output_bytes: int,
+               prefix: str) -> RunStore:
+    """The store a ``RunHistory(store=...)`` URL names."""
+    if url.startswith("memory://"):
+        return MemoryRunStore(max_runs, max_age, max_output_bytes)
+    from chainweaver.mcp.runs.redis_records import RedisRunStore
+
+    return RedisRunStore(url, max_runs=max_runs, max_age=max_age, prefix=prefix)
+
+
+# ------------------------------------------------------------------ encryption
+
+
+class OutputCodec:
+    """Encrypts outputs at rest when the tasks' encryption key is set (Fernet, from a
+    key derived apart from the tasks' own); plain bytes otherwise."""
+
+    def __init__(self, material: str | None) -> None:
+        self._fernet: Any = None
+        if material:
+            from cryptography.fernet import Fernet
+            from fastmcp.server.auth.jwt_issuer import derive_jwt_key
+
+            self._fernet = Fernet(derive_jwt_key(low_entropy_material=material,
+                                                 salt=_OUTPUT_KEY_SALT))
+
+    @property
+    def encrypts(self) -> bool:
+        return self._fernet is not None
+
+    def encode(self, data: bytes) -> bytes:
+        return data if self._fernet is None else bytes(self._fernet.encrypt(data))
+
+    def decode(self, stored: bytes) -> bytes:
+        return stored if self._fernet is None else bytes(self._fernet.decrypt(stored))
+
+
+def output_codec() -> OutputCodec:
+    """The codec for the tasks' encryption setting as it is now."""
+    return _codec(_encryption_material())
+
+
+@lru_cache(maxsize=4)
+def _codec(material: str | None) -> OutputCodec:
+    return OutputCodec(material)  # the key derivation takes about a second: once
+
+
+def _encryption_material() -> str | None:
+    try:
+        from fastmcp_tasks.settings import tasks_settings
+    except ImportError:  # no tasks extra: the environment variable it would read
+        return os.environ.get("FASTMCP_TASKS_ENCRYPTION_KEY") or None
+    key = tasks_settings.encryption_key
+    return key.get_secret_value() if key is not None else None

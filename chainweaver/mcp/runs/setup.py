@@ -1,0 +1,40 @@
+"""Wiring a server's run history: its store, the gate's run lookup, and telling
+subscribers of each status change (see ``docs/run-history.md``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chainweaver.mcp.runs.recording import RUNS_URI, RunLog, run_uri
+from chainweaver.mcp.runs.records import RunRecord, open_store
+
+if TYPE_CHECKING:
+    from chainweaver.mcp.components.provider import FlowProvider
+    from chainweaver.mcp.config import RunHistory
+    from chainweaver.mcp.gate.security import SecurityGate
+    from chainweaver.mcp.live.notifications import ChangeNotifier
+
+
+def open_run_log(settings: RunHistory | None) -> RunLog | None:
+    """The run log a ``ServingConfig(run_history=...)`` asks for (None: no history)."""
+    if settings is None:
+        return None
+    return RunLog(settings, open_store(settings.store, max_runs=settings.max_runs,
+                                       max_age=settings.max_age,
+                                       max_output_bytes=settings.max_output_bytes,
+                                       prefix=settings.prefix))
+
+
+def connect_run_log(log: RunLog | None, gate: SecurityGate, provider: FlowProvider,
+                    notifier: ChangeNotifier) -> None:
+    """Let the gate resolve run URIs, and tell subscribers of each status change."""
+    resources = provider.run_resources
+    if log is None or resources is None:
+        return
+    gate.run_target = resources.target
+
+    async def updated(record: RunRecord) -> None:
+        await notifier.run_updated(record.caller, record.flow,
+                                   [run_uri(record.run_id), RUNS_URI])
+
+    log.updated = updated

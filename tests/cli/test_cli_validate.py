@@ -1,0 +1,231 @@
+"""`chainweaver validate PATH... [--tools MODULE] [--format text|json]`: every problem of
+every file with its file, line and flow, the checks `--tools` adds, exit codes 0/1/2,
+and no MCP import (it runs in pre-commit hooks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.procs import STARTUP_TIMEOUT
+
+from chainweaver.cli import main
+from chainweaver.cli_locate import field_tokens, line_of
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = "examples/flow_tools.py"
+CHAINWEAVER = str(Path(sys.executable).parent / "chainweaver")
+
+# Each file has one loader problem, on the line given.
+BROKEN = {
+    "a_unknown_key.flow.yaml": ("name: ping\ndescription: P.\nsteps: [find_order]\n"
+                                "stpes: []\n", 4, "ping", "stpes",
+                                "unknown key (did you mean 'steps'?"),
+    "b_syntax.flow.yaml": ("name: pong\ndescription: P.\nsteps: [find_order\n", 4, None, None,
+                           "invalid YAML at line 4, column 1"),
+    "c_bad_value.flow.json": ('{\n  "name": "lc",\n  "description": "L.",\n'
+                              '  "governance": {\n    "lifecycle": "live"\n  },\n'
+                              '  "steps": ["find_order"]\n}\n', 5, "lc",
+                              "governance.lifecycle", "must be one of draft, reviewed"),
+    "d_bad_when.flow.yaml": ("name: cond\ndescription: C.\nsteps:\n  - find_order\n"
+                             "  - tool: track_parcel\n    when: status ==\n", 6, "cond",
+                             "steps[1].when", ""),
+}
+# Loads, but its steps do not fit the tools: several problems in one flow.
+MISFIT = ("name: misfit\ndescription: M.\nsteps:\n  - find_order\n"
+          "  - tool: convert_price\n    input_mapping:\n      amount: total_cents\n"
+          "  - tool: summarise_ordr\n")
+
+
+@pytest.fixture(autouse=True)
+def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(directory: Path, files: dict[str, str]) -> str:
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return str(directory)
+
+
+def problems(out: str) -> list[dict[str, Any]]:
+    document = json.loads(out)
+    found: list[dict[str, Any]] = document["problems"]
+    return found
+
+
+# ------------------------------------------------------------------ reports
+
+
+def test_sound_flows_pass(capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys, "validate", "examples/flows", "--tools", TOOLS)
+    assert (code, out, err) == (0, "6 flow file(s) checked: no problems\n", "")
+
+
+def test_every_file_is_reported_with_its_line_and_flow(capsys: pytest.CaptureFixture,
+                                                       tmp_path: Path) -> None:
+    write(tmp_path, {name: case[0] for name, case in BROKEN.items()})
+    (tmp_path / "good.flow.yaml").write_text("name: good\ndescription: G.\n"
+                                             "steps: [find_order]\n")
+    code, out, err = run(capsys, "validate", str(tmp_path), "--format", "json")
+    assert (code, err) == (1, "")
+    found = problems(out)
+    assert [Path(p["file"]).name for p in found] == sorted(BROKEN)
+    for problem in found:
+        _, line, flow, field, message = BROKEN[Path(problem["file"]).name]
+        assert (problem["line"], problem["flow"], problem["field"]) == (line, flow, field)
+        assert problem["message"].startswith(message)
+        assert problem["kind"] == "FlowFileError"
+    assert json.loads(out)["files"] == 5 and json.loads(out)["flows"] == 1
+
+
+def test_text_lines_are_file_line_flow_field_message(capsys: pytest.CaptureFixture,
+                                                     tmp_path: Path) -> None:
+    write(tmp_path, {name: case[0] for name, case in BROKEN.items()})
+    code, out, _ = run(capsys, "validate", str(tmp_path))
+    lines = out.splitlines()
+    assert code == 1
+    assert lines[0].startswith(f"{tmp_path}/a_unknown_key.flow.yaml:4: ping: stpes: unknown "
+                               "key (did you mean 'steps'?")
+    assert lines[1].startswith(f"{tmp_path}/b_syntax.flow.yaml:4: invalid YAML at line 4")
+    assert lines[2].startswith(f"{tmp_path}/c_bad_value.flow.json:5: lc: "
+                               "governance.lifecycle: must be one of")
+    assert lines[-1] == "4 problem(s) in 4 of 4 flow file(s)"
+
+
+def test_tools_add_the_static_checks_every_problem_at_once(capsys: pytest.CaptureFixture,
+                                                           tmp_path: Path) -> None:
+    write(tmp_path, {"misfit.flow.yaml": MISFIT})
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--format", "json")
+    assert code == 0  # without --tools the steps are not checked
+    assert json.loads(out)["tools_checked"] is False
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--tools", TOOLS, "--format", "json")
+    assert code == 1
+    found = [(p["line"], p["field"], p["kind"]) for p in problems(out)]
+    assert (7, "steps[1].input_mapping.amount", "UnknownFieldError") in found
+    assert (8, "steps[2]", "ToolNotFoundError") in found
+    missing = [p for p in problems(out) if p["kind"] == "MissingContextKeyError"]
+    assert {p["message"].split("needs input field ")[1].split("'")[1] for p in missing} == {
+        "amount_cents", "from_currency", "to_currency"}
+    assert all(p["flow"] == "misfit" for p in problems(out))
+
+
+def test_data_flow_problems_are_reported_like_the_server_excludes_them(
+    capsys: pytest.CaptureFixture, tmp_path: Path,
+) -> None:
+    write(tmp_path, {"short.flow.yaml": "name: short\ndescription: S.\nsteps:\n"
+                                        "  - find_order\n  - tool: convert_price\n"
+                                        "    input_mapping: {amount_cents: total_cents, "
+                                        "from_currency: currency}\n"})
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--tools", TOOLS)
+    assert code == 1
+    assert out.splitlines()[0] == (
+        f"{tmp_path}/short.flow.yaml:5: short: steps[1]: step 1 ('convert_price') needs "
+        "input field 'to_currency', which neither the flow input, an earlier step, a "
+        "mapping nor a default provides")
+
+
+def test_duplicate_flows_name_both_files(capsys: pytest.CaptureFixture, tmp_path: Path
+                                         ) -> None:
+    write(tmp_path, {"a.flow.yaml": "name: twin\ndescription: T.\nsteps: [find_order]\n",
+                     "b.flow.json": '{\n  "name": "twin",\n  "version": "1.0",\n'
+                                    '  "description": "T.",\n  "steps": ["find_order"]\n}\n'})
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--tools", TOOLS)
+    assert code == 1
+    assert out.splitlines()[0] == (f"{tmp_path}/b.flow.json:3: twin: version: flow 'twin' "
+                                   f"version '1.0' is already defined in {tmp_path}/a.flow.yaml")
+
+
+def test_an_unknown_sub_flow_is_found_with_tools(capsys: pytest.CaptureFixture,
+                                                 tmp_path: Path) -> None:
+    write(tmp_path, {"outer.flow.yaml": "name: outer\ndescription: O.\n"
+                                        "steps: [{flow: innr}]\n",
+                     "inner.flow.yaml": "name: inner\ndescription: I.\nsteps: [find_order]\n"})
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--tools", TOOLS, "--format", "json")
+    assert code == 1
+    (problem,) = problems(out)
+    assert (problem["flow"], problem["kind"], problem["line"]) == ("outer",
+                                                                   "FlowNotFoundError", 3)
+
+
+# ------------------------------------------------------------------ usage errors
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["examples/no_such_flows"], "examples/no_such_flows: no such file or directory"),
+    (["examples/flows", "--tools", "no_such_package.tools"],
+     "--tools no_such_package.tools: no module named 'no_such_package'"),
+])
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture, argv: list[str], message: str
+                             ) -> None:
+    code, out, err = run(capsys, "validate", *argv)
+    assert (code, out, err) == (2, "", f"chainweaver: error: {message}\n")
+
+
+def test_a_bad_format_is_refused_by_argparse(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", "examples/flows", "--format", "xml"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ locating fields
+
+
+def test_fields_are_located_in_yaml_and_json(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "x.flow.yaml"
+    yaml_file.write_text("name: x\ninput_schema:\n  properties:\n    a.b:\n      type: string\n"
+                         "steps:\n  - find_order\n  - tool: convert_price\n"
+                         "    input_mapping:\n      amount: total\n")
+    json_file = tmp_path / "x.flow.json"
+    json_file.write_text(json.dumps({
+        "name": "x", "input_schema": {"properties": {"a.b": {"type": "string"}}},
+        "steps": ["find_order", {"tool": "convert_price",
+                                 "input_mapping": {"amount": "total"}}]}, indent=2))
+    for path, expected in ((yaml_file, {"name": 1, "input_schema.properties.a.b.type": 5,
+                                        "steps[1]": 8, "steps[1].input_mapping.amount": 10,
+                                        "steps[1].nothing": 8, None: 1}),
+                           (json_file, {"name": 2, "input_schema.properties.a.b.type": 6,
+                                        "steps[1]": 12, "steps[1].input_mapping.amount": 15,
+                                        "steps[1].nothing": 12, None: 1})):
+        for field, line in expected.items():
+            assert line_of(path, field) == line, (path.name, field)
+    assert line_of(yaml_file, "steps", "invalid YAML at line 9, column 2") == 9
+    assert field_tokens("steps[1].retry.retry_on[0]") == ["steps", 1, "retry", "retry_on", 0]
+
+
+# ------------------------------------------------------------------ the installed command
+
+
+@pytest.mark.slow
+def test_the_installed_command_validates_without_importing_mcp(tmp_path: Path) -> None:
+    write(tmp_path, {name: case[0] for name, case in BROKEN.items()})
+    code = ("import sys\nfrom chainweaver.cli import main\n"
+            f"code = main(['validate', {str(tmp_path)!r}, 'examples/flows', '--tools', "
+            f"{TOOLS!r}])\n"
+            "print(sorted(m for m in ('fastmcp', 'mcp') if m in sys.modules))\n"
+            "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=STARTUP_TIMEOUT)
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert done.stdout.splitlines()[-2] == "4 problem(s) in 4 of 10 flow file(s)"
+    clean = subprocess.run([CHAINWEAVER, "validate", "examples/flows", "--tools", TOOLS,
+                            "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=STARTUP_TIMEOUT)
+    assert clean.returncode == 0
+    assert json.loads(clean.stdout) == {"files": 6, "flows": 6, "tools_checked": True,
+                                        "problems": []}
