@@ -7,7 +7,8 @@ vs N static resources (<= 1.2x); 5. ``prompts/list`` / ``prompts/get`` vs N func
 prompts (<= 1.2x). All in one run, over in-memory ``fastmcp.Client``; candidate and
 baseline take turns in small chunks so noise hits both. See benchmarks/README.md.
 
-Run: ``python benchmarks/bench_server.py [--flows N] [--repeats N] [--quick] [--profile]``
+Run: ``python benchmarks/bench_server.py [--flows N] [--repeats N] [--quick] [--profile]
+[--sections 1,1b,2,3,4,5]``
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from chainweaver import (
 from chainweaver.mcp import FlowServer, ServingConfig
 
 SAFE = ToolSafetyContract(SideEffectLevel.NONE, idempotent=True)
+# Every section, in the order they run; --sections picks some of them.
+SECTIONS = ("1", "1b", "2", "3", "4", "5")
 Mode = Literal["lower", "upper"]
 
 
@@ -540,19 +543,38 @@ async def bench_prompts(executor: FlowExecutor, flows: int, list_number: int,
 # -------------------------------------------------------------------- main
 
 
-async def run_async(args: argparse.Namespace, executor: FlowExecutor) -> list[Row]:
+async def run_async(args: argparse.Namespace, executor: FlowExecutor,
+                    sections: frozenset[str] = frozenset(SECTIONS)) -> list[Row]:
+    """Sections 2 to 5 (those of ``sections``), over clients of the bare baselines."""
     started = time.perf_counter()
     baselines = await build_baselines(executor)
     print(f"\n(bare FastMCP baselines built in {time.perf_counter() - started:.1f} s)",
           flush=True)
+    rows: list[Row] = []
     async with Client(baselines.many) as many, Client(baselines.one) as one:
-        rows = await bench_first_lists(executor, args.flows, args.repeats, many)
-        rows += await bench_call(args.flows, args.number, args.repeats, one, baselines.tool)
-        rows += await bench_resources(executor, args.flows, args.list_number, args.number,
-                                      args.repeats, many, one, baselines.uri)
-        rows += await bench_prompts(executor, args.flows, args.list_number, args.number,
-                                    args.repeats, many, one, baselines.prompt)
+        if "2" in sections:
+            rows += await bench_first_lists(executor, args.flows, args.repeats, many)
+        if "3" in sections:
+            rows += await bench_call(args.flows, args.number, args.repeats, one,
+                                     baselines.tool)
+        if "4" in sections:
+            rows += await bench_resources(executor, args.flows, args.list_number,
+                                          args.number, args.repeats, many, one,
+                                          baselines.uri)
+        if "5" in sections:
+            rows += await bench_prompts(executor, args.flows, args.list_number, args.number,
+                                        args.repeats, many, one, baselines.prompt)
     return rows
+
+
+def parse_sections(text: str) -> frozenset[str]:
+    """The sections ``--sections`` names (comma-separated, of ``SECTIONS``)."""
+    chosen = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(chosen - set(SECTIONS))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"sections are {', '.join(SECTIONS)}; got {text!r}")
+    return chosen
 
 
 def main() -> None:
@@ -567,6 +589,8 @@ def main() -> None:
                         help="a few seconds: 100 flows, 3 repeats, small batches")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the whole run; print the top functions")
+    parser.add_argument("--sections", type=parse_sections, default=frozenset(SECTIONS),
+                        help="comma-separated sections to run, of 1,1b,2,3,4,5 (all)")
     args = parser.parse_args()
     if args.quick:
         args.flows, args.repeats, args.number, args.list_number = 100, 3, 20, 1
@@ -579,9 +603,13 @@ def main() -> None:
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
         profiler.enable()
-    rows = bench_construction(executor, args.flows, args.repeats)
-    rows += bench_distinct_construction(args.flows, args.repeats)
-    rows += asyncio.run(run_async(args, executor))
+    rows: list[Row] = []
+    if "1" in args.sections:
+        rows += bench_construction(executor, args.flows, args.repeats)
+    if "1b" in args.sections:
+        rows += bench_distinct_construction(args.flows, args.repeats)
+    if args.sections & {"2", "3", "4", "5"}:
+        rows += asyncio.run(run_async(args, executor, args.sections))
     if profiler:
         profiler.disable()
 

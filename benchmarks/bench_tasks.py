@@ -11,7 +11,10 @@ Sections, each against a baseline measured in the same run:
    all, then 1, or 2, warm ``chainweaver worker`` processes run them; the ratio says how
    throughput scales with workers. The replica's creation rate is printed too.
    Needs ``redis-server`` (a private one on a random loopback port is started).
-4. Start-up with tasks: ``FlowServer(tasks="memory://")`` built and a client connected
+4. Durable runs: the same short tasks on Redis (one warm worker), with step checkpoints
+   (what every task run does) against the same worker told to run without them
+   (``BENCH_NO_CHECKPOINTS=1``), in turns; per task, the ratio says what checkpoints cost.
+5. Start-up with tasks: ``FlowServer(tasks="memory://")`` built and a client connected
    (Docket started), over a large catalogue against 100 flows, and against the same
    catalogue without tasks: tasks must add nothing that grows with the catalogue.
 
@@ -33,7 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,17 @@ async def bench_last(n: int) -> Number:
 
 
 # ------------------------------------------------------------------------ set-up
+
+
+def _without_checkpoints() -> None:
+    """The baseline of section 4: this worker runs task flows without checkpoints."""
+    from chainweaver.mcp.tasks import runner
+
+    runner.checkpoint_store = lambda docket: None  # type: ignore[assignment,return-value]
+
+
+if os.environ.get("BENCH_NO_CHECKPOINTS"):
+    _without_checkpoints()
 
 
 def flow_dir() -> Path:
@@ -213,30 +228,58 @@ async def memory_throughput(flows: Path, total: int) -> float:
     return base / cand
 
 
+@contextmanager
+def local_redis(binary: str) -> Iterator[str]:
+    """A private, non-persistent redis-server on a free loopback port: its URL."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        process = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(30)
+
+
 async def redis_throughput(flows: Path, total: int) -> float | None:
     binary = shutil.which("redis-server")
     if binary is None:
         print("== 3. skipped: redis-server is not installed ==")
         return None
     print(f"== 3. {total} short tasks on Redis: enqueue-only replica + 1 or 2 workers ==")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        redis_process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            rates = [await _workers_run(flows, url, workers, total) for workers in (1, 2)]
-        finally:
-            redis_process.terminate()
-            redis_process.wait(30)
+    with local_redis(binary) as url:
+        rates = [await _workers_run(flows, url, workers, total) for workers in (1, 2)]
     ratio = rates[1] / rates[0]
     print(f"  2 workers / 1 worker: {ratio:.2f}x")
     return ratio
 
 
-async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float:
+async def durable_cost(flows: Path, total: int) -> float | None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("== 4. skipped: redis-server is not installed ==")
+        return None
+    print(f"== 4. {total} short tasks on Redis, 1 worker: with checkpoints vs without ==")
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with local_redis(binary) as url:
+        for _ in range(3):  # in turns, so noise hits both
+            for durable in (False, True):
+                rate = await _workers_run(flows, url, 1, total, durable=durable, quiet=True)
+                times[durable].append(1 / rate)
+    for durable in (False, True):
+        label = "with checkpoints" if durable else "without checkpoints"
+        print(f"  {label:<22} per task: best {min(times[durable]) * 1e3:7.2f} ms   "
+              f"median {statistics.median(times[durable]) * 1e3:7.2f} ms")
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    print(f"  checkpoints / none (per task, median): {ratio:.2f}x")
+    return ratio
+
+
+async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
+                       durable: bool = True, quiet: bool = False) -> float:
     import redis.asyncio as redis
     from fastmcp import Client
     from fastmcp_tasks import call_tool_task
@@ -251,6 +294,8 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float
         except (OSError, redis.ConnectionError):  # the server is still starting
             await asyncio.sleep(0.05)
     env = {**os.environ, "BENCH_REDIS": url}
+    if not durable:
+        env["BENCH_NO_CHECKPOINTS"] = "1"
     command = [sys.executable, "-m", "chainweaver", "worker", str(flows), "--tools",
                __file__, "--tasks", url]
     started_workers = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
@@ -284,8 +329,9 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int) -> float
         for process in started_workers:
             process.wait(30)
         await store.aclose()
-    print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
-          f"replica created them at {total / enqueued:.1f} tasks/s)")
+    if not quiet:
+        print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
+              f"replica created them at {total / enqueued:.1f} tasks/s)")
     return total / elapsed
 
 
@@ -297,7 +343,7 @@ async def startup(large: int) -> tuple[float, float]:
     from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
     from chainweaver.mcp import FlowServer
 
-    print(f"== 4. Start with tasks: build + connect, {large} flows vs 100 flows ==")
+    print(f"== 5. Start with tasks: build + connect, {large} flows vs 100 flows ==")
     executors = {}
     for flows in (100, large):
         executor = FlowExecutor(FlowRegistry())
@@ -341,12 +387,15 @@ async def main() -> None:
     handle = await handle_latency(flows, args.calls)
     memory = await memory_throughput(flows, args.tasks)
     scale = None if args.no_redis else await redis_throughput(flows, args.tasks)
+    durable = None if args.no_redis else await durable_cost(flows, args.tasks)
     growth, added = await startup(2000 if args.quick else 20000)
     print("== Summary ==")
     print(f"  task handle / plain call: {handle:.2f}x")
     print(f"  in-memory tasks vs plain calls (throughput): {memory:.2f}")
     if scale is not None:
         print(f"  Redis, 2 workers / 1 worker (throughput): {scale:.2f}x")
+    if durable is not None:
+        print(f"  Redis, checkpoints / none (per task): {durable:.2f}x")
     print(f"  start with tasks, large catalogue / 100 flows: {growth:.2f}x")
     print(f"  start, large catalogue, with tasks / without: {added:.2f}x")
 

@@ -4,6 +4,7 @@ The core API imports without the ``mcp`` extra; ``chainweaver.mcp`` publishes fl
 to MCP clients.
 """
 
+from .checkpoints import CheckpointMismatchError, CheckpointStore, MemoryCheckpointStore
 from .errors import (
     ChainWeaverError,
     DefinitionError,
@@ -23,6 +24,7 @@ from .errors import (
 from .executor import ALWAYS_APPROVE, ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
+from .keys import IdempotencyKey
 from .mappings import Const, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
 from .registry import FlowRegistry, RegistryChange, RegistryState
@@ -34,6 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ALWAYS_APPROVE",
     "ChainWeaverError",
+    "CheckpointMismatchError",
+    "CheckpointStore",
     "Const",
     "DefinitionError",
     "DuplicateFlowError",
@@ -54,9 +58,11 @@ __all__ = [
     "FlowStep",
     "FlowValidationError",
     "FlowVersionNotFoundError",
+    "IdempotencyKey",
     "InvalidNameError",
     "InvalidVersionError",
     "LifecycleTransitionError",
+    "MemoryCheckpointStore",
     "Pointer",
     "PromptArgument",
     "PromptDefinitionError",

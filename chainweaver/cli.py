@@ -37,10 +37,12 @@ from .cli_errors import (
     EXIT_SERVE_FAILED,
     EXIT_USAGE,
     CommandError,
+    redacted,
 )
 from .cli_flows import flows_command
 from .cli_graph import graph_document
 from .cli_options import PROG, build_parser, http_defaults
+from .cli_prompts import format_prompts
 from .cli_run import run_command
 from .cli_runs import runs_command
 from .cli_validate import static_problems, validate_command
@@ -57,8 +59,9 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
                        row[-1]]) for row in rows]
 
 
-def format_table(server: Any) -> str:
-    """The exposure decision as two aligned tables: exposed flows, then excluded ones."""
+def format_table(server: Any, prompts: bool = False) -> str:
+    """The exposure decision as two aligned tables: exposed flows, then excluded ones
+    (with ``prompts``, then each published prompt as clients receive it)."""
     report = server.exposure_report()
     exposed = [e for e in report if e.exposed]
     excluded = [e for e in report if not e.exposed]
@@ -80,20 +83,23 @@ def format_table(server: Any) -> str:
         extras.append("prompt chainweaver_guide (guide)")
     if extras:
         lines += ["", "Also published: " + ", ".join(extras)]
-    return "\n".join(lines)
+    return "\n".join(lines + (format_prompts(server) if prompts else []))
 
 
-def format_json(server: Any) -> str:
-    return json.dumps({
+def format_json(server: Any, prompts: bool = False) -> str:
+    document: dict[str, Any] = {
         "flows": [entry.to_dict() for entry in server.exposure_report()],
         "tools": server.registered_tool_names,
         "resources": server.resource_uris,
         "prompts": server.prompt_names,
-    }, indent=2)
+    }
+    if prompts:
+        document["prompt_templates"] = server.prompt_templates()
+    return json.dumps(document, indent=2)
 
 
 def _summary(built: Built, args: argparse.Namespace) -> str:
-    server, files, tools = built
+    server, files, tools = built.server, built.files, built.tools
     report = server.exposure_report()
     exposed = [entry.flow_name for entry in report if entry.exposed]
     lines = [f"{PROG}: loaded {files} flow file(s) and {tools} tool(s)",
@@ -102,7 +108,7 @@ def _summary(built: Built, args: argparse.Namespace) -> str:
     lines += [f"{PROG}: excluded {e.flow_name} v{e.version}: {e.reason}"
               for e in report if not e.exposed]
     if args.command == "worker":
-        lines.append(f"{PROG}: running task flows from {_redacted(args.tasks)}")
+        lines.append(f"{PROG}: running task flows from {redacted(args.tasks)}")
         return "\n".join(lines)
     where = (f"http://{args.host}:{args.port}/mcp" if args.transport == "streamable-http"
              else "stdio")
@@ -188,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return EXIT_OK
     if args.command == "inspect":
-        print(format_json(built.server) if args.json else format_table(built.server))
+        print(format_json(built.server, args.prompts) if args.json
+              else format_table(built.server, args.prompts))
         sys.stdout.flush()  # a closed pipe shows here, inside main's handler
         invalid = invalid_flows(built.server) if args.strict else []
         if invalid:
@@ -200,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
         return run_worker(built.server, args)
     for warning in _serve_warnings(args):
         print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
+    endpoint = _metrics_endpoint(built, args)
     try:
         built.server.serve(args.transport, host=args.host, port=args.port,
                            stateless=args.stateless,
@@ -217,17 +225,27 @@ def run(args: argparse.Namespace) -> int:
         if stopped.code not in (None, 0):
             raise CommandError(EXIT_SERVE_FAILED, f"the server could not start on "
                                f"{args.host}:{args.port} (see the log above)") from None
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
     return EXIT_OK
 
 
-def _redacted(url: str | None) -> str:
-    """A queue URL without its password (redis://user:secret@host -> redis://user:***@host)."""
-    text = url or "no queue"
-    scheme, sep, rest = text.partition("://")
-    auth, at, host = rest.rpartition("@")
-    if not at or ":" not in auth:
-        return text
-    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"
+def _metrics_endpoint(built: Built, args: argparse.Namespace) -> Any:
+    """``--metrics-port``: the Prometheus endpoint, started (None without the flag)."""
+    if built.metrics is None:
+        return None
+    from .mcp.runs.prometheus import MetricsEndpoint
+
+    try:
+        endpoint = MetricsEndpoint(built.metrics, args.metrics_host, args.metrics_port)
+    except OSError as error:
+        raise CommandError(EXIT_SERVE_FAILED, f"--metrics-port: cannot listen on "
+                           f"{args.metrics_host}:{args.metrics_port}: "
+                           f"{error.strerror or error}") from None
+    print(f"{PROG}: metrics on http://{args.metrics_host}:{endpoint.port}/metrics",
+          file=sys.stderr, flush=True)
+    return endpoint.start()
 
 
 def _check_worker(args: argparse.Namespace) -> None:
@@ -243,7 +261,15 @@ def _check_worker(args: argparse.Namespace) -> None:
 
 
 def run_worker(server: Any, args: argparse.Namespace) -> int:
-    """``chainweaver worker``: run task flows until interrupted."""
+    """``chainweaver worker``: run task flows until interrupted, logging each task it
+    picks up, resumes and ends to stderr (``--log-level``, INFO by default)."""
+    import logging
+
+    worker_log = logging.getLogger("chainweaver.worker")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    worker_log.addHandler(handler)
+    worker_log.setLevel((args.log_level or "info").upper())
     try:
         server.run_worker()
     except KeyboardInterrupt:

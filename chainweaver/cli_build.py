@@ -218,12 +218,13 @@ class Built(NamedTuple):
     server: Any  # a chainweaver.mcp.FlowServer (imported lazily: it needs the mcp extra)
     files: int
     tools: int
+    metrics: Any = None  # the metrics reader --metrics-port serves (serve only)
 
 
 def build_server(args: argparse.Namespace) -> Built:
     """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
     try:
-        from .mcp import ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
+        from .mcp import ExposurePolicy, FlowServer, PromptPolicy, SecurityConfig, ServingConfig
     except ImportError as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
 
@@ -232,6 +233,9 @@ def build_server(args: argparse.Namespace) -> Built:
     lifecycles = _values(args.lifecycle, "--lifecycle", FlowLifecycle)
     side_effects = _values(args.side_effects, "--side-effects", SideEffectLevel)
     owners = _values(args.owner, "--owner")
+    prompts = PromptPolicy(kinds=_values(args.prompt_kinds, "--prompt-kinds"),
+                           flow_names=_values(args.prompt_flow, "--prompt-flow"))
+    provider, reader = _metrics(args)
     executor, loaded = load_executor(args.paths, args.tools)
     state_keys = (load_state_keys(args.request_state_key_file)
                   if args.request_state_key_file is not None else None)
@@ -246,6 +250,7 @@ def build_server(args: argparse.Namespace) -> Built:
                 allowed_side_effects=side_effects,
                 owners=owners,
                 allow_requires_approval=args.allow_requires_approval,
+                prompts=prompts,
                 **_given(approval=args.approval),
             ),
             security=SecurityConfig(**access.security,
@@ -258,14 +263,28 @@ def build_server(args: argparse.Namespace) -> Built:
                                   instructions=instructions, **access.serving,
                                   governance=governance_settings(args),
                                   run_history=run_history_settings(args),
-                                  **_given(approval_timeout=args.approval_timeout)),
+                                  meter_provider=provider,
+                                  **_given(approval_timeout=args.approval_timeout,
+                                           max_body_bytes=args.max_body_bytes)),
             tasks=_task_settings(args),
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
         server.exposure_report()
     _watch(args, server, loaded)
-    return Built(server, len(loaded), len(executor.tools))
+    return Built(server, len(loaded), len(executor.tools), reader)
+
+
+def _metrics(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``serve --metrics-port``: an SDK meter provider and the reader a scrape reads."""
+    if args.command != "serve" or args.metrics_port is None:
+        return None, None
+    from .mcp.runs.prometheus import metrics_pipeline
+
+    try:
+        return metrics_pipeline()
+    except ImportError as error:
+        raise CommandError(EXIT_MISSING, f"--metrics-port: {error}") from None
 
 
 def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> None:

@@ -1,5 +1,5 @@
-"""The ``chainweaver`` command's exit codes, and the error every subcommand reports as
-one line on stderr."""
+"""The ``chainweaver`` command's exit codes, the error every subcommand reports as one
+line on stderr, and URLs as such a line may show them."""
 
 from __future__ import annotations
 
@@ -14,3 +14,13 @@ class CommandError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def redacted(url: str | None) -> str:
+    """A URL without its password (redis://user:secret@host -> redis://user:***@host)."""
+    text = url or "no queue"
+    scheme, sep, rest = text.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return text
+    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"

@@ -24,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--expose-schemas", action="store_true",
                         help="publish schema resources")
     common.add_argument("--expose-prompts", action="store_true", help="publish prompts")
+    common.add_argument("--prompt-kinds", action="append", metavar="KIND",
+                        help="publish only these prompt kinds: invocation, authored, "
+                             "server, guide (default: all); repeatable or comma-separated")
+    common.add_argument("--prompt-flow", action="append", metavar="FLOW",
+                        help="publish the invocation and authored prompts of these flows "
+                             "only (default: every published flow's); repeatable or "
+                             "comma-separated")
     common.add_argument("--prefix", default="", help="publish tools as PREFIX__flow_name")
     common.add_argument("--name", default="chainweaver", help="the MCP server name")
     common.add_argument("--lifecycle", action="append", metavar="LIFECYCLE",
@@ -61,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the exposure decision and exit. Takes every serve option "
                     "and checks it as serve does, but serves nothing.")
     inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
+    inspect.add_argument("--prompts", action="store_true",
+                         help="also show each published prompt as clients receive it: its "
+                              "arguments and its messages with placeholder values")
     inspect.add_argument("--graph", metavar="FLOW",
                          help="print FLOW's steps as a Mermaid flowchart instead (with "
                               "--json: its steps, edges and conditions as JSON)")
@@ -144,6 +154,14 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                        help="list results per page (default: all in one page)")
     # Not an argparse mutually exclusive group: those leave their argument group when
     # copied through parents=, and the help would list these two elsewhere.
+    group.add_argument("--max-body-bytes", type=_positive_int, metavar="N",
+                       help="refuse (-32602) a rendered prompt or resource read above N "
+                            "bytes (default: 16 MiB)")
+    group.add_argument("--metrics-port", type=_port, metavar="PORT",
+                       help="serve Prometheus metrics on http://HOST:PORT/metrics (needs "
+                            "the metrics extra)")
+    group.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                       help="the address --metrics-port binds (default: 127.0.0.1)")
     group.add_argument("--instructions", metavar="TEXT",
                        help="instructions clients receive when they connect")
     group.add_argument("--instructions-file", metavar="FILE",

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from .cli_errors import EXIT_OK, EXIT_USAGE, CommandError
+from .cli_errors import EXIT_OK, EXIT_USAGE, CommandError, redacted
 
 EXIT_NOT_FOUND = 1  # show: no such run (unknown, another prefix, or expired)
 EXIT_STORE = 3  # the store could not be reached or read
@@ -25,23 +25,36 @@ def add_run_history_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--run-history", metavar="URL",
                        help="keep a record of every run: memory:// or redis://... (replicas "
                             "share it); runs readable as chainweaver://runs/... resources")
-    group.add_argument("--run-history-max-runs", type=int, default=10_000, metavar="N",
+    group.add_argument("--run-history-max-runs", type=int, metavar="N",
                        help="keep the newest N runs (default: 10000)")
-    group.add_argument("--run-history-max-age", type=float, default=7 * 86400.0,
-                       metavar="SECONDS", help="forget runs older than this (default: 7 days)")
-    group.add_argument("--output-limit", type=int, default=65_536, metavar="BYTES",
+    group.add_argument("--run-history-max-age", type=float, metavar="SECONDS",
+                       help="forget runs older than this (default: 604800, 7 days)")
+    group.add_argument("--output-limit", type=int, metavar="BYTES",
                        help="larger outputs travel as a resource link (default: 65536)")
 
 
+HISTORY_FLAGS = (("--run-history-max-runs", "run_history_max_runs", "max_runs"),
+                 ("--run-history-max-age", "run_history_max_age", "max_age"),
+                 ("--output-limit", "output_limit", "output_limit"))
+
+
 def run_history_settings(args: argparse.Namespace) -> Any:
-    """The ``RunHistory`` the flags ask for (None: no --run-history)."""
+    """The ``RunHistory`` the flags ask for (None: no --run-history). A bound without
+    --run-history is refused: without a history, runs keep no record and outputs are
+    sent whole."""
+    given = {field: getattr(args, name) for _, name, field in HISTORY_FLAGS
+             if getattr(args, name, None) is not None}
     url = getattr(args, "run_history", None)
     if url is None:
+        if given:
+            flags = [flag for flag, name, _ in HISTORY_FLAGS
+                     if getattr(args, name, None) is not None]
+            raise CommandError(EXIT_USAGE, f"{', '.join(flags)} need"
+                               f"{'s' if len(flags) == 1 else ''} --run-history URL")
         return None
     from .mcp.config import RunHistory
 
-    return RunHistory(store=url, max_runs=args.run_history_max_runs,
-                      max_age=args.run_history_max_age, output_limit=args.output_limit)
+    return RunHistory(store=url, **given)
 
 
 def add_runs_command(commands: Any) -> None:
@@ -84,10 +97,9 @@ def runs_command(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_show if args.runs_command == "show" else _list, args, store)
     except RedisError as error:
-        from .cli import _redacted
 
         raise CommandError(EXIT_STORE, f"cannot read the run history at "
-                           f"{_redacted(args.store)}: {type(error).__name__}") from None
+                           f"{redacted(args.store)}: {type(error).__name__}") from None
 
 
 def _check_list(args: argparse.Namespace) -> None:
@@ -133,9 +145,11 @@ async def _show(args: argparse.Namespace, store: Any) -> int:
             value = _when(value)
         if key not in ("steps", "approvals"):
             print(f"{key:>14}: {value}")
-    for step in record.steps:
-        print(f"{'step':>14}: {step['id']} {step['status']} attempts={step['attempts']} "
-              f"{step['duration_ms']} ms {step.get('error') or ''}".rstrip())
+    for step in record.steps:  # deliveries (above): a redelivered task's legs
+        restored = " restored" if step.get("restored") else ""  # from its checkpoint
+        print(f"{'step':>14}: {step['id']} {step['status']}{restored} "
+              f"attempts={step['attempts']} {step['duration_ms']} ms "
+              f"{step.get('error') or ''}".rstrip())
     for decision in record.approvals:
         print(f"{'approval':>14}: {decision['decision']} at {_when(decision['at'])} "
               f"({', '.join(decision['steps'])})")

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .checkpoints import CheckpointStore
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .lanes import Lanes
@@ -228,6 +229,7 @@ class FlowExecutor:
         self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None,
         *, plan: Plan | None = None, observer: RunObserver | None = None,
         cancel: Cancellation | None = None, approve: ApprovalHook | None = None,
+        run_id: str | None = None,
     ) -> ExecutionResult:
         """Run a flow synchronously, one step at a time in plan order.
 
@@ -244,10 +246,12 @@ class FlowExecutor:
         loop), or :data:`ALWAYS_APPROVE` to run without asking. Left out, such a flow
         fails with ``ApprovalRequired`` before any step; a hook that returns anything
         but ``True`` (or raises) fails it with ``ApprovalDenied``. No step runs either way.
+
+        ``run_id`` names the run for idempotency keys (a fresh id when left out).
         """
         return self._lanes.run_sync(self._plan_to_run(name, version, plan), input,
                                     observer=observer, cancel=cancel,
-                                    approve=_checked(approve))
+                                    approve=_checked(approve), run_id=_run_id(run_id))
 
     def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
         if plan is None:
@@ -271,6 +275,8 @@ class FlowExecutor:
         observer: RunObserver | None = None,
         cancel: Cancellation | None = None,
         approve: ApprovalHook | None = None,
+        run_id: str | None = None,
+        checkpoints: CheckpointStore | None = None,
     ) -> ExecutionResult:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
@@ -292,10 +298,28 @@ class FlowExecutor:
         block), or :data:`ALWAYS_APPROVE`. Without it such a flow fails with
         ``ApprovalRequired``; unless the hook returns ``True`` the run fails with
         ``ApprovalDenied``. No step runs either way.
+
+        ``run_id`` names the run: each step's :data:`~chainweaver.IdempotencyKey`
+        derives from it (a fresh id when left out). With ``checkpoints`` (a
+        :class:`~chainweaver.checkpoints.CheckpointStore`, which needs ``run_id``) the
+        run is durable: each step's output is checkpointed before a step that depends
+        on it starts, and a run started again with the same id resumes, running only
+        the steps that had not completed (:mod:`chainweaver.checkpoints`). Checkpoints
+        of another flow version, plan or input raise
+        :class:`~chainweaver.checkpoints.CheckpointMismatchError`.
         """
+        if checkpoints is not None and run_id is None:
+            raise ValueError("checkpoints= needs run_id= (the id a resumed run is found by)")
         return await self._lanes.run_async(self._plan_to_run(name, version, plan), input,
                                            timeout, observer=observer, cancel=cancel,
-                                           approve=_checked(approve))
+                                           approve=_checked(approve), run_id=_run_id(run_id),
+                                           checkpoints=checkpoints)
+
+
+def _run_id(run_id: str | None) -> str | None:
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        raise TypeError(f"run_id must be a non-empty str, got {run_id!r}")
+    return run_id
 
 
 def _checked(approve: ApprovalHook | None) -> ApprovalHook | None:

@@ -306,7 +306,8 @@ def _governance(f: _Fields, value: Any) -> FlowGovernance:
     lifecycle = f.choice(data.get("lifecycle", "active"), "governance.lifecycle",
                          FlowLifecycle)
     owner = f.string(data.get("owner"), "governance.owner", optional=True)
-    return FlowGovernance(lifecycle, owner)
+    publish = f.boolean(data.get("publish", True), "governance.publish")
+    return FlowGovernance(lifecycle, owner, publish)
 
 
 def _safety(f: _Fields, value: Any) -> ToolSafetyContract | None:

@@ -144,6 +144,8 @@ class StepFormat(_Part):
 class GovernanceFormat(_Part):
     lifecycle: Literal["draft", "reviewed", "active", "archived"] = "active"
     owner: str | None = None
+    publish: bool = Field(True, description="false: no MCP server publishes this flow, "
+                          "whatever its policy (the flow still runs, and as a sub-flow)")
 
 
 class SafetyFormat(_Part):

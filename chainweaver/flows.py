@@ -50,13 +50,22 @@ ALLOWED_TRANSITIONS: Mapping[FlowLifecycle, frozenset[FlowLifecycle]] = MappingP
 
 @dataclass(frozen=True)
 class FlowGovernance:
-    """Who owns a flow and where it is in its lifecycle."""
+    """Who owns a flow, where it is in its lifecycle, and whether it may be published.
+
+    ``publish=False`` is the author's own veto: no server publishes the flow, whatever
+    its policy says (``force_expose`` included), in any primitive. The flow still runs
+    in-process and as another flow's sub-flow.
+    """
 
     lifecycle: FlowLifecycle = FlowLifecycle.ACTIVE
     owner: str | None = None
+    publish: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lifecycle", FlowLifecycle(self.lifecycle))
+        if not isinstance(self.publish, bool):
+            raise DefinitionError(f"governance publish must be True or False, got "
+                                  f"{self.publish!r}")
 
     def transition(self, target: FlowLifecycle | str) -> FlowGovernance:
         """Return a new governance value in ``target``, if the move is allowed."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from . import outcome
 from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
+from .checkpoints import CheckpointStore, Durable
 from .plan import Plan
 from .results import ErrorInfo, ExecutionResult
 from .run_events import (
@@ -77,8 +78,8 @@ class Lanes:
 
     def run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
                  stop: Stop | None = None, *, observer: RunObserver | None = None,
-                 cancel: Cancellation | None = None, approve: Approve = None
-                 ) -> ExecutionResult:
+                 cancel: Cancellation | None = None, approve: Approve = None,
+                 run_id: str | None = None) -> ExecutionResult:
         """Run ``plan`` one step at a time in plan order; ``stop`` is set when the async
         run that started this one (a sub-flow in a worker thread) is over: then nothing
         further runs. ``approve`` as for :func:`approval_gate`."""
@@ -90,6 +91,7 @@ class Lanes:
             state = outcome.start(plan, input)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        state.run_id = run_id
         if gate is not None:
             refused = _denied(plan, gate[0], _ask_blocking(gate[1], gate[0]))
             if refused is not None:
@@ -116,12 +118,14 @@ class Lanes:
                         slots: asyncio.Semaphore | None = None,
                         observer: RunObserver | None = None,
                         cancel: Cancellation | None = None,
-                        approve: Approve = None) -> ExecutionResult:
+                        approve: Approve = None, run_id: str | None = None,
+                        checkpoints: CheckpointStore | None = None) -> ExecutionResult:
         """Run ``plan``, ready steps at once; ``parent`` is set when the run that started
         this one is over. ``slots`` bounds the tool steps running at once in the whole
         call: a new call makes them (``max_concurrent``); sub-flows share their caller's
         (a sub-flow step itself takes no slot, so none waits for itself). ``approve`` as
-        for :func:`approval_gate`."""
+        for :func:`approval_gate`. ``run_id`` names the run (its idempotency keys);
+        with ``checkpoints`` the run is durable (:mod:`chainweaver.checkpoints`)."""
         if slots is None:
             slots = asyncio.Semaphore(self.max_concurrent)
         started = time.perf_counter()
@@ -132,6 +136,10 @@ class Lanes:
             state = outcome.start(plan, input)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
+        state.run_id = run_id
+        if checkpoints is not None and run_id is not None:
+            # Before any ask: a run that cannot resume says so at once.
+            state.durable = await Durable.open(checkpoints, run_id, state)
         if gate is not None:
             refused = _denied(plan, gate[0], await ask_approval(gate[1], gate[0]))
             if refused is not None:
@@ -139,6 +147,10 @@ class Lanes:
         if observer is not None:
             _observe(state, observer)
         state.schedule()
+        if state.durable is not None:
+            state.durable.restore(state)
+            if state.failure is not None:  # interrupted where it must not run again
+                return _reported(outcome.finish(state, started), observer)
         # Set when this call is over (or its caller's is): steps running in worker
         # threads then make no further call, retry, sleep or fallback.
         abandoned = Stop(parent)
@@ -186,7 +198,8 @@ class Lanes:
                     if position > state.failed_at:
                         state.ready.clear()  # pop() takes the earliest: all are later
                         break
-                    if steps[position].runs_in_thread and not running and not state.ready:
+                    if steps[position].runs_in_thread and not running and not state.ready \
+                            and state.durable is None:  # checkpoints are awaited per step
                         # Alone: one worker-thread hop runs it and the chain of sync steps
                         # after it (nothing else runs, so the state is the thread's).
                         async with slots:
@@ -215,6 +228,9 @@ class Lanes:
     async def _run_one(self, state: RunState, position: int, abandoned: Stop,
                        slots: asyncio.Semaphore) -> None:
         planned = state.plan.steps[position]
+        durable = state.durable
+        if durable is not None:
+            await durable.started(planned)
         if planned.subflow is not None:
             await self._drive_async(run_step(state, planned), abandoned, slots)
         else:
@@ -225,6 +241,8 @@ class Lanes:
                         self.thread_pool(), self._drive_sync, runner, abandoned)
                 else:
                     await self._drive_async(runner, abandoned, slots)
+        if durable is not None:  # before any step that depends on it starts
+            await durable.finished(state, planned)
         state.finish(position)
 
     def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
@@ -271,7 +289,8 @@ class Lanes:
                     else:
                         stop.wait(request[1])
                 else:  # a sub-flow runs in this lane too
-                    reply = self._subflow_blocking(request[1], request[2], request[3], stop)
+                    reply = self._subflow_blocking(request[1], request[2], request[3], stop,
+                                                   request[4])
             except (Exception, asyncio.CancelledError) as caught:
                 # Nothing cancels this thread: a CancelledError is the tool's own failure.
                 error = caught
@@ -300,7 +319,7 @@ class Lanes:
                 else:
                     reply = await self.run_async(request[1], request[2], request[3],
                                                  parent=stop, slots=slots,
-                                                 approve=PARENT_DECIDED)
+                                                 approve=PARENT_DECIDED, run_id=request[4])
             except asyncio.CancelledError as caught:
                 # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
                 cancelling = getattr(asyncio.current_task(), "cancelling", None)
@@ -311,12 +330,12 @@ class Lanes:
                 error = caught
 
     def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
-                          stop: Stop | None) -> ExecutionResult:
+                          stop: Stop | None, run_id: str) -> ExecutionResult:
         if timeout is None:
-            return self.run_sync(plan, input, stop, approve=PARENT_DECIDED)
+            return self.run_sync(plan, input, stop, approve=PARENT_DECIDED, run_id=run_id)
         # A run of its own on a private loop: its own bound.
         return run_coroutine_blocking(self.run_async(plan, input, timeout, parent=stop,
-                                                     approve=PARENT_DECIDED))
+                                                     approve=PARENT_DECIDED, run_id=run_id))
 
 
 def _observe(state: RunState, observer: RunObserver) -> None:

@@ -34,7 +34,8 @@ class StepRecord:
     error of every failed attempt, in order; ``fallback`` names the fallback tool when
     it produced the output; ``steps`` holds a sub-flow's own step records (of its last
     attempt). ``started_ms`` is when the step started, in milliseconds after its run
-    started (steps that ran at the same time overlap).
+    started (steps that ran at the same time overlap). ``restored``: the step ran in
+    an earlier attempt of a durable run, and its outputs come from its checkpoint.
     """
 
     index: int
@@ -50,6 +51,7 @@ class StepRecord:
     fallback: str | None = None
     steps: list[StepRecord] | None = None
     started_ms: float = 0.0
+    restored: bool = False
 
 
 @dataclass(slots=True)

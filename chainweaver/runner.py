@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Generator, Mapping
 from time import perf_counter
 from typing import Any
@@ -21,10 +20,12 @@ from pydantic import BaseModel, ValidationError
 
 from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
+from .keys import Keyed, step_key
 from .mappings import MappingMiss, gather_computed
-from .plan import FieldSource, Plan, PlannedStep
+from .plan import FieldSource, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver, notify
+from .run_state import RunState
 from .tools import Tool
 
 logger = logging.getLogger("chainweaver.executor")
@@ -53,58 +54,6 @@ class SubFlowFailed(Exception):
     def __init__(self, error_type: str) -> None:
         super().__init__(error_type)
         self.error_type = error_type
-
-
-class RunState:
-    """One run of a plan: the flow input, each step's context writes, records, failure."""
-
-    __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
-                 "failed_at", "waiting", "ready", "observer", "_lock", "begun")
-
-    def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
-        self.plan = plan
-        self.flow_input = flow_input
-        count = len(plan.steps)
-        self.writes: list[dict[str, Any] | None] = [None] * count
-        self.records: list[StepRecord | None] = [None] * count
-        self.started = 0  # how many records there are
-        self.begun = perf_counter()  # steps' started_ms count from here
-        self.failure: ErrorInfo | None = None
-        self.failed_at = count
-        self.waiting: list[int] = []
-        self.ready: list[int] = []
-        self.observer: RunObserver | None = None  # told about each step (run_events)
-        # Steps of the async lane fail in worker threads and on the loop at once.
-        self._lock = threading.Lock()
-
-    def schedule(self) -> None:
-        """Prepare the bookkeeping the async lane starts ready steps by."""
-        self.waiting = [len(step.depends) for step in self.plan.steps]
-        self.ready = [step.position for step in reversed(self.plan.steps)
-                      if not step.depends]  # pop() takes the earliest in plan order
-
-    def fail(self, position: int, info: ErrorInfo) -> None:
-        # Several branches may fail in the async lane: the earliest in plan order wins,
-        # which is the failure the sync lane reports.
-        with self._lock:
-            if position < self.failed_at:
-                self.failure, self.failed_at = info, position
-
-    def finish(self, position: int) -> None:
-        """Mark a step done; its dependents whose steps are all done become ready."""
-        for dependent in self.plan.steps[position].dependents:
-            self.waiting[dependent] -= 1
-            if self.waiting[dependent] == 0:
-                self.ready.append(dependent)
-        self.ready.sort(reverse=True)  # pop() takes the earliest in plan order
-
-    def context(self) -> dict[str, Any]:
-        """The final context: the flow input and every step's writes, in plan order."""
-        context = dict(self.flow_input)
-        for written in self.writes:
-            if written:
-                context.update(written)
-        return context
 
 
 def first_error_field(error: ValidationError) -> str | None:
@@ -167,10 +116,10 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
         model = _validate_input(planned, tool, arguments)
         record.attempts = 1
         try:
-            raw = tool.fn(model)
+            raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
         except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
             raise _call_failed(planned, tool, error) from None
-        _complete(state, planned, record, _output(planned, tool, raw))
+        complete(state, planned, record, _output(planned, tool, raw))
     except StepFailed as failure:
         record.error = failure.info
         record.status = "failed"
@@ -196,6 +145,8 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             # The common case, without a nested generator: one call of one tool.
             tool = planned.tool
             model = _validate_input(planned, tool, arguments)
+            if tool.takes_key:
+                model = keyed(state, planned, tool, model)
             record.attempts = 1
             try:
                 raw = yield (CALL, tool, model, step.timeout)
@@ -203,15 +154,15 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
                 raise _call_failed(planned, tool, error) from None
             outputs = _output(planned, tool, raw)
         else:
-            outputs = yield from _attempts(planned, arguments, record, observer)
-        _complete(state, planned, record, outputs)
+            outputs = yield from _attempts(state, planned, arguments, record, observer)
+        complete(state, planned, record, outputs)
     except StepFailed as failure:
         record.error = failure.info
         if step.on_error == "fallback" and planned.fallback is not None \
                 and record.inputs is not None:
             try:
-                outputs = yield from _call_tool(planned, planned.fallback, record.inputs,
-                                                record)
+                outputs = yield from _call_tool(state, planned, planned.fallback,
+                                                record.inputs, record)
             except StepFailed as second:
                 record.attempt_errors += (failure.info,)
                 record.error = second.info
@@ -219,7 +170,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
                 record.attempt_errors += (failure.info,)
                 record.error = None
                 record.fallback = planned.fallback.name
-                _complete(state, planned, record, outputs)
+                complete(state, planned, record, outputs)
                 return
         if step.on_error == "skip":
             record.status = "skipped"
@@ -234,7 +185,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, Non
             notify(observer.step_finished, record)
 
 
-def _complete(state: RunState, planned: PlannedStep, record: StepRecord,
+def complete(state: RunState, planned: PlannedStep, record: StepRecord,
               outputs: dict[str, Any]) -> None:
     record.outputs = outputs
     record.status = "completed"
@@ -319,8 +270,9 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
                                    **_where(planned))) from None
 
 
-def _attempts(planned: PlannedStep, arguments: dict[str, Any], record: StepRecord,
-              observer: RunObserver | None) -> Generator[tuple, Any, dict[str, Any]]:
+def _attempts(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
+              record: StepRecord, observer: RunObserver | None
+              ) -> Generator[tuple, Any, dict[str, Any]]:
     retry = planned.step.retry
     errors: list[ErrorInfo] = []  # added to the record once: no tuple rebuilt per attempt
     attempt = 0
@@ -329,8 +281,9 @@ def _attempts(planned: PlannedStep, arguments: dict[str, Any], record: StepRecor
             attempt += 1
             try:
                 if planned.subflow is not None:
-                    return (yield from _call_flow(planned, arguments, record))
-                return (yield from _call_tool(planned, planned.tool, arguments, record))
+                    return (yield from _call_flow(state, planned, arguments, record))
+                return (yield from _call_tool(state, planned, planned.tool, arguments,
+                                              record))
             except StepFailed as failure:
                 if retry is None or attempt >= retry.max_attempts or failure.cause is None \
                         or not retry.retries(failure.cause):
@@ -356,16 +309,25 @@ def sleep_seconds(delay: Any) -> float:
     return 0.0  # negative, NaN or not a number
 
 
-def _call_tool(planned: PlannedStep, tool: Tool | None, arguments: dict[str, Any],
-               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
+               arguments: dict[str, Any], record: StepRecord
+               ) -> Generator[tuple, Any, dict[str, Any]]:
     assert tool is not None  # plans with missing tools never run
     model = _validate_input(planned, tool, arguments)
+    if tool.takes_key:
+        model = keyed(state, planned, tool, model)
     record.attempts += 1
     try:
         raw = yield (CALL, tool, model, planned.step.timeout)
     except (Exception, asyncio.CancelledError) as error:  # the lane decides
         raise _call_failed(planned, tool, error) from None
     return _output(planned, tool, raw)
+
+
+def keyed(state: RunState, planned: PlannedStep, tool: Tool, model: Any) -> Keyed:
+    """A keyed tool's call: its input and the key of this step (a fallback's own)."""
+    path = planned.id if tool is not planned.fallback else f"{planned.id}#fallback"
+    return Keyed(model, step_key(state.scope(), path))
 
 
 def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any]) -> Any:
@@ -423,10 +385,12 @@ def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
         "must return a dict or a pydantic model", **_where(planned, tool.name)))
 
 
-def _call_flow(planned: PlannedStep, arguments: dict[str, Any],
+def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
                record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
     record.attempts += 1
-    result = yield (FLOW, planned.subplan, arguments, planned.step.timeout)
+    # The sub-flow's steps are keyed within this step: stable across redeliveries too.
+    result = yield (FLOW, planned.subplan, arguments, planned.step.timeout,
+                    f"{state.scope()}/{planned.id}")
     record.steps = result.steps
     if result.success:
         return dict(result.final_output or {})

@@ -10,6 +10,7 @@ from typing import Any, get_type_hints, overload
 from pydantic import BaseModel, PydanticUndefinedAnnotation, PydanticUserError, create_model
 
 from .errors import DefinitionError, InvalidNameError
+from .keys import Keyed, is_key_annotation
 from .safety import ToolSafetyContract
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # whole string: use fullmatch
@@ -56,10 +57,13 @@ class Tool:
     ``fn`` receives an instance of ``input_schema`` and returns a dict or a model
     instance; it may be sync or async. ``output_schema`` is ``None`` when the output
     shape is not declared (the output must then still be a dict).
+
+    ``takes_key=True``: ``fn(model, key)`` also receives the step's idempotency key
+    (see :data:`chainweaver.IdempotencyKey`); the key is never part of ``input_schema``.
     """
 
     __slots__ = ("name", "description", "input_schema", "output_schema", "fn",
-                 "safety", "is_async", "input_fields")
+                 "safety", "is_async", "input_fields", "takes_key")
 
     def __init__(
         self,
@@ -67,8 +71,10 @@ class Tool:
         description: str,
         input_schema: type[BaseModel],
         output_schema: type[BaseModel] | None,
-        fn: Callable[[Any], Any],
+        fn: Callable[..., Any],
         safety: ToolSafetyContract | None = None,
+        *,
+        takes_key: bool = False,
     ) -> None:
         self.name = check_name("tool", name)
         check_model(f"tool {name!r}", "input_schema", input_schema)
@@ -80,13 +86,31 @@ class Tool:
         self.description = description or ""
         self.input_schema = input_schema
         self.output_schema = output_schema
-        self.fn = fn
         self.safety = safety
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_fields: tuple[str, ...] = tuple(input_schema.model_fields)
+        self.takes_key = bool(takes_key)
+        # The lanes call fn with one argument: a keyed tool's is a Keyed (the runner's).
+        self.fn: Callable[[Any], Any] = _unpacking(fn, self.is_async) if self.takes_key else fn
+
+    @property
+    def rerunnable(self) -> bool:
+        """May a call that was interrupted be made again: idempotent, or keyed."""
+        return self.takes_key or bool(self.safety is not None and self.safety.idempotent)
 
     def __repr__(self) -> str:
         return f"Tool(name={self.name!r})"
+
+
+def _unpacking(fn: Callable[..., Any], is_async: bool) -> Callable[[Keyed], Any]:
+    if is_async:
+        async def call_async(keyed: Keyed) -> Any:
+            return await fn(keyed.model, keyed.key)
+        return call_async
+
+    def call_sync(keyed: Keyed) -> Any:
+        return fn(keyed.model, keyed.key)
+    return call_sync
 
 
 def _first_paragraph(doc: str | None) -> str:
@@ -114,11 +138,22 @@ def _tool_from_function(
     returned = hints.get("return")
     if output_schema is None and _is_model_class(returned):
         output_schema = returned
+    # The key is injected, never an input field: it is left out of the model.
+    keys = [p.name for p in params if is_key_annotation(hints.get(p.name))]
+    if len(keys) > 1:
+        raise DefinitionError(f"tool {tool_name!r}: only one parameter may be an "
+                              f"IdempotencyKey, got {', '.join(keys)}")
+    key = keys[0] if keys else None
+    params = [p for p in params if p.name != key]
 
     # A single parameter annotated with a model: that model is the input schema.
     if len(params) == 1 and _is_model_class(hints.get(params[0].name)):
+        single = fn
+        if key is not None:
+            single = _keyword_key(fn, key)
         return Tool(tool_name, description or _first_paragraph(fn.__doc__),
-                    hints[params[0].name], output_schema, fn, safety)
+                    hints[params[0].name], output_schema, single, safety,
+                    takes_key=key is not None)
 
     fields: dict[str, Any] = {}
     for param in params:
@@ -134,15 +169,44 @@ def _tool_from_function(
     input_model = create_model(model_name, **fields)
     names = tuple(fields)
 
-    async def call_async(model: BaseModel) -> Any:
-        return await fn(**{n: getattr(model, n) for n in names})
+    call: Callable[..., Any]
+    if key is not None:
+        call = _splatting_keyed(fn, names, key)
+    else:
+        async def call_async(model: BaseModel) -> Any:
+            return await fn(**{n: getattr(model, n) for n in names})
 
-    def call_sync(model: BaseModel) -> Any:
-        return fn(**{n: getattr(model, n) for n in names})
+        def call_sync(model: BaseModel) -> Any:
+            return fn(**{n: getattr(model, n) for n in names})
 
-    call = call_async if inspect.iscoroutinefunction(fn) else call_sync
+        call = call_async if inspect.iscoroutinefunction(fn) else call_sync
     return Tool(tool_name, description or _first_paragraph(fn.__doc__),
-                input_model, output_schema, call, safety)
+                input_model, output_schema, call, safety, takes_key=key is not None)
+
+
+def _keyword_key(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+    """``fn(model, key=...)`` as ``call(model, key)`` (a tool taking one model)."""
+    if inspect.iscoroutinefunction(fn):
+        async def call_async(model: BaseModel, value: str) -> Any:
+            return await fn(model, **{key: value})
+        return call_async
+
+    def call_sync(model: BaseModel, value: str) -> Any:
+        return fn(model, **{key: value})
+    return call_sync
+
+
+def _splatting_keyed(fn: Callable[..., Any], names: tuple[str, ...], key: str
+                     ) -> Callable[..., Any]:
+    """``fn(field=..., key=...)`` as ``call(model, key)``."""
+    if inspect.iscoroutinefunction(fn):
+        async def call_async(model: BaseModel, value: str) -> Any:
+            return await fn(**{n: getattr(model, n) for n in names}, **{key: value})
+        return call_async
+
+    def call_sync(model: BaseModel, value: str) -> Any:
+        return fn(**{n: getattr(model, n) for n in names}, **{key: value})
+    return call_sync
 
 
 @overload

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+# The flow_kit fixture, loaded as docs/testing.md tells flow authors to.
+pytest_plugins = ["chainweaver.testing_plugin"]
 SLOW_DIRECTORIES = {"e2e", "docs", "cli"}
 TASKS_INSTALLED = importlib.util.find_spec("fastmcp_tasks") is not None
 # Test files that import the tasks extra (fastmcp-tasks, Docket, the Redis client).

@@ -9,6 +9,11 @@
 - every ``heartbeat_interval`` seconds, and after each apply, records what it applied
   and when (``chainweaver flows status``).
 
+``ready`` (an event given to :meth:`SharedGovernance.run`) is set once the first
+attempt to read the state ended: applied, or Redis could not be reached. A server waits
+for it before it serves or its worker takes tasks (``mcp/live/shared.py``), so a process
+started after a change never publishes, or runs a queued task of, a flow it archived.
+
 When Redis cannot be reached it keeps the state it applied last, logs that once,
 retries with a growing pause, and reads everything again on reconnect. With
 ``stop_serving_after``, once the state has gone unconfirmed that long it serves no
@@ -63,28 +68,36 @@ class SharedGovernance:
         """The shared version applied last."""
         return self.overlay.state.version
 
-    async def run(self) -> None:
-        """Follow the shared state until cancelled; never raises for a lost Redis."""
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Follow the shared state until cancelled; never raises for a lost Redis.
+
+        ``ready`` is set once the first attempt to read the state ended: applied, or
+        failed (the process then serves as during an outage)."""
         failures = 0
         while True:
             store = GovernanceStore(self.settings.url, self.settings.prefix)
             try:
-                await self._follow(store)
+                await self._follow(store, ready)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # connection refused, reset, timed out, ...
                 self._lost(error)
             finally:
                 await _quietly_close(store)
+            if ready is not None:
+                ready.set()
             self._check_stale()
             await asyncio.sleep(RETRY_PAUSES[min(failures, len(RETRY_PAUSES) - 1)])
             failures = 0 if self.outage_since is None else failures + 1
 
-    async def _follow(self, store: GovernanceStore) -> None:
+    async def _follow(self, store: GovernanceStore, ready: asyncio.Event | None = None
+                      ) -> None:
         pubsub = store.redis.pubsub()
         try:
             await pubsub.subscribe(store.channel)
             await self._sync(store, confirmed_version=None)
+            if ready is not None:
+                ready.set()
             interval = min(self.settings.confirm_interval, self.settings.heartbeat_interval)
             next_confirm = time.monotonic() + self.settings.confirm_interval
             while True:

@@ -11,6 +11,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 from chainweaver.mcp.config import (
     ErrorDetail,
     ExposurePolicy,
+    PromptPolicy,
     RunHistory,
     SecurityConfig,
     ServingConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "FlowServer",
     "GateContext",
     "JsonlAuditLog",
+    "PromptPolicy",
     "RateLimiter",
     "RedisRateLimiter",
     "SecurityConfig",

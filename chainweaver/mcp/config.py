@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastmcp.server.auth import AuthProvider
 
@@ -27,6 +27,10 @@ APPROVAL_MODES: tuple[ApprovalMode, ...] = ("exclude", "elicit")
 ERROR_DETAILS: tuple[ErrorDetail, ...] = ("full", "type_only", "generic")
 DEFAULT_LIFECYCLES = frozenset({FlowLifecycle.ACTIVE})
 DEFAULT_SIDE_EFFECTS = frozenset({SideEffectLevel.NONE, SideEffectLevel.READ})
+PromptKind = Literal["invocation", "authored", "server", "guide"]
+PROMPT_KINDS: tuple[PromptKind, ...] = ("invocation", "authored", "server", "guide")
+# Generous: the index of 20,000 flows is about 8 MiB; one body above this is an abuse.
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
 
 def check_bool(setting: str, value: object) -> bool:
@@ -91,6 +95,44 @@ def _enum_set(setting: str, value: object, kind: type[Any], default: frozenset[A
 
 
 @dataclass(frozen=True)
+class PromptPolicy:
+    """Which prompts a server publishes (with ``expose_prompts=True``); tools and
+    resources are never affected.
+
+    ``kinds``: any of ``"invocation"`` (schema-derived, named like the tool),
+    ``"authored"`` (a flow's own prompts), ``"server"`` (FlowServer's ``prompts=``) and
+    ``"guide"`` (``chainweaver_guide``); default: all four. ``flow_names``: publish the
+    flow prompts (invocation and authored) of these flows only; ``None``: every
+    published flow's. ``exposure_report()`` says why each withheld prompt is withheld.
+    """
+
+    kinds: Iterable[PromptKind | str] | None = None
+    flow_names: Iterable[str] | None = None
+
+    def __post_init__(self) -> None:
+        kinds = _names("prompts.kinds", self.kinds)
+        unknown = sorted(kinds - set(PROMPT_KINDS)) if kinds is not None else []
+        if unknown:
+            raise ExposureConfigError(f"prompts.kinds: unknown kind(s) {', '.join(unknown)} "
+                                      f"(allowed: {', '.join(PROMPT_KINDS)})")
+        object.__setattr__(self, "kinds", frozenset(PROMPT_KINDS) if kinds is None else kinds)
+        object.__setattr__(self, "flow_names", _names("prompts.flow_names", self.flow_names))
+
+    def publishes(self, kind: PromptKind) -> bool:
+        return kind in cast("frozenset[str]", self.kinds)
+
+    def withheld(self, kind: PromptKind, flow_name: str) -> str | None:
+        """Why a flow's prompt of ``kind`` is not published (None: it is)."""
+        if not self.publishes(kind):
+            shown = ", ".join(k for k in PROMPT_KINDS if self.publishes(k)) or "none"
+            return f"{kind} prompts are not published (prompt kinds: {shown})"
+        names = cast("frozenset[str] | None", self.flow_names)
+        if names is not None and flow_name not in names:
+            return "flow not listed in the prompt policy's flow_names"
+        return None
+
+
+@dataclass(frozen=True)
 class ExposurePolicy:
     """Which flows a server is willing to publish.
 
@@ -99,6 +141,8 @@ class ExposurePolicy:
     flows named in ``flow_names``. ``approval="elicit"`` publishes flows that need
     approval too, and each call asks the user before any step runs (see
     ``docs/mcp-server.md``); ``allow_requires_approval`` publishes them without asking.
+    ``prompts`` (a :class:`PromptPolicy`) narrows which prompts are published. A flow
+    whose governance says ``publish=False`` is never published, whatever this says.
     """
 
     flow_names: Iterable[str] | None = None
@@ -112,9 +156,13 @@ class ExposurePolicy:
     # Background tasks: the mode of flows that set none. FlowServer sets it from its
     # ``tasks``/``task_mode`` arguments; None means there is no task backend at all.
     task_mode: TaskMode | None = None
+    prompts: PromptPolicy = PromptPolicy()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if not isinstance(self.prompts, PromptPolicy):
+            raise ExposureConfigError(f"prompts must be a PromptPolicy, got "
+                                      f"{type(self.prompts).__name__}")
         try:
             check_task_mode("task_mode", self.task_mode)
         except DefinitionError as error:
@@ -236,6 +284,13 @@ class ServingConfig:
     ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
     follow the governance state operators share on Redis (``chainweaver flows ...``;
     ``docs/live-governance.md``, "One switch for every replica").
+
+    ``max_body_bytes`` caps what one rendered prompt or resource read returns (UTF-8
+    text or blob bytes; default 16 MiB, ``None``: no cap): above it the request gets
+    -32602 naming the cap, audited as ``body_too_large``. ``meter_provider`` (an
+    OpenTelemetry ``MeterProvider``) receives the server's metrics; ``None``: the
+    global one, a no-op until an application configures the SDK (``docs/mcp-server.md``,
+    "Metrics").
     """
 
     flow_timeout: float | None = None
@@ -254,8 +309,15 @@ class ServingConfig:
     prompts_as_tools: bool = False
     run_history: RunHistory | None = None
     governance: str | GovernanceSettings | None = None
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
+    meter_provider: Any = None  # an opentelemetry.metrics.MeterProvider
 
     def __post_init__(self) -> None:
+        check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
+        if self.meter_provider is not None and not callable(
+                getattr(self.meter_provider, "get_meter", None)):
+            raise ExposureConfigError(f"meter_provider must be an OpenTelemetry "
+                                      f"MeterProvider, got {self.meter_provider!r}")
         object.__setattr__(self, "governance", check_governance(self.governance))
         if self.run_history is not None and not isinstance(self.run_history, RunHistory):
             raise ExposureConfigError(f"run_history must be None or a RunHistory, got "

@@ -10,7 +10,7 @@ import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
@@ -19,6 +19,7 @@ from mcp.server.request_state import RequestStateSecurity
 from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
+from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from chainweaver.mcp.config import (
@@ -29,6 +30,7 @@ from chainweaver.mcp.config import (
 )
 from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
+from chainweaver.mcp.gate.body_cap import BodyCap
 from chainweaver.mcp.gate.composition import gate_lifespan
 from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
@@ -39,6 +41,7 @@ from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
+from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
 from chainweaver.mcp.runs.records import RunStore
 from chainweaver.mcp.runs.setup import connect_run_log, open_run_log
 from chainweaver.mcp.runs.telemetry import FlowTelemetry
@@ -47,6 +50,9 @@ from chainweaver.prompts import FlowPrompt
 from chainweaver.registry import RegistryState
 from chainweaver.tools import NAME_PATTERN
 from chainweaver.watch import FlowFileWatcher
+
+if TYPE_CHECKING:
+    from chainweaver.mcp.tasks.runner import FlowTaskRunner
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -138,6 +144,8 @@ class FlowServer:
                                         views=views,
                                         callers_from_token=security.authenticator is None)
         self._live = LiveMiddleware(self._exposure, self._notifier)
+        metrics = ServerMetrics(serving.meter_provider)
+        self._gate.refusals = metrics.refused
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
@@ -148,9 +156,11 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            # Pinning the snapshot comes first; spans for admitted flow runs sit under
-            # FastMCP's own request span.
-            middleware=[self._live, self._gate, FlowTelemetry(self._gate, security.error_detail)],
+            # Pinning the snapshot comes first; metrics, the body cap and spans read
+            # the gate's admission. Spans sit under FastMCP's own request span.
+            middleware=[self._live, self._gate, RequestMetrics(metrics, self._gate),
+                        BodyCap(self._gate.owner, serving.max_body_bytes),
+                        FlowTelemetry(self._gate, security.error_detail, metrics)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
@@ -166,6 +176,8 @@ class FlowServer:
         if task_settings is not None:
             add_tasks(self._fastmcp, self._provider, security, task_settings.url,
                       task_settings)
+            # A task leg's run counts in chainweaver.runs and .steps like an inline one.
+            cast("FlowTaskRunner", self._provider.task_runner).count_runs(metrics)
         if expose_schemas or expose_prompts or run_log is not None:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
@@ -260,6 +272,11 @@ class FlowServer:
     def prompt_names(self) -> list[str]:
         """Published prompt names, sorted; empty without expose_prompts."""
         return sorted(self._exposure.prompts)
+
+    def prompt_templates(self) -> list[dict[str, Any]]:
+        """Each published prompt: its kind, flow, arguments, and its messages rendered
+        with ``[argument]`` placeholders (what ``chainweaver inspect`` shows)."""
+        return prompt_templates(self._exposure)
 
     def exposure_report(self) -> list[FlowExposure]:
         """One entry per registered flow name: exposed or not, and why (and, under a

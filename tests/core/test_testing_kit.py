@@ -1,6 +1,6 @@
 """chainweaver.testing: fakes that record calls and play outcomes in order, runs of flows
 and flow files against them, the assertions and their messages, the `flow_kit` fixture,
-and its pytest plugin loaded through the installed entry point (without the MCP extra)."""
+and its pytest plugin loaded from a conftest.py as the docs say (without the MCP extra)."""
 
 from __future__ import annotations
 
@@ -213,6 +213,7 @@ def test_the_plugin_runs_the_documented_example_without_the_mcp_extra(tmp_path: 
                "    sys.modules[name] = None\n"
                "import pytest\nsys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
                "'test_example.py']))\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["chainweaver.testing_plugin"]\n')
     done = subprocess.run([sys.executable, "-c", starter], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -43,6 +43,7 @@ EXPECTED_OUTPUT = {
         "approve step 'pay' (tool 'pay', write: pays out)?",
         "external True sends e-mail",
         "step 0 uses unregistered tool 'load_usr'",
+        "{'charged': 500} [True, False]",
     ],
 }
 

@@ -16,13 +16,15 @@ SECTIONS = [
     "== 1. tools/call as a task: time to the handle, vs a plain tools/call ==",
     "== 2. 100 short tasks in memory (50 at a time), vs 100 plain calls ==",
     "== 3. 100 short tasks on Redis: enqueue-only replica + 1 or 2 workers ==",
-    "== 4. Start with tasks: build + connect, 2000 flows vs 100 flows ==",
+    "== 4. 100 short tasks on Redis, 1 worker: with checkpoints vs without ==",
+    "== 5. Start with tasks: build + connect, 2000 flows vs 100 flows ==",
     "== Summary ==",
 ]
 FIGURES = [
     r"  task handle / plain call: \d+\.\d+x",
     r"  in-memory tasks vs plain calls \(throughput\): \d+\.\d+",
     r"  Redis, 2 workers / 1 worker \(throughput\): \d+\.\d+x",
+    r"  Redis, checkpoints / none \(per task\): \d+\.\d+x",
     r"  start with tasks, large catalogue / 100 flows: \d+\.\d+x",
     r"  start, large catalogue, with tasks / without: \d+\.\d+x",
     r"  1 worker\(s\): +\d+\.\d tasks/s",

@@ -159,3 +159,52 @@ def test_bench_hidden_runs_and_checks_the_refusals_match() -> None:
     for kind in ("tools/call", "resources/read", "prompts/get"):
         assert re.search(rf"{re.escape(kind)} +visible .* hidden / never existed "
                          r"\d+\.\d+x", done.stdout), done.stdout
+
+
+PAGE_KINDS = ["tools/list", "resources/list", "prompts/list"]
+PAGE_ROWS = [
+    "cold first page, new executor",
+    "cold first page, warm executor",
+    "cold first page, catalogue decided",
+    "FlowServer, first page",
+    "FlowServer, middle page",
+    "bare FastMCP, first page",
+    "bare FastMCP, middle page",
+]
+
+
+def test_bench_pages_quick_prints_every_section() -> None:
+    result = run_script("benchmarks/bench_pages.py", "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for kind in PAGE_KINDS:
+        block = out.split(f"== {kind}", 1)[1].split("\n==", 1)[0]
+        for row in PAGE_ROWS:
+            found = [line for line in block.splitlines() if line.strip().startswith(row)]
+            assert len(found) == 1, (kind, row, block)
+            # best / median at both sizes, then the ratio between the sizes.
+            assert len(re.findall(FIGURE, found[0])) == 4, found[0]
+            assert re.search(r"2,000/200 \d+\.\d+x \(median \d+\.\d+x\)", found[0]), found[0]
+    summary = out.split("== Summary: steady-state page, 2,000 / 200 flows ==", 1)[1]
+    verdicts = re.findall(r"^\s+(?:PASS|MISS)  (\S+ \w+ page)\s+\d+\.\d+x \(median "
+                          r"\d+\.\d+x\)  target <= 1\.5x$", summary, re.MULTILINE)
+    assert verdicts == [f"{kind} {page} page" for kind in PAGE_KINDS
+                        for page in ("first", "middle")], summary
+
+
+def test_bench_before_after_quick_runs_both_sides() -> None:
+    # HEAD as the "before" ref: what is compared does not matter here, only that both
+    # sides run, import their own package (the script checks it) and are tabulated.
+    result = run_script("benchmarks/bench_before_after.py", "--ref", "HEAD", "--rounds", "1",
+                        "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert re.search(r"^before: chainweaver at HEAD \([0-9a-f]{12}\); after: the working "
+                     r"tree's chainweaver", out, re.MULTILINE), out
+    for side in ("before", "after"):
+        assert re.search(rf"^round 1 {side} ", out, re.MULTILINE), out
+    medians = out.split("== Medians over the runs ==", 1)[1]
+    for op in ("FlowServer, 1 flow vs bare, 1 tool", "FlowServer, 100 flows vs bare, 1 tool",
+               "resources/list", "resources/read", "prompts/list", "prompts/get"):
+        assert re.search(rf"^  {re.escape(op)}\s+\d+\.\d+x \(\d+\.\d+x\)\s+\d+\.\d+x "
+                         r"\(\d+\.\d+x\)\s+\d+\.\d+x$", medians, re.MULTILINE), (op, medians)

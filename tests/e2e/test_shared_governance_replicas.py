@@ -284,8 +284,12 @@ def test_four_replicas_and_a_worker_apply_every_change_within_a_quarter_second(
 
     # Notices within each caller's view.
     for caller in callers:
+        # A notice of a change in the caller's view may arrive late on a loaded machine
+        # (within the 2 s allowed below): it is that change's, not the block's.
+        own = [c["committed"] for c in changes if FLOWS[c["flow"]] == caller.team]
         for team, start, finish in blocks:
-            heard = [t for t in caller.notices if start <= t <= finish + 0.5]
+            heard = [t for t in caller.notices if start <= t <= finish + 0.5
+                     and not any(at <= t <= at + 2.0 for at in own)]
             if team != caller.team:
                 assert heard == [], (caller.mode, caller.team, team)
         for change in changes:
@@ -311,11 +315,21 @@ def _outage(deployment: dict[str, Any], callers: list[Caller],
         for process, *_ in processes:
             process.send_signal(signal.SIGCONT)
     stopped = time.time()
+
+    def in_outage(caller: Caller) -> list[tuple[float, str, bool]]:
+        # The flow archived just before the outage is left out: its message may still
+        # reach a replica from its socket after Redis stopped, and applying it is right.
+        return [call for call in caller.calls if stopped + 0.5 < call[0]
+                and call[1] != flow and not archived[call[1]]]
+
     time.sleep(2.0)
+    for _ in range(150):  # a loaded machine: until every client made a call (bounded)
+        if all(in_outage(caller) for caller in callers):
+            break
+        time.sleep(0.1)
     restarted = time.time()
-    for caller in callers:  # every replica kept serving its last state, this flow too
-        served = [call for call in caller.calls if stopped + 0.5 < call[0] < restarted
-                  and not archived[call[1]]]  # (the flow archived meanwhile included)
+    for caller in callers:  # every replica kept serving its last state
+        served = [call for call in in_outage(caller) if call[0] < restarted]
         assert served and all(ok for _, _, ok in served), (caller.mode, caller.team)
     redis.start()
     _wait_for_heartbeats(redis.url, len(processes), version)

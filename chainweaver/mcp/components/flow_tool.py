@@ -33,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
+from chainweaver.checkpoints import CheckpointStore
 from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
@@ -196,15 +197,16 @@ class FlowTool(FastMCPTool):
     async def run_flow(self, arguments: dict[str, Any], ctx: Context | Any = None, *,
                        status: RunObserver | None = None,
                        in_task: ApprovalInTask | None = None,
-                       run: RunStart | None = None) -> ToolResult:
+                       run: RunStart | None = None,
+                       checkpoints: CheckpointStore | None = None) -> ToolResult:
         """Run the flow: ``tools/call`` comes here through :meth:`run`, a background
         task's runner directly, with ``status`` observing the steps (the task's status
         message) in place of the client's progress and log reports, ``in_task``
-        saying how its approval is asked and audited, and ``run`` which run it is (its
-        id, caller and task)."""
+        saying how its approval is asked and audited, ``run`` which run it is (its
+        id, caller and task), and ``checkpoints`` where a durable run keeps its steps."""
         call = _Call()
         try:
-            return await self._call(call, arguments, ctx, status, in_task, run)
+            return await self._call(call, arguments, ctx, status, in_task, run, checkpoints)
         except MCPError:
             raise  # a protocol error, meant as one (asyncio.CancelledError is no Exception)
         except Exception as error:
@@ -241,7 +243,8 @@ class FlowTool(FastMCPTool):
 
     async def _call(self, call: _Call, arguments: dict[str, Any], ctx: Context | Any,
                     status: RunObserver | None, in_task: ApprovalInTask | None,
-                    run: RunStart | None) -> ToolResult:
+                    run: RunStart | None, checkpoints: CheckpointStore | None = None
+                    ) -> ToolResult:
         """:meth:`run_flow`'s work, saying in ``call`` which part of it is under way."""
         flow = self._exposed.flow
         call.part = "reading the request"
@@ -280,7 +283,7 @@ class FlowTool(FastMCPTool):
                     error_type="ApprovalDenied")
             approval = approve = Approval(ctx, self.name, self._runs, in_task,
                                           arguments=arguments, readmit=self.readmits,
-                                          shown=names.shown)
+                                          shown=names.shown, waiting=recorder)
         call.part = "the run"
         held = admission.current()
         watching = held.observers if held is not None and status is None else ()
@@ -288,7 +291,8 @@ class FlowTool(FastMCPTool):
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
                 plan=self._exposed.plan,
-                observer=fan_out(status or reporter, recorder, *watching), approve=approve)
+                observer=fan_out(status or reporter, recorder, *watching), approve=approve,
+                run_id=recorder.run_id, checkpoints=checkpoints)
         except BaseException as error:
             if reporter is not None:
                 reporter.abandon()

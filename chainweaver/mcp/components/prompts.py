@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,12 @@ from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
 from pydantic import PrivateAttr
 
 from chainweaver.mcp.components import prompt_render
-from chainweaver.mcp.publish.exposure import GUIDE_PROMPT_NAME, ExposedFlow
+from chainweaver.mcp.publish.exposure import (
+    GUIDE_PROMPT_NAME,
+    ExposedFlow,
+    Exposure,
+    LiveExposure,
+)
 from chainweaver.prompts import FlowPrompt, PromptMessage
 
 logger = logging.getLogger("chainweaver.mcp.components.prompts")
@@ -111,3 +117,43 @@ class GuidePrompt(Prompt):
     async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
         prompt_render.check_argument_names(self.name, arguments, {})
         return _result(prompt_render.guide_messages(self._flows()), self.description)
+
+
+def prompt_templates(exposure: Exposure | LiveExposure) -> list[dict[str, Any]]:
+    """Every prompt ``exposure`` publishes, as a client would receive it with each
+    argument set to the placeholder ``[name]`` (for operators: ``chainweaver inspect``).
+
+    Placeholders are inserted without checking them against the flow's input schema:
+    this shows the template, it does not validate a call. The guide lists every
+    published flow (one caller's view may hold fewer).
+    """
+    templates = []
+    for name, entry in sorted(exposure.prompts.items()):
+        exposed = entry.exposed_flow
+        if entry.prompt is not None:
+            kind = "authored" if exposed is not None else "server"
+            arguments = [(a.name, a.required, a.description) for a in entry.prompt.arguments]
+            render: Callable[[], list[PromptMessage]] = functools.partial(
+                prompt_render.authored_messages, name, entry.prompt,
+                {a[0]: f"[{a[0]}]" for a in arguments})
+        elif exposed is not None:
+            kind = "invocation"
+            arguments = [(s.name, s.required, s.description)
+                         for s in exposed.contract.arguments]
+            render = functools.partial(prompt_render.invocation_messages, exposed,
+                                       {a[0]: f"[{a[0]}]" for a in arguments})
+        else:
+            kind, arguments = "guide", []
+            render = functools.partial(prompt_render.guide_messages, exposure.exposed_flows)
+        try:
+            messages = [{"role": m.role, "text": m.text} for m in render()]
+        except Exception as error:  # an author's message factory that fails
+            messages = [{"role": "error", "text": f"cannot be rendered: "
+                                                  f"{type(error).__name__}"}]
+        templates.append({
+            "name": name, "kind": kind, "flow": exposed.flow.name if exposed else None,
+            "arguments": [{"name": n, "required": r, "description": d or ""}
+                          for n, r, d in arguments],
+            "messages": messages,
+        })
+    return templates

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastmcp.server.dependencies import get_access_token
@@ -95,6 +95,16 @@ class Admission:
     page: ListPage | None = field(default=None, compare=False)
     run: RunNote | None = field(default=None, compare=False)  # an admitted call's run
 
+    def but(self, **changes: Any) -> Admission:
+        """This record with ``changes``: a new record (this one never changes).
+
+        What ``dataclasses.replace`` does, without its per-call field introspection:
+        a request makes several records, and that cost showed on every call."""
+        record = object.__new__(Admission)
+        record.__dict__.update(self.__dict__)
+        record.__dict__.update(changes)
+        return record
+
     def snapshot_of(self, live: LiveExposure) -> Exposure | None:
         """The snapshot ``live`` answers from for this request (None: not pinned)."""
         for pinned_live, snapshot in self.pins:
@@ -172,7 +182,7 @@ def pinning(request: object, live: LiveExposure,
         yield snapshot
         return
     pins = base.pins if snapshot is not None else (*base.pins, (live, live.latest))
-    record = replace(base, pins=pins, learn=learn or base.learn)
+    record = base.but(pins=pins, learn=learn or base.learn)
     snapshot = record.snapshot_of(live)
     assert snapshot is not None
     with admitted(record):

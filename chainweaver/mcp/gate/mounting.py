@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -79,7 +78,7 @@ class MountedGate(GateHooks):
         if meta is None:
             # Not this server's, for this caller: served as the gate decided, so no
             # later lookup finds a flow of this server under the name either.
-            with admission.admitted(replace(probe, decided=True)):
+            with admission.admitted(probe.but(decided=True)):
                 return await (otherwise or call_next)(context)
         exposed = flow_of(self.gate.exposure, meta)
 

@@ -26,7 +26,6 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from typing import Any, Literal
 
 import anyio
@@ -39,6 +38,7 @@ from mcp_types import INTERNAL_ERROR
 from chainweaver.mcp.config import SecurityConfig
 from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, RunNote, caller_from_token
+from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge
 from chainweaver.mcp.gate.composition import (
     GateHooks,
     find_component,
@@ -59,7 +59,7 @@ from chainweaver.mcp.gate.hooks import (
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
 from chainweaver.mcp.gate.requests import completion_target, payload_text, task_id_of
-from chainweaver.mcp.gate.views import Views
+from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.runs.recording import is_run_uri
 
@@ -91,6 +91,8 @@ class SecurityGate(GateHooks):
     def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "",
                  views: Views | None = None) -> None:
         self.exposure = exposure
+        # Counts refusals (chainweaver.mcp.runs.metrics; set by FlowServer).
+        self.refusals: Callable[[GateContext, Exposure], None] | None = None
         self.owner = owner  # the mark on every component this server publishes
         self.views = views or Views(None)
         self.authenticator = config.authenticator
@@ -149,8 +151,8 @@ class SecurityGate(GateHooks):
         if nested is not None:
             # Admitted by this gate already: by the parent's MountedGate, or this is a
             # list a tool the gate admitted makes (resources_as_tools / prompts_as_tools).
-            with admission.admitted(replace(nested, kind=kind, name=name, target=None,
-                                            decided=True)):
+            with admission.admitted(nested.but(kind=kind, name=name, target=None,
+                                               decided=True)):
                 return await call_next(context)
         if not (mounted or reached_directly(self, context)):
             return await call_next(context)
@@ -178,7 +180,8 @@ class SecurityGate(GateHooks):
         return result
 
     def _record(self, held: Admission | None, caller: CallerIdentity, gate: GateContext,
-                target: ExposedFlow | None, *, decided: bool = True) -> Admission:
+                target: ExposedFlow | None, *, decided: bool = True,
+                view: View | None = None, run: RunNote | None = None) -> Admission:
         """The admission of a request of ``caller`` this gate decided (``decided``
         False: while it resolves the request's name)."""
         approvals: Callable[[str, str], Awaitable[None]] | None = None
@@ -193,10 +196,11 @@ class SecurityGate(GateHooks):
         foreign = held is not None and held.owner not in (None, self.owner)
         outer = held if foreign else base.outer
         observers = () if foreign else base.observers
-        return replace(base, caller=caller,
-                       view=self.views.of(self.exposure, caller), owner=self.owner,
-                       kind=gate.kind, name=gate.name, target=target, decided=decided,
-                       audit_approval=approvals, outer=outer, observers=observers)
+        return base.but(caller=caller,
+                        view=view or self.views.of(self.exposure, caller), owner=self.owner,
+                        kind=gate.kind, name=gate.name, target=target, decided=decided,
+                        audit_approval=approvals, outer=outer, observers=observers,
+                        run=run)
 
     async def _run_admitted(self, record: Admission, context: MiddlewareContext,
                             call_next: Any, gate: GateContext, started: float,
@@ -210,6 +214,11 @@ class SecurityGate(GateHooks):
             if record.page is not None:
                 record.page.check()  # a cursor the provider found stale or forged
             return result
+        except BodyTooLarge:
+            # Refused after it was served: the body never leaves (see body_cap).
+            await self._audit(gate, caller, "denied", BODY_TOO_LARGE, started=started,
+                              outcome="error", error_type="BodyTooLarge", task_id=task_id)
+            raise
         except asyncio.CancelledError:
             # Shielded, so an async audit hook still runs.
             with anyio.CancelScope(shield=True):
@@ -260,13 +269,14 @@ class SecurityGate(GateHooks):
             raise self._unsupported_composition(kind, name)
         server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         return await self.guard_target(kind, name, lambda: self.target_in(server, kind, name),
-                                       context, call_next)
+                                       context, call_next,
+                                       probe=server is not None and bool(server.transforms))
 
     async def guard_target(
         self, kind: RequestKind, name: str,
         resolve: Callable[[], Awaitable[ExposedFlow | None]],
         context: MiddlewareContext, call_next: Any,
-        authenticated: CallerIdentity | None = None,
+        authenticated: CallerIdentity | None = None, probe: bool = True,
     ) -> Any:
         """Admit one request: authenticate, resolve its flow in *that caller's* view,
         rate-limit, authorize, audit; then serve it as the caller.
@@ -285,16 +295,18 @@ class SecurityGate(GateHooks):
         admitted = nested.caller if nested is not None else None
         if not self.active:
             token_caller = admitted or caller_from_token()
-            exposed = await self._resolve(held, token_caller, gate, resolve)
+            view = self.views.of(self.exposure, token_caller)
+            exposed = await self._resolve(held, token_caller, gate, resolve, view, probe)
             with admission.admitted(self._record(held, token_caller, _gate_for(
-                    kind, name, exposed, headers), exposed)):
+                    kind, name, exposed, headers), exposed, view=view)):
                 return await call_next(context)
         caller: CallerIdentity | None = admitted
         try:
             if admitted is None:
                 caller = authenticated or await self._authenticate(gate)
             assert caller is not None
-            exposed = await self._resolve(held, caller, gate, resolve)
+            view = self.views.of(self.exposure, caller)
+            exposed = await self._resolve(held, caller, gate, resolve, view, probe)
             gate = _gate_for(kind, name, exposed, headers)
             if admitted is None:
                 await self._limit(gate, caller)
@@ -309,8 +321,8 @@ class SecurityGate(GateHooks):
         started = time.perf_counter()
         # Where the run a call starts notes what its audit needs (see RunNote).
         note = RunNote() if kind == "tool" else None
-        result = await self._run_admitted(replace(self._record(held, caller, gate, exposed),
-                                                  run=note), context, call_next, gate, started)
+        record = self._record(held, caller, gate, exposed, view=view, run=note)
+        result = await self._run_admitted(record, context, call_next, gate, started)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
@@ -366,16 +378,19 @@ class SecurityGate(GateHooks):
 
     async def _resolve(self, held: Admission | None, caller: CallerIdentity,
                        gate: GateContext,
-                       resolve: Callable[[], Awaitable[ExposedFlow | None]]
-                       ) -> ExposedFlow | None:
-        """The exposed flow the request reaches in ``caller``'s view (None: none, or one
-        outside the view, exactly like a name that never existed). ``resolve`` runs as
-        the caller, so a transform's lookup goes through that caller's view."""
-        record = self._record(held, caller, gate, None, decided=False)
-        with admission.admitted(record):
+                       resolve: Callable[[], Awaitable[ExposedFlow | None]], view: View,
+                       probe: bool) -> ExposedFlow | None:
+        """The exposed flow the request reaches in ``caller``'s ``view`` (None: none, or
+        one outside the view, exactly like a name that never existed). With ``probe``
+        (a transform's lookup goes through FastMCP and the provider), ``resolve`` runs
+        as the caller, so that lookup answers in the caller's view."""
+        if not probe:
             exposed = await resolve()
-        assert record.view is not None
-        return exposed if record.view.allows(exposed) else None
+        else:
+            with admission.admitted(self._record(held, caller, gate, None, decided=False,
+                                                 view=view)):
+                exposed = await resolve()
+        return exposed if view.allows(exposed) else None
 
     async def _authenticate(self, gate: GateContext) -> CallerIdentity:
         """The authenticator's caller; without one, the verified token's (or anonymous)."""
@@ -448,6 +463,8 @@ class SecurityGate(GateHooks):
         step_id: str | None = None,
         task_id: str | None = None,
     ) -> None:
+        if decision == "denied" and reason != BODY_TOO_LARGE and self.refusals is not None:
+            self.refusals(gate, self.exposure)
         if self.audit_hook is None:
             return
         event = AuditEvent(

@@ -6,6 +6,12 @@ and runs on the server's event loop for as long as the server's lifespan is ente
 ``serve``, an in-memory client, or ``chainweaver worker``. It changes the registry;
 the server's own follower builds the next snapshot and its notifier tells clients,
 exactly as for a local change.
+
+Entering the lifespan waits until the follower applied the shared state (or its first
+attempt to read it failed: the process then serves its definitions, as during an
+outage). The rest of the server's lifespan (Docket and its worker) starts after this
+part, and no request is served before the lifespan is entered: a process started after
+an operator archived a flow never publishes it, nor runs a task of it that was queued.
 """
 
 from __future__ import annotations
@@ -24,14 +30,18 @@ class SharedRunner:
     def __init__(self, settings: GovernanceSettings, registry: FlowRegistry) -> None:
         self.follower = SharedGovernance(settings, registry)
         self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
         self._entered = 0
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         self._entered += 1
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self.follower.run())
         try:
+            if self._task is None:
+                self._ready = asyncio.Event()
+                self._task = asyncio.get_running_loop().create_task(
+                    self.follower.run(self._ready))
+            await _first_sync(self._ready, self._task)
             yield
         finally:
             self._entered -= 1
@@ -40,6 +50,17 @@ class SharedRunner:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+async def _first_sync(ready: asyncio.Event | None, task: asyncio.Task[None] | None) -> None:
+    """Until the follower's first attempt to read the state ended (or it stopped)."""
+    if ready is None or task is None or ready.is_set():
+        return
+    waiting = asyncio.ensure_future(ready.wait())
+    try:
+        await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
 
 
 def shared_runner(settings: GovernanceSettings | None,

@@ -26,6 +26,8 @@ logger = logging.getLogger("chainweaver.mcp")
 
 GUIDE_PROMPT_NAME = "chainweaver_guide"
 INDEX_URI = "chainweaver://flows"
+# The reason of a flow whose own governance vetoes publishing (no policy overrides it).
+OPTED_OUT = "the flow opts out of publishing (governance publish: false)"
 
 
 def schema_uri(tool_name: str) -> str:
@@ -75,6 +77,8 @@ class FlowExposure:
     prompt_names: tuple[str, ...] = ()
     overridden_prompts: tuple[str, ...] = ()
     needs_approval: bool = False  # each call asks the user first
+    # (prompt name, why it is not published) for each prompt the prompt policy withholds
+    withheld_prompts: tuple[tuple[str, str], ...] = ()
     # Set when the flow's file was edited but the edit could not be loaded: what is
     # described here is the last good version, and this says why (``serve --watch``).
     stale: str | None = None
@@ -91,6 +95,7 @@ class FlowExposure:
             "prompt_names": list(self.prompt_names),
             "overridden_prompts": list(self.overridden_prompts),
             "needs_approval": self.needs_approval,
+            "withheld_prompts": dict(self.withheld_prompts),
             "stale": self.stale,
         }
 
@@ -179,6 +184,9 @@ def decide_flow(
     that is not a valid tool name, or under the reserved guide prompt name.
     """
     name = flow.name
+    if not flow.governance.publish:
+        # The author's veto comes before every policy setting, force_expose included.
+        return _excluded(flow, OPTED_OUT)
     if policy.flow_names is not None and name not in policy.flow_names:
         return _excluded(flow, "not listed in flow_names")
     problems = executor.check_flow(flow)
@@ -197,12 +205,13 @@ def decide_flow(
         return _excluded(flow, str(unpublishable))
     if forced:
         logger.warning("force_expose publishes flow %r despite: %s", name, reason)
-    exposed, overridden = _exposed_flow(policy, flow, safety, forced, contract,
-                                        executor.plan(flow), expose_schemas,
-                                        expose_prompts, server_prompt_names)
+    exposed, overridden, withheld = _exposed_flow(policy, flow, safety, forced, contract,
+                                                  executor.plan(flow), expose_schemas,
+                                                  expose_prompts, server_prompt_names)
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
-                          tuple(exposed.prompt_names), overridden, exposed.needs_approval)
+                          tuple(exposed.prompt_names), overridden, exposed.needs_approval,
+                          withheld)
     return FlowDecision(report, exposed)
 
 
@@ -228,8 +237,9 @@ def _exposed_flow(
     expose_schemas: bool,
     expose_prompts: bool,
     server_prompt_names: frozenset[str],
-) -> tuple[ExposedFlow, tuple[str, ...]]:
-    """The exposed flow, and its prompt names that server-level prompts take over."""
+) -> tuple[ExposedFlow, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The exposed flow, its prompt names that server-level prompts take over, and the
+    prompts the prompt policy withholds (with why)."""
     tool_name = policy.tool_name(flow.name)
     if not NAME_PATTERN.fullmatch(tool_name):
         raise ExposureConfigError(
@@ -239,6 +249,7 @@ def _exposed_flow(
     invocation = None
     authored: dict[str, FlowPrompt] = {}
     overridden: list[str] = []
+    withheld: list[tuple[str, str]] = []
     if expose_prompts:
         by_name: dict[str, FlowPrompt | None] = {tool_name: None}
         by_name.update({f"{tool_name}__{p.name}": p for p in flow.prompts})
@@ -251,6 +262,11 @@ def _exposed_flow(
             if prompt_name in server_prompt_names:
                 overridden.append(prompt_name)  # the operator's prompt takes this name
                 continue
+            why = policy.prompts.withheld("invocation" if prompt is None else "authored",
+                                          flow.name)
+            if why is not None:
+                withheld.append((prompt_name, why))
+                continue
             if prompt is None:
                 invocation = prompt_name
             else:
@@ -259,4 +275,4 @@ def _exposed_flow(
     needs_approval = policy.approval == "elicit" and approval_request(plan) is not None
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
                           invocation, needs_approval, task_mode(policy, flow))
-    return exposed, tuple(overridden)
+    return exposed, tuple(overridden), tuple(withheld)

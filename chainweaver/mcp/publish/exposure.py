@@ -103,9 +103,12 @@ class Exposure:
         self.expose_prompts = expose_prompts
         self._executor = executor
         self._server_prompts = {p.name: p for p in server_prompts}
-        self._server_prompt_names = frozenset(self._server_prompts)
         if len(self._server_prompts) != len(server_prompts):
             raise ExposureConfigError("server-level prompts must have unique names")
+        if not policy.prompts.publishes("server"):
+            self._server_prompts = {}  # withheld by the prompt policy: never published
+        self._server_prompt_names = frozenset(self._server_prompts)
+        self._guide = policy.prompts.publishes("guide")
         # The registry as it stands now is what this exposure decides about, even for
         # flows it judges later: a change made afterwards is not part of it.
         self._state = state if state is not None else executor.registry.state()
@@ -115,6 +118,12 @@ class Exposure:
             if unknown:
                 raise ExposureConfigError(
                     f"flow_names names unregistered flow(s): {', '.join(unknown)}")
+        prompt_flows = policy.prompts.flow_names
+        if prompt_flows is not None and previous is None:
+            unknown = sorted(n for n in prompt_flows if n not in self._state)
+            if unknown:
+                raise ExposureConfigError(
+                    f"prompts.flow_names names unregistered flow(s): {', '.join(unknown)}")
         # The previous snapshot's decisions, to carry over (its dict, not itself: a
         # snapshot never keeps the one before it alive). Dropped once every flow is
         # decided. Only entries about the very same flow object are used.
@@ -215,7 +224,7 @@ class Exposure:
         if name in self._server_prompts:
             return PromptEntry(name, None, self._server_prompts[name])
         if name == GUIDE_PROMPT_NAME:
-            return PromptEntry(name, None, None)
+            return PromptEntry(name, None, None) if self._guide else None
         exposed = self.tool(name)
         if exposed is not None and exposed.invocation_prompt == name:
             return PromptEntry(name, exposed, None)
@@ -260,8 +269,9 @@ class Exposure:
         if self.expose_prompts:
             for prompt in self._server_prompts.values():
                 catalogue.prompts[prompt.name] = PromptEntry(prompt.name, None, prompt)
-            catalogue.prompts.setdefault(GUIDE_PROMPT_NAME,
-                                         PromptEntry(GUIDE_PROMPT_NAME, None, None))
+            if self._guide:
+                catalogue.prompts.setdefault(GUIDE_PROMPT_NAME,
+                                             PromptEntry(GUIDE_PROMPT_NAME, None, None))
         return catalogue
 
     def _patched(self) -> Catalogue:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import mcp_types
 from fastmcp.server.context import Context
@@ -166,6 +166,14 @@ class ApprovalInTask:
     caller_id: str | None = None  # the gate's caller that created the task
 
 
+class Waiting(Protocol):
+    """Told while a run waits for its user's answer (its run record, when kept)."""
+
+    async def asking(self) -> None: ...
+
+    async def answered(self) -> None: ...
+
+
 class Approval:
     """The ``approve`` hook of one call: asks the client's user, audits the answer.
 
@@ -189,8 +197,10 @@ class Approval:
                  in_task: ApprovalInTask | None = None, *,
                  arguments: Mapping[str, Any] | None = None,
                  readmit: Callable[[], bool] | None = None,
-                 shown: Callable[[ApprovalRequest], ApprovalRequest] | None = None) -> None:
+                 shown: Callable[[ApprovalRequest], ApprovalRequest] | None = None,
+                 waiting: Waiting | None = None) -> None:
         self._ctx = ctx
+        self._waiting = waiting  # told while the user is asked (the run's record)
         self._name = tool_name
         self._settings = settings
         self._in_task = in_task
@@ -241,6 +251,8 @@ class Approval:
             return "unavailable"  # the client declared no elicitation capability
         if not session.can_send_request:
             return "unavailable"  # stateless HTTP: no channel for a server request
+        if self._waiting is not None:
+            await self._waiting.asking()
         try:
             result = await asyncio.wait_for(
                 ctx.elicit(self._message(request), ApprovalAnswer),
@@ -250,6 +262,9 @@ class Approval:
         except Exception as error:  # the client failed or refused to ask
             logger.info("approval elicitation failed: %s", type(error).__name__)
             return "no_answer"
+        finally:
+            if self._waiting is not None:
+                await self._waiting.answered()
         if result.action != "accept":
             return result.action  # decline or cancel
         data = getattr(result, "data", None)

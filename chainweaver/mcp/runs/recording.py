@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -73,6 +72,8 @@ class RunStart:
     caller_id: str
     task_id: str | None = None
     note: RunNote = field(default_factory=RunNote)
+    fresh: bool = False  # a new id: no record of it to continue
+    deliveries: int = 1  # a task's leg: its delivery of the run (redelivered: more)
 
 
 class RunLog:
@@ -125,8 +126,7 @@ class RunRecorder(RunObserver):
         now = time.time()
         self.record = RunRecord(start.run_id, flow.name, flow.version, exposed.tool_name,
                                 start.caller_id, int(now * 1e6), now,
-                                task_id=start.task_id)
-        self._lock = threading.Lock()
+                                task_id=start.task_id, deliveries=start.deliveries)
         self._decided_at: float | None = None  # when the approval was answered
         start.note.run_id = start.run_id
 
@@ -142,7 +142,7 @@ class RunRecorder(RunObserver):
         if self.log is None:
             return
         record = self.record
-        known = await self.log.store.get(record.run_id)
+        known = None if self.start.fresh else await self.log.store.get(record.run_id)
         if known is not None and record.task_id is None \
                 and known.status != "waiting_approval":
             record.run_id = self.start.run_id = self.start.note.run_id = new_run_id()
@@ -172,8 +172,12 @@ class RunRecorder(RunObserver):
             await self.log.save(self.record)
 
     def step_finished(self, record: StepRecord) -> None:
-        entry = step_entry(record, "full", self.names)
-        with self._lock:  # steps of the async lane end on the loop and in threads
+        # Steps of the async lane end on the loop and in threads: list.append is atomic.
+        # Without a history no one reads them.
+        if self.log is not None:
+            entry = step_entry(record, "full", self.names)
+            if record.restored:  # a durable run's step taken from its checkpoint
+                entry["restored"] = True
             self.record.steps.append(entry)
 
     async def waiting(self, state: str | None) -> None:
@@ -182,11 +186,14 @@ class RunRecorder(RunObserver):
         if self.log is None:
             return
         record = self.record
+        record.status = "waiting_approval"
         if state is not None and record.task_id is None:
             await self.log.store.delete(record.run_id)
-            record.run_id = self.start.note.run_id = state_run_id(record.caller, state)
-            await self.begin()
-        record.status = "waiting_approval"
+            # A freshly minted state: no run has its id yet.
+            record.run_id = self.start.run_id = self.start.note.run_id = \
+                state_run_id(record.caller, state)
+            await self.log.save(record, new=True)
+            return
         await self.log.save(record)
 
     async def finish(self, result: ExecutionResult | None, tool_result: ToolResult,
@@ -209,7 +216,7 @@ class RunRecorder(RunObserver):
             record.error_step = self.names.path(error.step_id) \
                 if error is not None and error.step_id is not None else None
             note.error_type = record.error_type
-        elif record.output_sha256 is None:
+        elif record.output_sha256 is None and self.log is not None:
             data = "\n".join(getattr(block, "text", "")
                              for block in tool_result.content).encode("utf-8")
             record.output_sha256 = hashlib.sha256(data).hexdigest()
@@ -286,4 +293,6 @@ def output_meta(record: RunRecord) -> dict[str, Any] | None:
 
 def run_start(run_id: str | None, caller_id: str, note: RunNote | None = None,
               task_id: str | None = None) -> RunStart:
-    return RunStart(run_id or new_run_id(), caller_id, task_id, note or RunNote())
+    if run_id is None:
+        return RunStart(new_run_id(), caller_id, task_id, note or RunNote(), fresh=True)
+    return RunStart(run_id, caller_id, task_id, note or RunNote())

@@ -2,12 +2,13 @@
 
 A :class:`RunRecord` holds a run's id, flow and version, status, times, steps (id,
 status, attempts, duration, error type), the output's size and SHA-256 (the digest the
-audit records), the task id and the approval decisions. A :class:`RunStore` keeps
-records newest first per caller, pages them with a cursor, and keeps the outputs that
-travel as resource links. :class:`MemoryRunStore` is the default (bounded by count, age
-and output bytes); ``redis://`` URLs give :class:`~.redis_records.RedisRunStore`, which
-any replica reads. Outputs at rest are encrypted under the tasks' encryption setting
-(``FASTMCP_TASKS_ENCRYPTION_KEY`` / ``TaskSettings(encryption_key=...)``).
+audit records), the task id, how many times a task was delivered, and the approval
+decisions. A :class:`RunStore` keeps records newest first per caller, pages them with a
+cursor, and keeps the outputs that travel as resource links. :class:`MemoryRunStore` is
+the default (bounded by count, age and output bytes); ``redis://`` URLs give
+:class:`~.redis_records.RedisRunStore`, which any replica reads. Outputs at rest are
+encrypted under the tasks' encryption setting (``FASTMCP_TASKS_ENCRYPTION_KEY`` /
+``TaskSettings(encryption_key=...)``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class RunRecord:
     output_stored: bool = False
     task_id: str | None = None
     approvals: list[dict[str, Any]] = field(default_factory=list)
+    # Legs that ran the run's steps: 1, more when a task was redelivered after its
+    # worker stopped (its completed steps then say "restored": true).
+    deliveries: int = 1
 
     @property
     def cursor(self) -> str:
@@ -187,7 +191,7 @@ class MemoryRunStore(RunStore):
                         bisect.insort(entries, key)  # started on another clock tick
                     else:
                         entries.append(key)
-            self._trim(time.time())
+                self._trim(time.time())  # only a new record can pass a bound
 
     def _trim(self, now: float) -> None:
         records = self._records
@@ -262,16 +266,6 @@ class MemoryRunStore(RunStore):
         if data is None:
             return None
         return data[offset:] if length is None else data[offset:offset + length]
-
-
-def open_store(url: str, *, max_runs: int, max_age: float, max_output_bytes: int,
-               prefix: str) -> RunStore:
-    """The store a ``RunHistory(store=...)`` URL names."""
-    if url.startswith("memory://"):
-        return MemoryRunStore(max_runs, max_age, max_output_bytes)
-    from chainweaver.mcp.runs.redis_records import RedisRunStore
-
-    return RedisRunStore(url, max_runs=max_runs, max_age=max_age, prefix=prefix)
 
 
 # ------------------------------------------------------------------ encryption

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chainweaver.mcp.runs.recording import RUNS_URI, RunLog, run_uri
-from chainweaver.mcp.runs.records import RunRecord, open_store
+from chainweaver.mcp.runs.records import MemoryRunStore, RunRecord, RunStore
 
 if TYPE_CHECKING:
     from chainweaver.mcp.components.provider import FlowProvider
@@ -38,3 +38,13 @@ def connect_run_log(log: RunLog | None, gate: SecurityGate, provider: FlowProvid
                                    [run_uri(record.run_id), RUNS_URI])
 
     log.updated = updated
+
+
+def open_store(url: str, *, max_runs: int, max_age: float, max_output_bytes: int,
+               prefix: str) -> RunStore:
+    """The store a ``RunHistory(store=...)`` URL names."""
+    if url.startswith("memory://"):
+        return MemoryRunStore(max_runs, max_age, max_output_bytes)
+    from chainweaver.mcp.runs.redis_records import RedisRunStore
+
+    return RedisRunStore(url, max_runs=max_runs, max_age=max_age, prefix=prefix)

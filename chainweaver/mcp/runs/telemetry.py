@@ -17,8 +17,8 @@ time overlap. Spans cost next to nothing until an OpenTelemetry SDK is configure
 from __future__ import annotations
 
 import time
+from asyncio import CancelledError
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fastmcp.server.middleware import Middleware, MiddlewareContext
@@ -29,6 +29,7 @@ from chainweaver import __version__
 from chainweaver.executor import StepRecord
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.step_names import StepNames, step_entry, step_names
 from chainweaver.run_events import RunObserver
 
@@ -46,9 +47,11 @@ class FlowTelemetry(Middleware):
     watches the run's steps through the admission's run observers.
     """
 
-    def __init__(self, gate: SecurityGate, error_detail: str = "full") -> None:
+    def __init__(self, gate: SecurityGate, error_detail: str = "full",
+                 metrics: ServerMetrics | None = None) -> None:
         self.gate = gate
         self.error_detail = error_detail
+        self.metrics = metrics  # runs and steps by status, beside the spans
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
         held = admission.current()
@@ -63,20 +66,33 @@ class FlowTelemetry(Middleware):
                                  attributes=flow_attributes(exposed, context.message.name))
         names = step_names(record.view, self.gate.exposure, exposed)
         steps = StepSpans(span, names, self.error_detail)
+        watching: tuple[RunObserver, ...] = (steps,)
+        counter = StepCounter(self.metrics, exposed.tool_name) if self.metrics else None
+        if counter is not None:
+            watching += (counter,)
+        started = time.perf_counter()
         try:
-            with admission.admitted(replace(held, observers=(*held.observers, steps))):
+            with admission.admitted(held.but(observers=(*held.observers, *watching))):
                 result = await call_next(context)
-        except Exception as error:
+        except BaseException as error:
+            self._run_finished(counter, "cancelled" if isinstance(error, CancelledError)
+                               else "failed", started)
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
             span.set_attribute("chainweaver.flow.status", "error")
             span.end()
             raise
         failed = bool(getattr(result, "is_error", False))
+        self._run_finished(counter, "failed" if failed else "completed", started)
         span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
         if failed:
             span.set_status(Status(StatusCode.ERROR, "flow failed"))
         span.end()
         return result
+
+    def _run_finished(self, counter: StepCounter | None, status: str, started: float
+                      ) -> None:
+        if counter is not None and counter.started:
+            counter.metrics.run_finished(counter.tool, status, time.perf_counter() - started)
 
 
 class StepSpans(RunObserver):

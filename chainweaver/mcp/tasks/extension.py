@@ -26,7 +26,8 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
   marker is a redelivery (its worker died mid-run): it goes ahead only when the flow is
   idempotent by its effective safety; otherwise the task fails with a reason saying so.
 - **Status and audit.** Each step that starts becomes the task's status message
-  (``step 2/5 enrich``); creation and each state change are audited as the gate's
+  (``step 2/5 enrich``; a task whose worker stopped says so until it is redelivered:
+  ``durable.as_seen``); creation and each state change are audited as the gate's
   caller, completion with the result's SHA-256 and length.
 """
 
@@ -64,6 +65,7 @@ from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.runs.approval import SharedMark, declared_elicitation
 from chainweaver.mcp.runs.recording import RunRecorder, run_start
 from chainweaver.mcp.runs.step_names import ALL_VISIBLE
+from chainweaver.mcp.tasks.durable import as_seen, mark_queued
 
 if TYPE_CHECKING:
     import mcp_types
@@ -182,6 +184,7 @@ class FlowTasksExtension(TasksExtension):
         run = run_start(None, caller_id)
         payload["run"] = run.run_id  # every leg of the task continues this run's record
         created = await create_task(await self.registered_runner(), payload, context)
+        await mark_queued(self.docket, get_task_scope(), created.task_id)
         run.task_id = created.task_id
         await RunRecorder(self.provider.run_log, exposed, run, ALL_VISIBLE).begin()
         await self.audit.record(exposed, created.task_id, "working", caller_id,
@@ -209,7 +212,10 @@ class FlowTasksExtension(TasksExtension):
                     target=exposed, decided=True)):
                 if method == "tasks/cancel" and exposed is not None:
                     return await self._cancel(exposed, params.task_id, handler, ctx, params)
-                return await handler(ctx, params)
+                result = await handler(ctx, params)
+                if method == "tasks/get" and exposed is not None:
+                    return await as_seen(self.docket, result)  # a worker that stopped
+                return result
 
         return handle
 

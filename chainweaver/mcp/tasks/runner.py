@@ -1,6 +1,8 @@
 """The one task function Docket knows: :class:`FlowTaskRunner` runs any exposed flow
-named in a task's payload (as its creator, in its view), reports each step as the
-task's status, refuses a non-idempotent redelivery, and audits each state change.
+named in a task's payload (as its creator, in its view), durably (each step
+checkpointed in the task backend, so a redelivered task resumes at the step where it
+stopped), reports each step as the task's status, logs each leg it runs, and audits
+each state change.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, TextContent
 from pydantic import PrivateAttr
 
+from chainweaver.checkpoints import INTERRUPTED
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import Admission, RunNote
 from chainweaver.mcp.gate.hooks import (
@@ -42,9 +45,17 @@ from chainweaver.mcp.gate.requests import payload_text
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.runs.approval import ApprovalInTask
+from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.recording import run_start
-from chainweaver.results import StepRecord
-from chainweaver.run_events import RunObserver
+from chainweaver.mcp.tasks.durable import (
+    checkpoint_store,
+    count_delivery,
+    ended,
+    heartbeat,
+    picked_up,
+)
+from chainweaver.results import ExecutionResult, StepRecord
+from chainweaver.run_events import RunObserver, fan_out
 
 if TYPE_CHECKING:
 
@@ -117,6 +128,7 @@ class FlowTaskRunner(FastMCPTool):
 
     _provider: FlowProvider = PrivateAttr()
     _audit: TaskAudit = PrivateAttr()
+    _metrics: ServerMetrics | None = PrivateAttr(default=None)
 
     @classmethod
     def build(cls, provider: FlowProvider, audit: TaskAudit) -> FlowTaskRunner:
@@ -125,6 +137,10 @@ class FlowTaskRunner(FastMCPTool):
         runner._provider = provider
         runner._audit = audit
         return runner
+
+    def count_runs(self, metrics: ServerMetrics) -> None:
+        """Count the runs of task legs in ``chainweaver.runs`` and ``.steps``."""
+        self._metrics = metrics
 
     async def run(  # Docket injects the dependencies
         self,
@@ -155,6 +171,11 @@ class FlowTaskRunner(FastMCPTool):
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
         reports = _StepReports(ctx, tool.step_names().label)
+        given = arguments.get("run")
+        run_id: str = given if isinstance(given, str) else task_id
+        # A leg that will only ask for approval runs no step: not a delivery of the run.
+        asks_only = exposed.needs_approval and ctx.request_state is None
+        deliveries = 0 if asks_only else await count_delivery(docket, run_id)
 
         async def audit_answer(step_id: str, answer: str) -> None:
             await self._audit.record(exposed, task_id, "working", caller_id,
@@ -164,9 +185,22 @@ class FlowTaskRunner(FastMCPTool):
                                 caller_id=caller_id)
         note = RunNote()
         run = run_start(arguments.get("run"), caller_id or "anonymous", note, task_id)
+        run.deliveries = max(deliveries, 1)  # the run record says how often
+        metrics = self._metrics
+        counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:
-            result = await tool.run_flow(arguments["arguments"], ctx, status=reports,
-                                         in_task=asking, run=run)
+            async with heartbeat(docket, task_id):  # tasks/get tells a dead worker
+                await picked_up(ctx, exposed, task_id, run_id, deliveries)
+                result = await tool.run_flow(arguments["arguments"], ctx,
+                                             status=fan_out(reports, counter),
+                                             in_task=asking, run=run,
+                                             checkpoints=checkpoint_store(docket))
+        except BaseException as error:
+            if counter is not None:
+                counter.finished("cancelled" if isinstance(error, asyncio.CancelledError)
+                                 else "failed")
+            ended(exposed, task_id, run_id, f"error ({type(error).__name__})")
+            raise
         finally:
             await reports.drain()
         if isinstance(result, InputRequiredToolResult):
@@ -174,9 +208,24 @@ class FlowTaskRunner(FastMCPTool):
             # keeps the ask with the task (input_required) and ends this leg; the
             # client's tasks/update enqueues the runner again, carrying the answer.
             await self._audit.record(exposed, task_id, "input_required", caller_id)
+            ended(exposed, task_id, run_id, "input_required")
             return result
+        interrupted = reports.interrupted()
+        if counter is not None:
+            counter.finished("failed" if result.is_error or interrupted is not None
+                             else "completed")
+        if interrupted is not None:
+            await self._audit.record(exposed, task_id, "failed", caller_id,
+                                     reason="not_idempotent")
+            ended(exposed, task_id, run_id, f"failed ({INTERRUPTED} at {interrupted})")
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"the worker running flow {exposed.flow.name!r} stopped during step "
+                f"{interrupted!r}, which was interrupted while running a non-idempotent "
+                "step: it is not idempotent and takes no idempotency key, so it was not "
+                "run again (no completed step ran again either)"))
         await self._audit.record(exposed, task_id, "completed", caller_id,
                                  phase="completed", result=result, note=note)
+        ended(exposed, task_id, run_id, reports.outcome(), reports.restored)
         return result
 
     async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
@@ -197,16 +246,6 @@ class FlowTaskRunner(FastMCPTool):
                 f"flow {arguments['tool']!r} asks for approval where the task was created, "
                 "but not on this worker (start it with --approval elicit); the task did "
                 "not run"))
-        # A leg that will only ask for approval runs no step: safe to run again, unmarked.
-        asks_only = exposed.needs_approval and ctx.request_state is None
-        if (not asks_only and not await _first_run(docket, execution.key)
-                and not effective_idempotent(exposed)):
-            await self._audit.record(exposed, task_id, "failed", arguments.get("caller"),
-                                     reason="not_idempotent")
-            raise MCPError(code=INTERNAL_ERROR, message=(
-                f"the worker running flow {exposed.flow.name!r} stopped during the run, "
-                "and the flow is not idempotent (by its effective safety), so it was not "
-                "run again"))
         return exposed
 
 
@@ -225,15 +264,36 @@ class _StepReports(RunObserver):
         self.last: asyncio.Future[None] | None = None
         self.total = 0
         self.started = 0
+        self.restored = 0  # steps taken from checkpoints
+        self.result: ExecutionResult | None = None
         self._lock = threading.Lock()
 
     def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
         self.total = total_steps
 
+    def run_finished(self, result: ExecutionResult) -> None:
+        self.result = result
+
+    def interrupted(self) -> str | None:
+        """The step (as the caller may see it) the run refused to run again, if any."""
+        error = self.result.error if self.result is not None else None
+        if error is None or error.type != INTERRUPTED or error.step_id is None:
+            return None
+        return self.label(error.step_id) if self.label is not None else error.step_id
+
+    def outcome(self) -> str:
+        if self.result is None:
+            return "ended"
+        error = self.result.error
+        return "completed" if error is None else f"failed ({error.type})"
+
     def step_started(self, record: StepRecord) -> None:
         with self._lock:  # steps of the async lane start on the loop and in threads
             self.started += 1
             number = self.started
+            if record.restored:
+                self.restored += 1
+                return  # not running: its status would flash past
         step_id = self.label(record.step_id) if self.label is not None else record.step_id
         self.loop.call_soon_threadsafe(self._send, number, self.total, step_id,
                                        context=self.context)
@@ -279,9 +339,6 @@ def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
                           scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
 
 
-async def _first_run(docket: Docket, execution_key: str) -> bool:
-    """Mark this execution as started; False when it was already (a redelivery)."""
-    return await mark_once(docket, f"chainweaver:task-run:{execution_key}")
 
 
 async def mark_once(docket: Docket, name: str) -> bool:

@@ -1,0 +1,229 @@
+"""Durable runs: each step's validated output is checkpointed, and a run started again
+with the same run id resumes where it stopped.
+
+``execute_flow_async(..., run_id=..., checkpoints=store)`` stores, before any step that
+depends on it starts, what each completed (or skipped) step gave. Run again with the
+same id (after its process died, say), the run takes those steps from the checkpoint
+(their records say ``restored``) and runs only the others; parallel branches keep what
+each completed. A step that was running when the run stopped is run again only when
+its tools are idempotent or take an :data:`~chainweaver.IdempotencyKey`; otherwise the
+run fails with ``InterruptedStepError`` ("interrupted while running a non-idempotent
+step") and nothing runs. A run id whose checkpoints were written by another flow
+version, another plan or another input refuses to resume
+(:class:`CheckpointMismatchError`).
+
+A :class:`CheckpointStore` keeps a few byte strings per run id; this module has the
+in-memory one, :mod:`chainweaver.checkpoints_redis` the Redis one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import pydantic_core
+
+from .errors import ChainWeaverError
+from .plan import Plan, PlannedStep
+from .results import ErrorInfo, StepRecord
+from .run_events import notify
+from .run_state import RunState
+from .runner import complete
+
+INTERRUPTED = "InterruptedStepError"
+_HEAD = "head"
+_DONE = "done:"  # + step id: what the step gave (JSON)
+_RUNNING = "run:"  # + step id: a step that must not run twice has started
+
+
+class CheckpointMismatchError(ChainWeaverError):
+    """A run id's checkpoints belong to another flow version, plan or input."""
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Where a run's checkpoints live: a few named byte strings per run id.
+
+    ``save`` adds (or replaces) entries; ``load`` returns every entry of a run (empty:
+    none); ``discard`` forgets a run. Stores may expire runs; they must not lose an
+    entry they acknowledged while its run may still be resumed.
+    """
+
+    async def load(self, run_id: str) -> Mapping[str, bytes]: ...
+
+    async def save(self, run_id: str, entries: Mapping[str, bytes]) -> None: ...
+
+    async def discard(self, run_id: str) -> None: ...
+
+
+class MemoryCheckpointStore:
+    """Checkpoints in this process (tests, or resuming a run after an exception)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, dict[str, bytes]] = {}
+
+    async def load(self, run_id: str) -> Mapping[str, bytes]:
+        return dict(self._runs.get(run_id, {}))
+
+    async def save(self, run_id: str, entries: Mapping[str, bytes]) -> None:
+        self._runs.setdefault(run_id, {}).update(entries)
+
+    async def discard(self, run_id: str) -> None:
+        self._runs.pop(run_id, None)
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """A digest of what a resumed run relies on: the flow and version, and each step's
+    id, tool or sub-flow (with its own plan), dependencies, mapping and fallback."""
+    return hashlib.sha256(json.dumps(_shape(plan)).encode()).hexdigest()
+
+
+def _shape(plan: Plan) -> list[Any]:
+    steps = [[p.id, p.step.name, p.tool.name if p.tool else None, list(p.depends),
+              [list(pair) for pair in p.output_mapping],
+              p.fallback.name if p.fallback else None,
+              _shape(p.subplan) if p.subplan is not None else None]
+             for p in plan.steps]
+    return [plan.flow.name, plan.flow.version, steps]
+
+
+def rerunnable(planned: PlannedStep) -> bool:
+    """May this step run again after being interrupted: every tool it may call (its
+    own, its fallback's, a sub-flow's) is idempotent or takes the key."""
+    if planned.fallback is not None and not planned.fallback.rerunnable:
+        return False
+    if planned.subplan is not None:
+        return all(rerunnable(inner) for inner in planned.subplan.steps)
+    return planned.tool is not None and planned.tool.rerunnable
+
+
+class Durable:
+    """One run's checkpoints: loaded once (:meth:`open`), restored into the run's state,
+    then written as steps start (only those that must not run twice) and end."""
+
+    def __init__(self, store: CheckpointStore, run_id: str, head: dict[str, str],
+                 entries: Mapping[str, bytes]) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.entries = entries
+        # Written with the first entry of a new run (one round trip fewer).
+        self.pending_head: bytes | None = None if entries else json.dumps(head).encode()
+        self.restored = 0
+
+    @classmethod
+    async def open(cls, store: CheckpointStore, run_id: str, state: RunState) -> Durable:
+        """Load ``run_id``'s checkpoints; :class:`CheckpointMismatchError` when they
+        were written by another flow version, plan or input."""
+        plan = state.plan
+        head = {"flow": plan.flow.name, "version": plan.flow.version,
+                "plan": plan_fingerprint(plan), "input": hashlib.sha256(
+                    pydantic_core.to_json(state.flow_input)).hexdigest()}
+        entries = await store.load(run_id)
+        if entries:
+            _check(run_id, head, json.loads(entries[_HEAD]) if _HEAD in entries else {})
+        return cls(store, run_id, head, entries)
+
+    def restore(self, state: RunState) -> None:
+        """Put the checkpointed steps into ``state`` (they count as done), or fail the
+        run when a step that must not run twice was interrupted."""
+        if not self.entries:
+            return
+        done: set[int] = set()
+        for planned in state.plan.steps:
+            saved = self.entries.get(_DONE + planned.id)
+            if saved is not None:
+                self._restore_step(state, planned, json.loads(saved))
+                done.add(planned.position)
+            elif _RUNNING + planned.id in self.entries and not rerunnable(planned):
+                _interrupted(state, planned)
+                return
+        self.restored = len(done)
+        for position in sorted(done):
+            state.finish(position)
+        state.ready = sorted((p for p in state.ready if p not in done), reverse=True)
+
+    def _restore_step(self, state: RunState, planned: PlannedStep, saved: dict) -> None:
+        record = StepRecord(planned.index, planned.step.name, saved.get("inputs"),
+                            step_id=planned.id, attempts=saved.get("attempts", 0),
+                            fallback=saved.get("fallback"), restored=True)
+        state.records[planned.position] = record
+        state.started += 1
+        if state.observer is not None:
+            notify(state.observer.step_started, record)
+        if saved["status"] == "completed":
+            complete(state, planned, record, saved["outputs"])
+        else:
+            record.status = saved["status"]
+            error = saved.get("error")
+            record.error = ErrorInfo(**error) if error else None
+        if state.observer is not None:
+            notify(state.observer.step_finished, record)
+
+    async def started(self, planned: PlannedStep) -> None:
+        """Before a step runs: mark it, unless it may simply run again."""
+        if not rerunnable(planned):
+            await self._save({_RUNNING + planned.id: b"1"})
+
+    async def finished(self, state: RunState, planned: PlannedStep) -> None:
+        """After a step ran (before its dependents start): checkpoint what it gave."""
+        record = state.records[planned.position]
+        if record is None or record.status not in ("completed", "skipped"):
+            return  # failed: the run ends here
+        saved = {"status": record.status, "outputs": record.outputs,
+                 "inputs": record.inputs, "attempts": record.attempts,
+                 "fallback": record.fallback,
+                 "error": dataclasses.asdict(record.error) if record.error else None}
+        try:
+            data = pydantic_core.to_json(saved)
+        except Exception as error:  # an output JSON cannot hold: it cannot be resumed
+            info = ErrorInfo("CheckpointError", f"{planned.label} output cannot be "
+                             f"checkpointed as JSON: {error}", step_index=planned.index,
+                             tool_name=planned.step.name, step_id=planned.id)
+            record.status, record.error = "failed", info
+            state.fail(planned.position, info)
+            return
+        await self._save({_DONE + planned.id: data})
+
+    async def _save(self, entries: dict[str, bytes]) -> None:
+        if self.pending_head is not None:
+            entries[_HEAD] = self.pending_head
+            self.pending_head = None
+        await self.store.save(self.run_id, entries)
+
+
+def _check(run_id: str, head: dict[str, str], saved: dict[str, str]) -> None:
+    if (saved.get("flow"), saved.get("version")) != (head["flow"], head["version"]):
+        raise CheckpointMismatchError(
+            f"run {run_id!r} was checkpointed by flow {saved.get('flow')!r} "
+            f"{saved.get('version')}, not {head['flow']!r} {head['version']}: it cannot "
+            "resume (start a new run with another run id)")
+    if saved.get("plan") != head["plan"]:
+        raise CheckpointMismatchError(
+            f"run {run_id!r} of flow {head['flow']!r} {head['version']} was checkpointed "
+            "under another plan (a step, tool, mapping or sub-flow changed since): it "
+            "cannot resume (start a new run with another run id)")
+    if saved.get("input") != head["input"]:
+        raise CheckpointMismatchError(
+            f"run {run_id!r} of flow {head['flow']!r} {head['version']} was started with "
+            "another input: it cannot resume with this one")
+
+
+def _interrupted(state: RunState, planned: PlannedStep) -> None:
+    """Fail the run at ``planned``: it was running when the run stopped, and its tools
+    could repeat an effect if it ran again."""
+    info = ErrorInfo(
+        INTERRUPTED, f"{planned.label} was interrupted while running a non-idempotent "
+        "step: the run stopped during it, and it is not idempotent and takes no "
+        "idempotency key, so it was not run again (nor was any step that completed)",
+        step_index=planned.index, tool_name=planned.step.name, step_id=planned.id)
+    record = StepRecord(planned.index, planned.step.name, None, None, info,
+                        step_id=planned.id, status="failed")
+    state.records[planned.position] = record
+    state.started += 1
+    state.fail(planned.position, info)
+    if state.observer is not None:
+        notify(state.observer.step_started, record)
+        notify(state.observer.step_finished, record)

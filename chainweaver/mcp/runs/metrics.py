@@ -1,0 +1,185 @@
+"""OpenTelemetry metrics: every request by kind, outcome and published name, and flow
+runs and their steps by status.
+
+Label values come only from the published catalogue and fixed vocabularies, never from
+what a client sends: the ``name`` is the rate limiter's budget name
+(:func:`~chainweaver.mcp.gate.rate_limit.budget_name`): a name the caller's view does
+not publish counts as :data:`UNPUBLISHED`, a run URI as ``chainweaver://runs``, a list,
+completion, subscription or task request as its method. So a client inventing names
+cannot grow the number of time series.
+
+Instruments (OpenTelemetry names; Prometheus shows dots as underscores):
+
+- ``chainweaver.requests`` (counter) and ``chainweaver.request.duration`` (histogram,
+  seconds, from admission to answer; refusals are counted, not timed): ``kind`` (tool,
+  resource, prompt, list, completion, subscription, task), ``outcome``
+  (:data:`OUTCOMES`) and ``name``.
+- ``chainweaver.runs`` (counter) and ``chainweaver.run.duration`` (histogram, seconds):
+  ``tool`` and ``status`` (completed, failed, cancelled), for every run that started
+  (valid input): inline ``tools/call`` runs, timed from the call, and each leg a
+  background task's worker runs, timed from the leg (a leg that only asks for approval
+  runs nothing and is not counted).
+- ``chainweaver.steps`` (counter): ``tool`` and ``status`` (the step's status), inline
+  and in background tasks alike.
+
+Without a configured SDK the instruments are OpenTelemetry's no-ops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fastmcp.exceptions import NotFoundError, ValidationError
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp import MCPError
+from mcp_types import INVALID_PARAMS
+from opentelemetry import metrics as otel_metrics
+
+from chainweaver import __version__
+from chainweaver.executor import StepRecord
+from chainweaver.mcp.gate import admission
+from chainweaver.mcp.gate.hooks import GATE_REFUSED, GateContext
+from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name
+from chainweaver.mcp.publish.exposure import Exposure
+from chainweaver.run_events import RunObserver
+
+if TYPE_CHECKING:
+    from chainweaver.mcp.gate.security import SecurityGate
+
+__all__ = ["OUTCOMES", "UNPUBLISHED", "RequestMetrics", "ServerMetrics", "StepCounter"]
+
+# The request kinds counted, by method; other methods (initialize, ping) are not.
+KINDS: Mapping[str, str] = {
+    "tools/call": "tool", "resources/read": "resource", "prompts/get": "prompt",
+    "tools/list": "list", "resources/list": "list", "resources/templates/list": "list",
+    "prompts/list": "list", "completion/complete": "completion",
+    "subscriptions/listen": "subscription", "resources/subscribe": "subscription",
+    "resources/unsubscribe": "subscription", "tasks/get": "task", "tasks/cancel": "task",
+    "tasks/update": "task", "tasks/result": "task", "tasks/list": "task",
+}
+OUTCOMES = ("ok", "error", "refused", "invalid", "not_found", "cancelled")
+RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
+STEP_STATUSES = frozenset({"completed", "failed", "skipped", "cancelled", "fallback"})
+RESOURCE_NOT_FOUND = -32002
+
+
+class ServerMetrics:
+    """The instruments of one server, from ``provider`` (None: the global provider)."""
+
+    def __init__(self, provider: Any = None) -> None:
+        source = provider if provider is not None else otel_metrics.get_meter_provider()
+        meter = source.get_meter("chainweaver", __version__)
+        self.requests = meter.create_counter(
+            "chainweaver.requests", unit="{request}",
+            description="MCP requests by kind, outcome and published name")
+        self.request_duration = meter.create_histogram(
+            "chainweaver.request.duration", unit="s",
+            description="Time to answer an MCP request")
+        self.runs = meter.create_counter("chainweaver.runs", unit="{run}",
+                                         description="Flow runs by tool and status")
+        self.run_duration = meter.create_histogram("chainweaver.run.duration", unit="s",
+                                                   description="Flow run time")
+        self.steps = meter.create_counter("chainweaver.steps", unit="{step}",
+                                          description="Finished steps by tool and status")
+
+    def refused(self, gate: GateContext, exposure: Exposure) -> None:
+        """A request the gate refused (never served, so not timed)."""
+        self.requests.add(1, {"kind": str(gate.kind), "outcome": "refused",
+                              "name": budget_name(gate, exposure)})
+
+    def run_finished(self, tool: str, status: str, seconds: float) -> None:
+        labels = {"tool": tool, "status": status if status in RUN_STATUSES else "failed"}
+        self.runs.add(1, labels)
+        self.run_duration.record(seconds, labels)
+
+
+class StepCounter(RunObserver):
+    """Counts one run's finished steps by status (a run observer), and notes whether the
+    run started here: a call made as a background task runs elsewhere, and a call whose
+    input was refused never starts."""
+
+    def __init__(self, metrics: ServerMetrics, tool: str) -> None:
+        self.metrics = metrics
+        self.tool = tool
+        self.started = False
+        self.begun = time.perf_counter()
+        self.counted = False
+
+    def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
+        self.started = True
+
+    def step_finished(self, record: StepRecord) -> None:
+        status = record.status if record.status in STEP_STATUSES else "other"
+        self.metrics.steps.add(1, {"tool": self.tool, "status": status})
+
+    def finished(self, status: str) -> None:
+        """Count the run (once, and only if it started), timed from this counter's
+        creation: how a background task's leg counts the run it ran."""
+        if self.started and not self.counted:
+            self.counted = True
+            self.metrics.run_finished(self.tool, status, time.perf_counter() - self.begun)
+
+
+class RequestMetrics(Middleware):
+    """Counts and times every request this server's gate admitted; placed right after
+    the gate, it reads the admission (the name the gate resolved), so it resolves
+    nothing itself. The gate counts its refusals through :meth:`ServerMetrics.refused`.
+    """
+
+    def __init__(self, metrics: ServerMetrics, gate: SecurityGate) -> None:
+        self.metrics = metrics
+        self.gate = gate
+
+    async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
+        held = admission.current()
+        record = held.of(self.gate.owner) if held is not None else None
+        if record is None or record.owner != self.gate.owner or record.kind is None \
+                or (context.method or "") not in KINDS:
+            return await call_next(context)
+        target = record.target
+        # The name as this server publishes it: a parent's MountedGate admits under the
+        # parent's (namespaced) name, this server's own chain sees its own.
+        name = budget_name(GateContext(record.kind,
+                                       local_name(record.kind, context.message, record.name),
+                                       target.flow.name if target else None, None, {}),
+                           self.gate.exposure)
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            result = await call_next(context)
+            if getattr(result, "is_error", False) or getattr(result, "isError", False):
+                outcome = "error"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as error:
+            outcome = outcome_of(error)
+            raise
+        finally:
+            labels = {"kind": str(record.kind), "outcome": outcome, "name": name}
+            self.metrics.requests.add(1, labels)
+            self.metrics.request_duration.record(time.perf_counter() - started, labels)
+
+
+def local_name(kind: str, message: Any, admitted: str) -> str:
+    """The name a call, render or read has in this server's own chain (where FastMCP
+    has taken a mount's namespace off it), else the name it was admitted under."""
+    local = getattr(message, "name", None) if kind in ("tool", "prompt") \
+        else getattr(message, "uri", None) if kind == "resource" else None
+    return str(local) if isinstance(local, str) or kind == "resource" and local else admitted
+
+
+def outcome_of(error: BaseException) -> str:
+    """The ``outcome`` label of a request that raised ``error``."""
+    if isinstance(error, NotFoundError):
+        return "not_found"
+    if isinstance(error, ValidationError):
+        return "invalid"  # FastMCP answers it -32602
+    if isinstance(error, MCPError):
+        return {GATE_REFUSED: "refused", INVALID_PARAMS: "invalid",
+                RESOURCE_NOT_FOUND: "not_found"}.get(error.code, "error")
+    return "error"
