@@ -30,7 +30,6 @@ from chainweaver.mcp.config import (
 )
 from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
-from chainweaver.mcp.gate.body_cap import BodyCap
 from chainweaver.mcp.gate.composition import gate_lifespan
 from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
@@ -146,6 +145,7 @@ class FlowServer:
         self._live = LiveMiddleware(self._exposure, self._notifier)
         metrics = ServerMetrics(serving.meter_provider)
         self._gate.refusals = metrics.refused
+        self._gate.body_limit = serving.max_body_bytes
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
@@ -159,7 +159,6 @@ class FlowServer:
             # Pinning the snapshot comes first; metrics, the body cap and spans read
             # the gate's admission. Spans sit under FastMCP's own request span.
             middleware=[self._live, self._gate, RequestMetrics(metrics, self._gate),
-                        BodyCap(self._gate.owner, serving.max_body_bytes),
                         FlowTelemetry(self._gate, security.error_detail, metrics)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its

@@ -1,8 +1,8 @@
 """The byte cap on what one rendered prompt or resource read returns
 (``ServingConfig.max_body_bytes``).
 
-:class:`BodyCap` (a middleware right after the gate) measures the body an admitted
-prompt or read produced before it leaves the server: text as UTF-8, blobs as their
+The gate (:mod:`.security`) measures the body an admitted prompt or read produced
+before it leaves the server: text as UTF-8, blobs as their
 bytes. Above the cap the request gets -32602 naming the cap (never the content), and
 the gate audits it as refused (``body_too_large``).
 Ranged reads of a run's output are measured per response, so an output above the cap
@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
-from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.hooks import RequestKind
 from chainweaver.mcp.runs.recording import RUNS_URI
 
@@ -40,24 +38,6 @@ def _length(content: object) -> int:
 
 class BodyTooLarge(MCPError):
     """-32602: a prompt or read above the cap (the gate audits it as a refusal)."""
-
-
-class BodyCap(Middleware):
-    """Refuses an admitted prompt or read of this server whose body is above ``limit``."""
-
-    def __init__(self, owner: str, limit: int | None) -> None:
-        self.owner = owner
-        self.limit = limit
-
-    async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
-        result = await call_next(context)
-        held = admission.current()
-        record = held.of(self.owner) if held is not None else None
-        if record is not None and record.owner == self.owner and record.kind is not None:
-            too_large = oversize(record.kind, record.name, result, self.limit)
-            if too_large is not None:
-                raise too_large
-        return result
 
 
 def oversize(kind: RequestKind, name: str, result: Any, limit: int | None

@@ -1,12 +1,14 @@
 """What the gate reads of a request and its result: the name a completion or a task
-request refers to, and the text a result returned (as the audit hashes it)."""
+request refers to, the text a result returned (as the audit hashes it), and the
+request as its hooks see it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext, RequestKind
+from chainweaver.mcp.publish.exposure import ExposedFlow
 
 
 def payload_text(kind: RequestKind, result: Any) -> str:
@@ -36,3 +38,16 @@ def completion_target(params: Any) -> str:
     else:
         target = getattr(ref, "name", None) or getattr(ref, "uri", None)
     return target if isinstance(target, str) else ""
+
+
+def gate_for(kind: RequestKind, name: str, exposed: ExposedFlow | None,
+             headers: Mapping[str, str]) -> GateContext:
+    """What the hooks see of a request for ``name`` reaching ``exposed`` (or no flow)."""
+    return GateContext(kind, name, exposed.flow.name if exposed else None,
+                       exposed.flow.version if exposed else None, headers)
+
+
+def with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:
+    """``gate`` as the authorizer sees it: with the caller."""
+    return GateContext(gate.kind, gate.name, gate.flow_name, gate.flow_version, gate.headers,
+                       caller)

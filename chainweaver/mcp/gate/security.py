@@ -38,7 +38,7 @@ from mcp_types import INTERNAL_ERROR
 from chainweaver.mcp.config import SecurityConfig
 from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, RunNote, caller_from_token
-from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge
+from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge, oversize
 from chainweaver.mcp.gate.composition import (
     GateHooks,
     find_component,
@@ -58,7 +58,13 @@ from chainweaver.mcp.gate.hooks import (
 )
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
-from chainweaver.mcp.gate.requests import completion_target, payload_text, task_id_of
+from chainweaver.mcp.gate.requests import (
+    completion_target,
+    gate_for,
+    payload_text,
+    task_id_of,
+    with_caller,
+)
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.runs.recording import is_run_uri
@@ -93,6 +99,7 @@ class SecurityGate(GateHooks):
         self.exposure = exposure
         # Counts refusals (chainweaver.mcp.runs.metrics; set by FlowServer).
         self.refusals: Callable[[GateContext, Exposure], None] | None = None
+        self.body_limit: int | None = None  # ServingConfig.max_body_bytes (body_cap)
         self.owner = owner  # the mark on every component this server publishes
         self.views = views or Views(None)
         self.authenticator = config.authenticator
@@ -158,12 +165,8 @@ class SecurityGate(GateHooks):
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
         if not self.active:
-            record = self._record(held, caller_from_token(), gate, None)
-            with admission.admitted(record):
-                result = await call_next(context)
-            if record.page is not None:
-                record.page.check()
-            return result
+            return await self._serve(self._record(held, caller_from_token(), gate, None),
+                                     context, call_next)
         try:
             caller = await self._authenticate(gate)
             await self._limit(gate, caller)
@@ -209,11 +212,7 @@ class SecurityGate(GateHooks):
         listen stream ends so too) or raises."""
         caller = record.caller
         try:
-            with admission.admitted(record):
-                result = await call_next(context)
-            if record.page is not None:
-                record.page.check()  # a cursor the provider found stale or forged
-            return result
+            return await self._serve(record, context, call_next)
         except BodyTooLarge:
             # Refused after it was served: the body never leaves (see body_cap).
             await self._audit(gate, caller, "denied", BODY_TOO_LARGE, started=started,
@@ -230,6 +229,20 @@ class SecurityGate(GateHooks):
                               outcome="error", error_type=type(error).__name__,
                               task_id=task_id)
             raise
+
+    async def _serve(self, record: Admission, context: MiddlewareContext,
+                     call_next: Any) -> Any:
+        """Serve the request as ``record`` says; refuse (-32602) a list whose cursor the
+        provider found stale or forged, and a prompt or read above the body cap."""
+        with admission.admitted(record):
+            result = await call_next(context)
+        if record.page is not None:
+            record.page.check()
+        if record.owner == self.owner and record.kind is not None:
+            too_large = oversize(record.kind, record.name, result, self.body_limit)
+            if too_large is not None:
+                raise too_large
+        return result
 
     def published_target(self, kind: RequestKind, name: str) -> ExposedFlow | None:
         """The exposed flow a published name belongs to (None: no flow, or not published).
@@ -286,7 +299,7 @@ class SecurityGate(GateHooks):
         every later hook and the audit, exactly like a name that never existed.
         """
         headers = get_http_headers(include_all=True)
-        gate = _gate_for(kind, name, None, headers)
+        gate = gate_for(kind, name, None, headers)
         held = admission.current()
         # Admitted already: this request runs inside one the gate admitted (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same
@@ -297,9 +310,8 @@ class SecurityGate(GateHooks):
             token_caller = admitted or caller_from_token()
             view = self.views.of(self.exposure, token_caller)
             exposed = await self._resolve(held, token_caller, gate, resolve, view, probe)
-            with admission.admitted(self._record(held, token_caller, _gate_for(
-                    kind, name, exposed, headers), exposed, view=view)):
-                return await call_next(context)
+            return await self._serve(self._record(held, token_caller, gate_for(
+                kind, name, exposed, headers), exposed, view=view), context, call_next)
         caller: CallerIdentity | None = admitted
         try:
             if admitted is None:
@@ -307,7 +319,7 @@ class SecurityGate(GateHooks):
             assert caller is not None
             view = self.views.of(self.exposure, caller)
             exposed = await self._resolve(held, caller, gate, resolve, view, probe)
-            gate = _gate_for(kind, name, exposed, headers)
+            gate = gate_for(kind, name, exposed, headers)
             if admitted is None:
                 await self._limit(gate, caller)
             await self._authorize(gate, caller)
@@ -350,7 +362,7 @@ class SecurityGate(GateHooks):
     async def caller_for(self, kind: RequestKind, name: str) -> CallerIdentity | None:
         """The caller the request would be admitted as (None: it would be refused);
         nothing is audited (see ``MountedGate``: is the request this server's?)."""
-        gate = _gate_for(kind, name, None, get_http_headers(include_all=True))
+        gate = gate_for(kind, name, None, get_http_headers(include_all=True))
         try:
             return await self._authenticate(gate)
         except GateRefused:
@@ -360,7 +372,7 @@ class SecurityGate(GateHooks):
               ) -> Admission:
         """An undecided admission of ``caller``'s request (the token's caller when
         None), for looking its name up in that caller's view."""
-        gate = _gate_for(kind, name, None, {})
+        gate = gate_for(kind, name, None, {})
         return self._record(admission.current(), caller or caller_from_token(), gate, None,
                             decided=False)
 
@@ -419,7 +431,7 @@ class SecurityGate(GateHooks):
     async def _authorize(self, gate: GateContext, caller: CallerIdentity) -> None:
         if self.authorizer is not None:
             decision = await self._call_hook(
-                self.authorizer, _with_caller(gate, caller), "authorizer_error", caller
+                self.authorizer, with_caller(gate, caller), "authorizer_error", caller
             )
             # Only an explicit yes allows: a truthy string or number is a bug, not consent.
             if isinstance(decision, AuthorizationDecision):
@@ -486,14 +498,3 @@ class SecurityGate(GateHooks):
             task_id=task_id,
         )
         await deliver_audit(self.audit_hook, event, self.hook_timeout)
-
-
-def _gate_for(kind: RequestKind, name: str, exposed: ExposedFlow | None,
-              headers: Mapping[str, str]) -> GateContext:
-    return GateContext(kind, name, exposed.flow.name if exposed else None,
-                       exposed.flow.version if exposed else None, headers)
-
-
-def _with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:
-    return GateContext(gate.kind, gate.name, gate.flow_name, gate.flow_version, gate.headers,
-                       caller)
