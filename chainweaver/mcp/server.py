@@ -146,6 +146,7 @@ class FlowServer:
         metrics = ServerMetrics(serving.meter_provider)
         self._gate.refusals = metrics.refused
         self._gate.body_limit = serving.max_body_bytes
+        self._gate.observe = RequestMetrics(metrics, self._gate).observe
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
@@ -156,9 +157,9 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            # Pinning the snapshot comes first; metrics, the body cap and spans read
-            # the gate's admission. Spans sit under FastMCP's own request span.
-            middleware=[self._live, self._gate, RequestMetrics(metrics, self._gate),
+            # Pinning the snapshot comes first; the gate admits, counts and caps; spans
+            # read its admission and sit under FastMCP's own request span.
+            middleware=[self._live, self._gate,
                         FlowTelemetry(self._gate, security.error_detail, metrics)],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its

@@ -14,20 +14,22 @@ from typing import Any
 import anyio
 import mcp_types
 from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import MiddlewareContext
 
 from chainweaver.mcp.fastmcp_seams import completion_handler
 from chainweaver.mcp.gate import admission, log_level
+from chainweaver.mcp.gate.admission import Admission, caller_from_token
 from chainweaver.mcp.gate.composition import (
     GateHooks,
     find_component,
     flow_of,
     owned_meta,
 )
-from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.gate.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
-from chainweaver.mcp.gate.requests import completion_target
-from chainweaver.mcp.gate.security import SecurityGate
+from chainweaver.mcp.gate.requests import completion_target, gate_for
+from chainweaver.mcp.gate.security import GateRefused, SecurityGate
 from chainweaver.mcp.publish.exposure import ExposedFlow
 
 
@@ -70,8 +72,8 @@ class MountedGate(GateHooks):
         # server's: the caller is authenticated first (nothing audited yet), and the
         # name resolved in its view. A flow hidden from it is then, like a name that
         # never existed, the parent's to answer.
-        caller = await self.gate.caller_for(kind, name)
-        probe = self.gate.probe(caller, kind, name)
+        caller = await self._caller_for(kind, name)
+        probe = self._probe(caller, kind, name)
         with admission.admitted(probe):
             component = await find_component(parent, kind, name)
         meta = owned_meta(component, self.gate.owner)
@@ -86,7 +88,24 @@ class MountedGate(GateHooks):
             return exposed
 
         return await self.gate.guard_target(kind, name, resolved, context, call_next,
-                                            authenticated=caller)
+                                            authenticated=caller, mounted=True)
+
+    async def _caller_for(self, kind: RequestKind, name: str) -> CallerIdentity | None:
+        """The caller the gate would admit the request as (None: it would refuse it);
+        nothing is audited: this only asks whether the request is this server's."""
+        gate = gate_for(kind, name, None, get_http_headers(include_all=True))
+        try:
+            return await self.gate._authenticate(gate)
+        except GateRefused:
+            return None
+
+    def _probe(self, caller: CallerIdentity | None, kind: RequestKind, name: str
+               ) -> Admission:
+        """An undecided admission of ``caller``'s request (the token's caller when
+        None), for looking its name up in that caller's view."""
+        gate = gate_for(kind, name, None, {})
+        return self.gate._record(admission.current(), caller or caller_from_token(), gate,
+                                 None, decided=False)
 
 
 class MountedCompletions:

@@ -100,6 +100,9 @@ class SecurityGate(GateHooks):
         # Counts refusals (chainweaver.mcp.runs.metrics; set by FlowServer).
         self.refusals: Callable[[GateContext, Exposure], None] | None = None
         self.body_limit: int | None = None  # ServingConfig.max_body_bytes (body_cap)
+        # Counts and times what it serves (runs.metrics.RequestMetrics.observe).
+        self.observe: Callable[[Admission, MiddlewareContext, Callable[[], Awaitable[Any]]],
+                               Awaitable[Any]] | None = None
         self.owner = owner  # the mark on every component this server publishes
         self.views = views or Views(None)
         self.authenticator = config.authenticator
@@ -158,9 +161,9 @@ class SecurityGate(GateHooks):
         if nested is not None:
             # Admitted by this gate already: by the parent's MountedGate, or this is a
             # list a tool the gate admitted makes (resources_as_tools / prompts_as_tools).
-            with admission.admitted(nested.but(kind=kind, name=name, target=None,
-                                               decided=True)):
-                return await call_next(context)
+            listing = nested.but(kind=kind, name=name, target=None, decided=True)
+            with admission.admitted(listing):
+                return await self._count(listing, context, call_next)
         if not (mounted or reached_directly(self, context)):
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
@@ -177,7 +180,8 @@ class SecurityGate(GateHooks):
         await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
         result = await self._run_admitted(self._record(held, caller, gate, None), context,
-                                          call_next, gate, started, task_id=task_id)
+                                          call_next, gate, started, task_id=task_id,
+                                          count=not mounted)
         await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
                           task_id=task_id)
         return result
@@ -207,12 +211,12 @@ class SecurityGate(GateHooks):
 
     async def _run_admitted(self, record: Admission, context: MiddlewareContext,
                             call_next: Any, gate: GateContext, started: float,
-                            *, task_id: str | None = None) -> Any:
+                            *, task_id: str | None = None, count: bool = True) -> Any:
         """Serve an admitted request as ``record`` says; audit it if it is cancelled (a
         listen stream ends so too) or raises."""
         caller = record.caller
         try:
-            return await self._serve(record, context, call_next)
+            return await self._serve(record, context, call_next, count=count)
         except BodyTooLarge:
             # Refused after it was served: the body never leaves (see body_cap).
             await self._audit(gate, caller, "denied", BODY_TOO_LARGE, started=started,
@@ -231,9 +235,25 @@ class SecurityGate(GateHooks):
             raise
 
     async def _serve(self, record: Admission, context: MiddlewareContext,
+                     call_next: Any, *, count: bool = True) -> Any:
+        """Serve the request as ``record`` says (counted and timed, when metrics are
+        on); refuse (-32602) a list whose cursor the provider found stale or forged, and
+        a prompt or read above the body cap. ``count`` False: a parent's ``MountedGate``
+        serves it, and this server's own chain counts it under its own names."""
+        if count and self.observe is not None and record.owner == self.owner:
+            return await self.observe(record, context,
+                                      lambda: self._served(record, context, call_next))
+        return await self._served(record, context, call_next)
+
+    async def _count(self, record: Admission | None, context: MiddlewareContext,
                      call_next: Any) -> Any:
-        """Serve the request as ``record`` says; refuse (-32602) a list whose cursor the
-        provider found stale or forged, and a prompt or read above the body cap."""
+        """Serve a request admitted already, counted as this server's (see _serve)."""
+        if self.observe is None or record is None:
+            return await call_next(context)
+        return await self.observe(record, context, lambda: call_next(context))
+
+    async def _served(self, record: Admission, context: MiddlewareContext,
+                      call_next: Any) -> Any:
         with admission.admitted(record):
             result = await call_next(context)
         if record.page is not None:
@@ -277,7 +297,9 @@ class SecurityGate(GateHooks):
     ) -> Any:
         held = admission.current()
         if held is not None and held.admits(self.owner, kind)[0]:
-            return await call_next(context)  # a parent's MountedGate ran this gate
+            # A parent's MountedGate ran this gate: counted here, under this server's
+            # own names (the parent's carry its namespace).
+            return await self._count(held.of(self.owner), context, call_next)
         if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
         server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
@@ -290,6 +312,7 @@ class SecurityGate(GateHooks):
         resolve: Callable[[], Awaitable[ExposedFlow | None]],
         context: MiddlewareContext, call_next: Any,
         authenticated: CallerIdentity | None = None, probe: bool = True,
+        mounted: bool = False,
     ) -> Any:
         """Admit one request: authenticate, resolve its flow in *that caller's* view,
         rate-limit, authorize, audit; then serve it as the caller.
@@ -334,7 +357,8 @@ class SecurityGate(GateHooks):
         # Where the run a call starts notes what its audit needs (see RunNote).
         note = RunNote() if kind == "tool" else None
         record = self._record(held, caller, gate, exposed, view=view, run=note)
-        result = await self._run_admitted(record, context, call_next, gate, started)
+        result = await self._run_admitted(record, context, call_next, gate, started,
+                                          count=not mounted)
         try:
             data = payload_text(kind, result).encode("utf-8")
         except UnicodeEncodeError:
@@ -358,23 +382,6 @@ class SecurityGate(GateHooks):
             result_sha256=digest, result_length=length,
         )
         return result
-
-    async def caller_for(self, kind: RequestKind, name: str) -> CallerIdentity | None:
-        """The caller the request would be admitted as (None: it would be refused);
-        nothing is audited (see ``MountedGate``: is the request this server's?)."""
-        gate = gate_for(kind, name, None, get_http_headers(include_all=True))
-        try:
-            return await self._authenticate(gate)
-        except GateRefused:
-            return None
-
-    def probe(self, caller: CallerIdentity | None, kind: RequestKind, name: str
-              ) -> Admission:
-        """An undecided admission of ``caller``'s request (the token's caller when
-        None), for looking its name up in that caller's view."""
-        gate = gate_for(kind, name, None, {})
-        return self._record(admission.current(), caller or caller_from_token(), gate, None,
-                            decided=False)
 
     def _unsupported_composition(self, kind: RequestKind, name: str) -> MCPError:
         # The request did not come through this server's transport: it was routed in

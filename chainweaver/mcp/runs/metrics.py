@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fastmcp.exceptions import NotFoundError, ValidationError
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import MiddlewareContext
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 from opentelemetry import metrics as otel_metrics
 
 from chainweaver import __version__
 from chainweaver.executor import StepRecord
-from chainweaver.mcp.gate import admission
+from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.hooks import GATE_REFUSED, GateContext
 from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name
 from chainweaver.mcp.publish.exposure import Exposure
@@ -123,22 +123,22 @@ class StepCounter(RunObserver):
             self.metrics.run_finished(self.tool, status, time.perf_counter() - self.begun)
 
 
-class RequestMetrics(Middleware):
-    """Counts and times every request this server's gate admitted; placed right after
-    the gate, it reads the admission (the name the gate resolved), so it resolves
-    nothing itself. The gate counts its refusals through :meth:`ServerMetrics.refused`.
+class RequestMetrics:
+    """Counts and times every request this server's gate admitted: the gate serves each
+    through :meth:`observe` (no middleware layer of its own), with its admission, so
+    the name is the one the gate resolved. The gate counts its refusals through
+    :meth:`ServerMetrics.refused`.
     """
 
     def __init__(self, metrics: ServerMetrics, gate: SecurityGate) -> None:
         self.metrics = metrics
         self.gate = gate
 
-    async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
-        held = admission.current()
-        record = held.of(self.gate.owner) if held is not None else None
-        if record is None or record.owner != self.gate.owner or record.kind is None \
-                or (context.method or "") not in KINDS:
-            return await call_next(context)
+    async def observe(self, record: Admission, context: MiddlewareContext,
+                      serve: Callable[[], Awaitable[Any]]) -> Any:
+        """``serve()`` the admitted request ``record``, counting and timing it."""
+        if record.kind is None or (context.method or "") not in KINDS:
+            return await serve()
         target = record.target
         # The name as this server publishes it: a parent's MountedGate admits under the
         # parent's (namespaced) name, this server's own chain sees its own.
@@ -149,7 +149,7 @@ class RequestMetrics(Middleware):
         started = time.perf_counter()
         outcome = "ok"
         try:
-            result = await call_next(context)
+            result = await serve()
             if getattr(result, "is_error", False) or getattr(result, "isError", False):
                 outcome = "error"
             return result
