@@ -79,6 +79,7 @@ SUBSCRIPTION_METHODS = frozenset({"subscriptions/listen", "resources/subscribe",
 # middleware's on_request only.
 TASK_METHODS = frozenset({"tasks/get", "tasks/cancel", "tasks/update"})
 
+
 class GateRefused(Exception):
     def __init__(self, reason: str, caller: CallerIdentity | None = None) -> None:
         super().__init__(reason)
@@ -466,42 +467,25 @@ class SecurityGate(GateHooks):
                            type(error).__name__)
             raise GateRefused(failure, caller) from None
 
-    async def _audit(
-        self,
-        gate: GateContext,
-        caller: CallerIdentity | None,
-        decision: Literal["allowed", "denied"],
-        reason: str,
-        *,
-        started: float | None = None,
-        outcome: Literal["ok", "error", "cancelled"] | None = None,
-        error_type: str | None = None,
-        result_sha256: str | None = None,
-        result_length: int | None = None,
-        phase: Literal["approval"] | None = None,
-        step_id: str | None = None,
-        task_id: str | None = None,
-    ) -> None:
+    async def _audit(self, gate: GateContext, caller: CallerIdentity | None,
+                     decision: Literal["allowed", "denied"], reason: str, *,
+                     started: float | None = None,
+                     outcome: Literal["ok", "error", "cancelled"] | None = None,
+                     error_type: str | None = None, result_sha256: str | None = None,
+                     result_length: int | None = None,
+                     phase: Literal["approval"] | None = None, step_id: str | None = None,
+                     task_id: str | None = None) -> None:
         if decision == "denied" and reason != BODY_TOO_LARGE and self.refusals is not None:
             self.refusals(gate, self.exposure)
         if self.audit_hook is None:
             return
         event = AuditEvent(
-            timestamp=time.time(),
-            phase=phase or ("decision" if started is None else "completed"),
-            kind=gate.kind,
-            name=gate.name,
-            flow_name=gate.flow_name,
-            flow_version=gate.flow_version,
-            caller_id=caller.id if caller else None,
-            decision=decision,
-            reason=reason,
+            timestamp=time.time(), phase=phase or ("decision" if started is None else
+                                                   "completed"),
+            kind=gate.kind, name=gate.name, flow_name=gate.flow_name,
+            flow_version=gate.flow_version, caller_id=caller.id if caller else None,
+            decision=decision, reason=reason,
             duration_ms=None if started is None else (time.perf_counter() - started) * 1000,
-            outcome=outcome,
-            error_type=error_type,
-            result_sha256=result_sha256,
-            result_length=result_length,
-            step_id=step_id,
-            task_id=task_id,
-        )
+            outcome=outcome, error_type=error_type, result_sha256=result_sha256,
+            result_length=result_length, step_id=step_id, task_id=task_id)
         await deliver_audit(self.audit_hook, event, self.hook_timeout)
