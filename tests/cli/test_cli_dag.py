@@ -4,14 +4,13 @@ data-flow check in `chainweaver inspect`."""
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
 import pytest
+from support.cli import run
 
-from chainweaver.cli import main
+pytestmark = pytest.mark.usefixtures("in_repository")
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = "examples/flow_tools.py"
@@ -38,19 +37,6 @@ BROKEN_FLOW = {
     "steps": [{"tool": "find_order"},
               {"tool": "convert_price", "input_mapping": {"amount_cents": "total_cents"}}],
 }
-
-
-@pytest.fixture(autouse=True)
-def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write(tmp_path: Path, *flows: dict) -> str:

@@ -5,30 +5,16 @@ withheld ones are listed with why; an opted-out flow shows its own reason."""
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import run
 
-from chainweaver.cli import main
+pytestmark = pytest.mark.usefixtures("in_repository")
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "examples/flows"
 TOOLS = "examples/flow_tools.py"
-
-
-@pytest.fixture(autouse=True)
-def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_inspect_renders_every_published_prompt_with_placeholders(

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import run
 from support.procs import STARTUP_TIMEOUT
 
-from chainweaver.cli import main
+pytestmark = pytest.mark.usefixtures("in_repository")
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "examples/flows"
@@ -37,19 +37,6 @@ DAG = {
         {"tool": "summarise_order", "after": ["track", "convert_price"], "on_error": "skip"},
     ],
 }
-
-
-@pytest.fixture(autouse=True)
-def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_strict_passes_flows_the_policy_excludes(capsys: pytest.CaptureFixture) -> None:

@@ -11,13 +11,15 @@ import pty
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import run
 from support.procs import STARTUP_TIMEOUT
 
 from chainweaver.cli import main
+
+pytestmark = pytest.mark.usefixtures("in_repository")
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = "examples/flows"
@@ -27,19 +29,6 @@ SHIPPED = {"order_id": "A-1001", "status": "shipped", "eta": "tomorrow",
            "summary": "Order A-1001 is shipped; delivery: tomorrow."}
 REFUND = ["run", "refund_order", FLOWS, "--tools", TOOLS,
           "--input", '{"order_id": "A-1001", "reason": "arrived broken"}']
-
-
-@pytest.fixture(autouse=True)
-def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def table(err: str) -> dict[str, list[str]]:

@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import run
 
 from chainweaver.cli import main
+
+pytestmark = pytest.mark.usefixtures("in_repository")
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["tests/servers/runs", "--tools", "tests/servers/runs/run_tools.py",
         "--side-effects", "none,read,write"]
-
-
-@pytest.fixture(autouse=True)
-def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_approval_elicit_publishes_and_marks_the_flow(capsys: pytest.CaptureFixture[str]

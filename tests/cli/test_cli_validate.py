@@ -7,15 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import run
 from support.procs import STARTUP_TIMEOUT
 
 from chainweaver.cli import main
 from chainweaver.cli_locate import field_tokens, line_of
+
+pytestmark = pytest.mark.usefixtures("in_repository")
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = "examples/flow_tools.py"
@@ -40,19 +42,6 @@ BROKEN = {
 MISFIT = ("name: misfit\ndescription: M.\nsteps:\n  - find_order\n"
           "  - tool: convert_price\n    input_mapping:\n      amount: total_cents\n"
           "  - tool: summarise_ordr\n")
-
-
-@pytest.fixture(autouse=True)
-def in_repository(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write(directory: Path, files: dict[str, str]) -> str:
