@@ -30,6 +30,7 @@ from fastmcp import Client, FastMCP
 from fastmcp.server.transforms import Namespace
 from mcp import MCPError
 from pydantic import BaseModel
+from support.views import answer, renamed, schema_uri
 
 from chainweaver import (
     Flow,
@@ -131,23 +132,6 @@ def served(flows: int = 4, *, page_size: int | None = None, callers: Callers | N
                         security=SecurityConfig(visible=visible_claim("teams"), **security),
                         serving=ServingConfig(page_size=page_size, **serving))
     return server, callers, events
-
-
-def schema_uri(name: str) -> str:
-    return f"chainweaver://flows/{name}/schema"
-
-
-async def answer(request: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
-    """A request's answer as plain data: its result, or its JSON-RPC error."""
-    try:
-        result = await request()
-    except MCPError as error:
-        return {"error": error.error.model_dump()}
-    return {"result": result.model_dump(exclude_none=True)}
-
-
-def renamed(data: Any, old: str, new: str) -> Any:
-    return json.loads(json.dumps(data).replace(old, new))
 
 
 def label(item: Any) -> str:
