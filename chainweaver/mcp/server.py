@@ -35,7 +35,7 @@ from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import Views, check_visible
-from chainweaver.mcp.live.notifications import ChangeNotifier, LiveMiddleware
+from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
@@ -134,19 +134,22 @@ class FlowServer:
                                           policy.approval == "elicit", approval_timeout,
                                           keys, serving.run_notifications),
                                       views=views, run_log=run_log)
-        # The gate reads the live reference like a snapshot: the request's pinned one.
-        self._gate = SecurityGate(cast(Exposure, self._exposure), security, owner=owner,
-                                  views=views)
         self._notifier = ChangeNotifier(self._exposure,
                                         debounce=cast(float, serving.change_debounce),
                                         on_rebuilt=self._provider.forget_unpublished,
                                         views=views,
                                         callers_from_token=security.authenticator is None)
-        self._live = LiveMiddleware(self._exposure, self._notifier)
+        self._pins = SnapshotPins(self._exposure, self._notifier)
+        # The gate reads the live reference like a snapshot: the request's pinned one.
+        gated = cast(Exposure, self._exposure)
         metrics = ServerMetrics(serving.meter_provider)
-        self._gate.refusals = metrics.refused
-        self._gate.body_limit = serving.max_body_bytes
-        self._gate.observe = RequestMetrics(metrics, self._gate).observe
+        # The gate counts, times and caps what it serves, and watches each flow run's
+        # steps for its spans: no middleware layers of their own (each costs a request).
+        self._gate = SecurityGate(
+            gated, security, owner=owner, views=views, refusals=metrics.refused,
+            observe=RequestMetrics(metrics, gated).observe,
+            watch_run=FlowTelemetry(gated, security.error_detail, metrics).watch,
+            body_limit=serving.max_body_bytes, pin=self._pins.serve)
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
@@ -157,10 +160,8 @@ class FlowServer:
             instructions=instructions,
             auth=security.auth,  # enforced by the HTTP transport, before the gate
             providers=[self._provider],
-            # Pinning the snapshot comes first; the gate admits, counts and caps; spans
-            # read its admission and sit under FastMCP's own request span.
-            middleware=[self._live, self._gate,
-                        FlowTelemetry(self._gate, security.error_detail, metrics)],
+            # One layer: the gate pins the request's snapshot, admits it and serves it.
+            middleware=[self._gate],
             dereference_schemas=False,
             # A backstop: an exception that escapes a component must not carry its
             # message past the error_detail the operator chose.
@@ -194,7 +195,7 @@ class FlowServer:
         follower = _Follower(executor, policy, prompts, self._exposure, self._notifier,
                              tool_form_names(resources=resources_as_tools,
                                              prompts=prompts_as_tools))
-        self._live.keep_alive = follower
+        self._pins.keep_alive = follower
         self._follower = follower
         self._unsubscribe = executor.registry.subscribe(_weakly(follower))
         follower()  # a change made since the first snapshot was taken
@@ -245,7 +246,6 @@ class FlowServer:
             # the task runner as a tool: refused rather than half-working.
             raise ExposureConfigError("a FlowServer with tasks= cannot be mounted yet; serve "
                                       "it on its own")
-        parent.add_middleware(self._live)
         parent.add_middleware(MountedGate(self._gate))
         parent.mount(self._fastmcp, namespace=namespace)
         if self._exposure.expose_schemas or self._exposure.expose_prompts:

@@ -201,3 +201,12 @@ def test_one_context_variable_carries_a_request() -> None:
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ContextVar":
                 made.append(path.relative_to(MCP_PACKAGE).as_posix())
     assert made == ["gate/admission.py"]
+
+
+def test_the_gate_is_the_servers_one_middleware_layer() -> None:
+    """Pinning the snapshot, admitting, counting, capping and spans are the gate's steps:
+    every FastMCP middleware layer costs each request, so there is one."""
+    from chainweaver.mcp.gate.security import SecurityGate
+
+    (layer,) = served(3).fastmcp.middleware
+    assert isinstance(layer, SecurityGate)

@@ -19,6 +19,7 @@ from chainweaver.errors import ExposureConfigError
 from chainweaver.mcp import (
     GATE_REFUSED,
     AuditEvent,
+    CallerIdentity,
     FlowServer,
     GateContext,
     SecurityConfig,
@@ -133,14 +134,21 @@ async def test_a_malformed_run_uri_is_invalid_params(uri: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_run_reads_pass_the_gate_and_the_authorizer_sees_the_runs_flow() -> None:
+@pytest.mark.parametrize("decided_by", ["token", "authenticator"])
+async def test_run_reads_pass_the_gate_and_the_authorizer_sees_the_runs_flow(
+        decided_by: str) -> None:
+    # With an authenticator the caller is known only to the gate: the run a URI names
+    # must still be looked up as that caller's, so the authorizer sees its flow.
     seen: list[tuple[str, str | None]] = []
 
     def authorizer(ctx: GateContext) -> bool:
         seen.append((ctx.name, ctx.flow_name))
         return not (ctx.kind == "resource" and ctx.flow_name == "price_quote")
 
-    async with Client(serving(authorizer=authorizer).fastmcp) as client:
+    hooks: dict[str, object] = {"authorizer": authorizer}
+    if decided_by == "authenticator":
+        hooks["authenticator"] = lambda ctx: CallerIdentity("alice", subject="alice")
+    async with Client(serving(**hooks).fastmcp) as client:
         quoted = await client.session.call_tool("price_quote", {"sku": "SKU-1"})
         searched = await client.session.call_tool("product_search", {"query": "q"})
         quote_uri, search_uri, never = (

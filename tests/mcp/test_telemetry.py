@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fastmcp import Client
+from fastmcp import Client, FastMCP
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -219,3 +219,25 @@ async def test_step_spans_start_when_their_steps_started(spans: InMemorySpanExpo
     # (laid out one after another, the second would start where the first ended).
     assert first.end_time <= left.start_time and first.end_time <= right.start_time
     assert left.start_time < right.end_time and right.start_time < left.end_time
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("hooks", [False, True])
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_mounted_flow_run_is_one_span_named_as_its_server_publishes_it(
+        spans: InMemorySpanExporter, hooks: bool, mode: str) -> None:
+    # With hooks the parent's chain admits the call (MountedGate), without them the
+    # mounted server's own chain does: either way the gate opens one span per run.
+    events: list[AuditEvent] = []
+    security = SecurityConfig(audit_hook=events.append) if hooks else None
+    parent = FastMCP("parent")
+    FlowServer(build_catalogue(), security=security).mount_into(parent, namespace="shop")
+    async with Client(parent, mode=mode) as client:
+        await client.call_tool("shop_order_status", {"order_id": SECRET_ORDER})
+    runs = [s for s in spans.get_finished_spans() if s.name.startswith("chainweaver.flow ")]
+    assert [dict(run.attributes or {}) for run in runs] == [{
+        "chainweaver.flow.name": "order_status", "chainweaver.flow.version": "2.1.0",
+        "chainweaver.flow.tool": "order_status", "chainweaver.flow.status": "ok"}]
+    steps = [s for s in spans.get_finished_spans() if s.name.startswith("chainweaver.step ")]
+    assert [s.parent.span_id for s in steps if s.parent] == [runs[0].context.span_id] * 2
+    assert bool(events) == hooks

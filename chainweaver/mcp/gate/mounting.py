@@ -42,6 +42,7 @@ class MountedGate(GateHooks):
 
     def __init__(self, gate: SecurityGate) -> None:
         self.gate = gate
+        self.pin = gate.pin  # the mounted server's snapshot, pinned in the parent's chain
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         params = context.message
@@ -103,9 +104,8 @@ class MountedGate(GateHooks):
                ) -> Admission:
         """An undecided admission of ``caller``'s request (the token's caller when
         None), for looking its name up in that caller's view."""
-        gate = gate_for(kind, name, None, {})
-        return self.gate._record(admission.current(), caller or caller_from_token(), gate,
-                                 None, decided=False)
+        return self.gate._record(admission.current(), caller or caller_from_token(), kind,
+                                 name, None, decided=False)
 
 
 class MountedCompletions:

@@ -51,3 +51,11 @@ def with_caller(gate: GateContext, caller: CallerIdentity) -> GateContext:
     """``gate`` as the authorizer sees it: with the caller."""
     return GateContext(gate.kind, gate.name, gate.flow_name, gate.flow_version, gate.headers,
                        caller)
+
+
+def local_name(kind: RequestKind | None, message: Any, admitted: str) -> str:
+    """The name a call, render or read has in this server's own chain (where FastMCP
+    has taken a mount's namespace off it), else the name it was admitted under."""
+    local = getattr(message, "name", None) if kind in ("tool", "prompt") \
+        else getattr(message, "uri", None) if kind == "resource" else None
+    return str(local) if isinstance(local, str) or kind == "resource" and local else admitted

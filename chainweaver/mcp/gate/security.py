@@ -38,9 +38,10 @@ from mcp_types import INTERNAL_ERROR
 from chainweaver.mcp.config import SecurityConfig
 from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, RunNote, caller_from_token
-from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge, oversize
+from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge
 from chainweaver.mcp.gate.composition import (
     GateHooks,
+    PinRequest,
     find_component,
     flow_of,
     owned_meta,
@@ -65,6 +66,7 @@ from chainweaver.mcp.gate.requests import (
     task_id_of,
     with_caller,
 )
+from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.runs.recording import is_run_uri
@@ -93,17 +95,22 @@ def refusal_error(reason: str) -> MCPError:
 
 
 class SecurityGate(GateHooks):
-    """FastMCP middleware applying the gate to tools, resources and prompts alike."""
+    """FastMCP middleware applying the gate to every request: the server's only one.
+
+    ``pin`` pins each request to a snapshot first; ``refusals`` counts refusals. What it
+    admits is served as :mod:`.serving` says: counted and timed by ``observe``, each
+    flow run watched by ``watch_run``, a prompt or read capped at ``body_limit`` bytes.
+    """
 
     def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "",
-                 views: Views | None = None) -> None:
+                 views: Views | None = None, *,
+                 refusals: Callable[[GateContext, Exposure], None] | None = None,
+                 observe: Observe | None = None, watch_run: WatchRun | None = None,
+                 body_limit: int | None = None, pin: PinRequest | None = None) -> None:
         self.exposure = exposure
-        # Counts refusals (chainweaver.mcp.runs.metrics; set by FlowServer).
-        self.refusals: Callable[[GateContext, Exposure], None] | None = None
-        self.body_limit: int | None = None  # ServingConfig.max_body_bytes (body_cap)
-        # Counts and times what it serves (runs.metrics.RequestMetrics.observe).
-        self.observe: Callable[[Admission, MiddlewareContext, Callable[[], Awaitable[Any]]],
-                               Awaitable[Any]] | None = None
+        self.pin = pin
+        self.refusals = refusals
+        self.serving = AdmittedServing(owner, body_limit, observe, watch_run)
         self.owner = owner  # the mark on every component this server publishes
         self.views = views or Views(None)
         self.authenticator = config.authenticator
@@ -164,13 +171,13 @@ class SecurityGate(GateHooks):
             # list a tool the gate admitted makes (resources_as_tools / prompts_as_tools).
             listing = nested.but(kind=kind, name=name, target=None, decided=True)
             with admission.admitted(listing):
-                return await self._count(listing, context, call_next)
+                return await self.serving.count(listing, context, call_next)
         if not (mounted or reached_directly(self, context)):
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
         if not self.active:
-            return await self._serve(self._record(held, caller_from_token(), gate, None),
-                                     context, call_next)
+            return await self.serving.serve(self._record(held, caller_from_token(), kind,
+                                                         name, None), context, call_next)
         try:
             caller = await self._authenticate(gate)
             await self._limit(gate, caller)
@@ -180,20 +187,22 @@ class SecurityGate(GateHooks):
         admission.learn_caller(caller)
         await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
-        result = await self._run_admitted(self._record(held, caller, gate, None), context,
-                                          call_next, gate, started, task_id=task_id,
-                                          count=not mounted)
+        result = await self._run_admitted(self._record(held, caller, kind, name, None),
+                                          context, call_next, gate, started,
+                                          task_id=task_id, count=not mounted)
         await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
                           task_id=task_id)
         return result
 
-    def _record(self, held: Admission | None, caller: CallerIdentity, gate: GateContext,
-                target: ExposedFlow | None, *, decided: bool = True,
-                view: View | None = None, run: RunNote | None = None) -> Admission:
+    def _record(self, held: Admission | None, caller: CallerIdentity, kind: RequestKind,
+                name: str, target: ExposedFlow | None, *, gate: GateContext | None = None,
+                decided: bool = True, view: View | None = None, run: RunNote | None = None
+                ) -> Admission:
         """The admission of a request of ``caller`` this gate decided (``decided``
-        False: while it resolves the request's name)."""
+        False: while it resolves the request's name); ``gate``: the request as the audit
+        hook saw it, for a call's approval audits."""
         approvals: Callable[[str, str], Awaitable[None]] | None = None
-        if gate.kind == "tool" and decided and self.audit_hook is not None:
+        if kind == "tool" and decided and self.audit_hook is not None and gate is not None:
             async def audit(step_id: str, answer: str) -> None:
                 await self._audit(gate, caller, approval_decision(answer), answer,
                                   phase="approval", step_id=step_id)
@@ -206,7 +215,7 @@ class SecurityGate(GateHooks):
         observers = () if foreign else base.observers
         return base.but(caller=caller,
                         view=view or self.views.of(self.exposure, caller), owner=self.owner,
-                        kind=gate.kind, name=gate.name, target=target, decided=decided,
+                        kind=kind, name=name, target=target, decided=decided,
                         audit_approval=approvals, outer=outer, observers=observers,
                         run=run)
 
@@ -217,7 +226,7 @@ class SecurityGate(GateHooks):
         listen stream ends so too) or raises."""
         caller = record.caller
         try:
-            return await self._serve(record, context, call_next, count=count)
+            return await self.serving.serve(record, context, call_next, count=count)
         except BodyTooLarge:
             # Refused after it was served: the body never leaves (see body_cap).
             await self._audit(gate, caller, "denied", BODY_TOO_LARGE, started=started,
@@ -235,36 +244,6 @@ class SecurityGate(GateHooks):
                               task_id=task_id)
             raise
 
-    async def _serve(self, record: Admission, context: MiddlewareContext,
-                     call_next: Any, *, count: bool = True) -> Any:
-        """Serve the request as ``record`` says (counted and timed, when metrics are
-        on); refuse (-32602) a list whose cursor the provider found stale or forged, and
-        a prompt or read above the body cap. ``count`` False: a parent's ``MountedGate``
-        serves it, and this server's own chain counts it under its own names."""
-        if count and self.observe is not None and record.owner == self.owner:
-            return await self.observe(record, context,
-                                      lambda: self._served(record, context, call_next))
-        return await self._served(record, context, call_next)
-
-    async def _count(self, record: Admission | None, context: MiddlewareContext,
-                     call_next: Any) -> Any:
-        """Serve a request admitted already, counted as this server's (see _serve)."""
-        if self.observe is None or record is None:
-            return await call_next(context)
-        return await self.observe(record, context, lambda: call_next(context))
-
-    async def _served(self, record: Admission, context: MiddlewareContext,
-                      call_next: Any) -> Any:
-        with admission.admitted(record):
-            result = await call_next(context)
-        if record.page is not None:
-            record.page.check()
-        if record.owner == self.owner and record.kind is not None:
-            too_large = oversize(record.kind, record.name, result, self.body_limit)
-            if too_large is not None:
-                raise too_large
-        return result
-
     def published_target(self, kind: RequestKind, name: str) -> ExposedFlow | None:
         """The exposed flow a published name belongs to (None: no flow, or not published).
 
@@ -280,11 +259,12 @@ class SecurityGate(GateHooks):
 
     async def target_in(self, server: FastMCP | None, kind: RequestKind, name: str
                         ) -> ExposedFlow | None:
-        """The exposed flow a request for ``name`` on ``server`` reaches, if any (for a
-        run URI: the flow of that run, when the current caller started it)."""
+        """The exposed flow a request for ``name`` on ``server`` (None: no transform
+        renames its names) reaches, if any (for a run URI: the flow of that run, when
+        the current caller started it)."""
         if kind == "resource" and self.run_target is not None and is_run_uri(name):
             return await self.run_target(name)
-        if server is None or not server.transforms:
+        if server is None:
             return self.published_target(kind, name)
         # A transform added to server.fastmcp (a Namespace, a rename) changes the names
         # clients use: find the component the name resolves to, and its flow from the
@@ -300,49 +280,55 @@ class SecurityGate(GateHooks):
         if held is not None and held.admits(self.owner, kind)[0]:
             # A parent's MountedGate ran this gate: counted here, under this server's
             # own names (the parent's carry its namespace).
-            return await self._count(held.of(self.owner), context, call_next)
+            return await self.serving.count(held.of(self.owner), context, call_next)
         if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
         server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
-        return await self.guard_target(kind, name, lambda: self.target_in(server, kind, name),
-                                       context, call_next,
-                                       probe=server is not None and bool(server.transforms))
+        renamed = server if server is not None and server.transforms else None
+        # Looked up as the caller when the answer depends on who asks: a transform's
+        # lookup goes through the provider (the caller's view), a run URI names one of
+        # the caller's own runs.
+        if renamed is None and not (kind == "resource" and is_run_uri(name)):
+            return await self.guard_target(kind, name, None, context, call_next)
+        return await self.guard_target(kind, name,
+                                       lambda: self.target_in(renamed, kind, name),
+                                       context, call_next)
 
     async def guard_target(
         self, kind: RequestKind, name: str,
-        resolve: Callable[[], Awaitable[ExposedFlow | None]],
+        resolve: Callable[[], Awaitable[ExposedFlow | None]] | None,
         context: MiddlewareContext, call_next: Any,
-        authenticated: CallerIdentity | None = None, probe: bool = True,
-        mounted: bool = False,
+        authenticated: CallerIdentity | None = None, mounted: bool = False,
     ) -> Any:
         """Admit one request: authenticate, resolve its flow in *that caller's* view,
         rate-limit, authorize, audit; then serve it as the caller.
 
         The authenticator sees the request's name only. ``resolve`` runs once the caller
-        is known (see :meth:`_resolve`); a flow outside the caller's view is ``None`` to
+        is known, as that caller (see :meth:`_resolve`; None: the flow the published
+        name belongs to, whoever asks); a flow outside the caller's view is ``None`` to
         every later hook and the audit, exactly like a name that never existed.
         """
-        headers = get_http_headers(include_all=True)
-        gate = gate_for(kind, name, None, headers)
         held = admission.current()
         # Admitted already: this request runs inside one the gate admitted (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same
         # caller, same rate-limit unit; the read itself is still authorized and audited.
         nested = held.nested_in(self.owner) if held is not None else None
         admitted = nested.caller if nested is not None else None
-        if not self.active:
+        if not self.active:  # no hook reads the request: only its kind and name count
             token_caller = admitted or caller_from_token()
             view = self.views.of(self.exposure, token_caller)
-            exposed = await self._resolve(held, token_caller, gate, resolve, view, probe)
-            return await self._serve(self._record(held, token_caller, gate_for(
-                kind, name, exposed, headers), exposed, view=view), context, call_next)
+            exposed = await self._resolve(held, token_caller, kind, name, resolve, view)
+            return await self.serving.serve(self._record(
+                held, token_caller, kind, name, exposed, view=view), context, call_next)
+        headers = get_http_headers(include_all=True)
+        gate = gate_for(kind, name, None, headers)
         caller: CallerIdentity | None = admitted
         try:
             if admitted is None:
                 caller = authenticated or await self._authenticate(gate)
             assert caller is not None
             view = self.views.of(self.exposure, caller)
-            exposed = await self._resolve(held, caller, gate, resolve, view, probe)
+            exposed = await self._resolve(held, caller, kind, name, resolve, view)
             gate = gate_for(kind, name, exposed, headers)
             if admitted is None:
                 await self._limit(gate, caller)
@@ -357,7 +343,8 @@ class SecurityGate(GateHooks):
         started = time.perf_counter()
         # Where the run a call starts notes what its audit needs (see RunNote).
         note = RunNote() if kind == "tool" else None
-        record = self._record(held, caller, gate, exposed, view=view, run=note)
+        record = self._record(held, caller, kind, name, exposed, gate=gate, view=view,
+                              run=note)
         result = await self._run_admitted(record, context, call_next, gate, started,
                                           count=not mounted)
         try:
@@ -397,18 +384,19 @@ class SecurityGate(GateHooks):
         return refusal_error("unsupported_composition")
 
     async def _resolve(self, held: Admission | None, caller: CallerIdentity,
-                       gate: GateContext,
-                       resolve: Callable[[], Awaitable[ExposedFlow | None]], view: View,
-                       probe: bool) -> ExposedFlow | None:
+                       kind: RequestKind, name: str,
+                       resolve: Callable[[], Awaitable[ExposedFlow | None]] | None,
+                       view: View) -> ExposedFlow | None:
         """The exposed flow the request reaches in ``caller``'s ``view`` (None: none, or
-        one outside the view, exactly like a name that never existed). With ``probe``
-        (a transform's lookup goes through FastMCP and the provider), ``resolve`` runs
-        as the caller, so that lookup answers in the caller's view."""
-        if not probe:
-            exposed = await resolve()
+        one outside the view, exactly like a name that never existed). ``resolve`` is
+        for lookups that depend on the caller (a transform's goes through FastMCP and
+        the provider, a run URI's finds the caller's own run): it runs as the caller.
+        None: the published name's flow."""
+        if resolve is None:
+            exposed = self.published_target(kind, name)
         else:
-            with admission.admitted(self._record(held, caller, gate, None, decided=False,
-                                                 view=view)):
+            with admission.admitted(self._record(held, caller, kind, name, None,
+                                                 decided=False, view=view)):
                 exposed = await resolve()
         return exposed if view.allows(exposed) else None
 
@@ -489,3 +477,4 @@ class SecurityGate(GateHooks):
             outcome=outcome, error_type=error_type, result_sha256=result_sha256,
             result_length=result_length, step_id=step_id, task_id=task_id)
         await deliver_audit(self.audit_hook, event, self.hook_timeout)
+

@@ -178,6 +178,14 @@ class Views:
     def of(self, snapshot: Any, caller: CallerIdentity) -> View:
         """The view of ``snapshot`` (an exposure snapshot) for ``caller``."""
         visibility = self.visibility
+        if isinstance(snapshot, LiveExposure):
+            snapshot = snapshot.current  # the request's pinned snapshot
+        if visibility is None:
+            # Without a rule every caller has the one view: found without the lock.
+            views = self._views.get(snapshot)
+            view = views.get(None) if views is not None else None
+            if view is not None:
+                return view
         with self._lock:  # completions run in worker threads
             if visibility is None:
                 key, grant = None, ANONYMOUS
@@ -193,8 +201,6 @@ class Views:
                     self._grants[id(caller)] = (caller, key, grant)
                     if len(self._grants) > MAX_KNOWN_CALLERS:
                         self._grants.popitem(last=False)
-            if isinstance(snapshot, LiveExposure):
-                snapshot = snapshot.current  # the request's pinned snapshot
             views = self._views.get(snapshot)
             if views is None:
                 views = self._views[snapshot] = OrderedDict()

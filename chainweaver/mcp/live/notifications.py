@@ -1,9 +1,9 @@
 """Following registry changes while serving: snapshots per request, and telling clients.
 
-:class:`LiveMiddleware` runs first for every request: it pins the current exposure
-snapshot for the whole request and remembers 2025-11-25 sessions. List handlers are
-wrapped (:func:`.cursors.paged_by_view`) so a cursor belongs to the caller's view of the
-list it was cut from. :class:`ChangeNotifier` learns
+:class:`SnapshotPins` is the first step of every request (the gate takes it): it pins
+the current exposure snapshot for the whole request and remembers 2025-11-25
+sessions. List handlers are wrapped (:func:`.cursors.paged_by_view`) so a cursor
+belongs to the caller's view of the list it was cut from. :class:`ChangeNotifier` learns
 of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs the
 snapshot clients last heard about against the newest, and tells each client what
 changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
@@ -34,7 +34,7 @@ import anyio
 import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context, get_http_request
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import MiddlewareContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (
@@ -54,7 +54,7 @@ from chainweaver.mcp.fastmcp_seams import (
     on_connection_close,
 )
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import caller_from_token, pinning
+from chainweaver.mcp.gate.admission import admitted, caller_from_token, pinned
 from chainweaver.mcp.gate.hooks import CallerIdentity
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.live.cursors import paged_by_view
@@ -441,29 +441,33 @@ def _events(change: ViewChange) -> list[ServerEvent]:
     return events
 
 
-class LiveMiddleware(Middleware):
-    """First in the chain: one snapshot per request, and 2025-11-25 sessions kept,
-    each with the caller it follows."""
+class SnapshotPins:
+    """The first step of every request (the gate takes it before anything else; see
+    :class:`~chainweaver.mcp.gate.composition.GateHooks`): one snapshot per request,
+    and 2025-11-25 sessions kept, each with the caller it follows."""
 
     def __init__(self, live: LiveExposure, notifier: ChangeNotifier) -> None:
         self.live = live
         self.notifier = notifier
         self.keep_alive: object = None  # what must live as long as this server serves
 
-    async def on_message(self, context: MiddlewareContext, call_next: Any) -> Any:
+    async def serve(self, context: MiddlewareContext, call_next: Any) -> Any:
+        """``call_next(context)`` with this server's snapshot pinned for the request."""
         request = context.fastmcp_context.request_context if context.fastmcp_context \
             else None
         # The SDK builds one session object per request: it names the request.
         name = request.session if request is not None else object()
-        session_id = notifiable_session_id() if request is not None else None
-        if request is None or session_id is None:
-            with pinning(name, self.live):
-                return await call_next(context)
-        known = self.notifier.remember(session_id, request.session)
-        if self.notifier.callers_from_token:
-            known.caller = caller_from_token()  # the token rides on every request
-            with pinning(name, self.live):
-                return await call_next(context)
-        # An authenticator decides the caller: the gate tells the session record.
-        with pinning(name, self.live, learn=known.admit):
+        session_id = notifiable_session_id() if request is not None \
+            and request.protocol_version not in MODERN_PROTOCOL_VERSIONS else None
+        learn = None
+        if request is not None and session_id is not None:
+            known = self.notifier.remember(session_id, request.session)
+            if self.notifier.callers_from_token:
+                known.caller = caller_from_token()  # the token rides on every request
+            else:
+                learn = known.admit  # an authenticator decides: the gate tells the record
+        record = pinned(name, self.live, learn)
+        if record is None:
+            return await call_next(context)
+        with admitted(record):
             return await call_next(context)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastmcp.exceptions import NotFoundError, ValidationError
 from fastmcp.server.middleware import MiddlewareContext
@@ -44,10 +44,8 @@ from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.hooks import GATE_REFUSED, GateContext
 from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name
 from chainweaver.mcp.publish.exposure import Exposure
+from chainweaver.mcp.runs.recording import is_run_uri
 from chainweaver.run_events import RunObserver
-
-if TYPE_CHECKING:
-    from chainweaver.mcp.gate.security import SecurityGate
 
 __all__ = ["OUTCOMES", "UNPUBLISHED", "RequestMetrics", "ServerMetrics", "StepCounter"]
 
@@ -130,27 +128,28 @@ class RequestMetrics:
     :meth:`ServerMetrics.refused`.
     """
 
-    def __init__(self, metrics: ServerMetrics, gate: SecurityGate) -> None:
+    def __init__(self, metrics: ServerMetrics, exposure: Exposure) -> None:
         self.metrics = metrics
-        self.gate = gate
+        self.exposure = exposure  # the gate's: names outside it count as unpublished
 
     async def observe(self, record: Admission, context: MiddlewareContext,
                       serve: Callable[[], Awaitable[Any]]) -> Any:
         """``serve()`` the admitted request ``record``, counting and timing it."""
         if record.kind is None or (context.method or "") not in KINDS:
             return await serve()
-        target = record.target
-        # The name as this server publishes it: a parent's MountedGate admits under the
-        # parent's (namespaced) name, this server's own chain sees its own.
-        name = budget_name(GateContext(record.kind,
-                                       local_name(record.kind, context.message, record.name),
-                                       target.flow.name if target else None, None, {}),
-                           self.gate.exposure)
+        name = record.name  # as this server publishes it (see AdmittedServing.count)
+        if record.target is None or record.kind == "resource" and is_run_uri(name):
+            # No flow in the caller's view, or a run: counted as the budgets count it.
+            name = budget_name(GateContext(record.kind, name, None, None, {}),
+                               self.exposure)
         started = time.perf_counter()
         outcome = "ok"
         try:
             result = await serve()
-            if getattr(result, "is_error", False) or getattr(result, "isError", False):
+            # Only a call has an error result (a failed getattr of a pydantic model's
+            # missing field raises inside, and costs every read and render).
+            if record.kind == "tool" and (getattr(result, "is_error", False)
+                                          or getattr(result, "isError", False)):
                 outcome = "error"
             return result
         except asyncio.CancelledError:
@@ -163,14 +162,6 @@ class RequestMetrics:
             labels = {"kind": str(record.kind), "outcome": outcome, "name": name}
             self.metrics.requests.add(1, labels)
             self.metrics.request_duration.record(time.perf_counter() - started, labels)
-
-
-def local_name(kind: str, message: Any, admitted: str) -> str:
-    """The name a call, render or read has in this server's own chain (where FastMCP
-    has taken a mount's namespace off it), else the name it was admitted under."""
-    local = getattr(message, "name", None) if kind in ("tool", "prompt") \
-        else getattr(message, "uri", None) if kind == "resource" else None
-    return str(local) if isinstance(local, str) or kind == "resource" and local else admitted
 
 
 def outcome_of(error: BaseException) -> str:

@@ -7,8 +7,9 @@ name, version and tool name, and per step its id, status, attempts and duration 
 the error type and fallback when the tool result's metadata carries them, which ``error_detail``
 governs). Never argument values, outputs or error messages.
 
-Step spans come from the run itself: the span middleware puts a run observer in the
-request's admission, the flow tool fans the run's step events out to it, and each step
+Step spans come from the run itself: the security gate serves each admitted call
+through :meth:`FlowTelemetry.watch`, which puts a run observer in the request's
+admission; the flow tool fans the run's step events out to it, and each step
 span is opened as its step ends, starting when the step started (``started_ms`` after
 the run's start) and lasting its measured duration, so steps that ran at the same
 time overlap. Spans cost next to nothing until an OpenTelemetry SDK is configured.
@@ -18,62 +19,60 @@ from __future__ import annotations
 
 import time
 from asyncio import CancelledError
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
-from fastmcp.server.middleware import Middleware, MiddlewareContext
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from chainweaver import __version__
 from chainweaver.executor import StepRecord
-from chainweaver.mcp.gate import admission
-from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.gate.admission import Admission
+from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.step_names import StepNames, step_entry, step_names
 from chainweaver.run_events import RunObserver
 
-if TYPE_CHECKING:
-    from chainweaver.mcp.gate.security import SecurityGate
-
 TRACER = trace.get_tracer("chainweaver", __version__)
 
 
-class FlowTelemetry(Middleware):
-    """Opens a span around each flow run, with a child span per step.
+class FlowTelemetry:
+    """Opens a span around each flow run, with a child span per step, and (with metrics
+    on) counts runs and steps by status.
 
-    Placed after the security gate, so it sees only admitted calls, and reads the flow
-    from the request's admission (a flow outside the caller's view gets no span). It
-    watches the run's steps through the admission's run observers.
+    The security gate hands it every ``tools/call`` it serves (:meth:`watch`; no
+    middleware layer of its own), with the request's admission: only admitted calls
+    of a flow in the caller's view get a span. It watches the run's steps through the
+    admission's run observers.
     """
 
-    def __init__(self, gate: SecurityGate, error_detail: str = "full",
+    def __init__(self, exposure: Exposure, error_detail: str = "full",
                  metrics: ServerMetrics | None = None) -> None:
-        self.gate = gate
+        self.exposure = exposure  # the gate's, for the step names the caller may see
         self.error_detail = error_detail
         self.metrics = metrics  # runs and steps by status, beside the spans
 
-    async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
-        held = admission.current()
-        record = held.of(self.gate.owner) if held is not None else None
-        exposed = held.admits(self.gate.owner, "tool")[1] if held is not None else None
-        if held is None or record is None or record.view is None or exposed is None:
-            return await call_next(context)  # not a flow, or none in the caller's view
+    async def watch(self, record: Admission,
+                    serve: Callable[[Admission], Awaitable[Any]]) -> Any:
+        """``serve`` the admitted call ``record`` with this run's observers added."""
+        exposed = record.target
+        if record.kind != "tool" or exposed is None or record.view is None:
+            return await serve(record)  # not a flow, or none in the caller's view
         # Not made the current span: FastMCP enriches its request span only while that
         # span is current, and would open a second SERVER span under this one.
         span = TRACER.start_span(f"chainweaver.flow {exposed.flow.name}",
                                  start_time=time.time_ns(),
-                                 attributes=flow_attributes(exposed, context.message.name))
-        names = step_names(record.view, self.gate.exposure, exposed)
-        steps = StepSpans(span, names, self.error_detail)
-        watching: tuple[RunObserver, ...] = (steps,)
+                                 attributes=flow_attributes(exposed, exposed.tool_name))
+        watching: tuple[RunObserver, ...] = ()
+        if span.is_recording():  # without an OpenTelemetry SDK there is nothing to record
+            names = step_names(record.view, self.exposure, exposed)
+            watching = (StepSpans(span, names, self.error_detail),)
         counter = StepCounter(self.metrics, exposed.tool_name) if self.metrics else None
         if counter is not None:
             watching += (counter,)
         started = time.perf_counter()
         try:
-            with admission.admitted(held.but(observers=(*held.observers, *watching))):
-                result = await call_next(context)
+            result = await serve(record.but(observers=(*record.observers, *watching)))
         except BaseException as error:
             self._run_finished(counter, "cancelled" if isinstance(error, CancelledError)
                                else "failed", started)
