@@ -208,3 +208,11 @@ def test_bench_before_after_quick_runs_both_sides() -> None:
                "resources/list", "resources/read", "prompts/list", "prompts/get"):
         assert re.search(rf"^  {re.escape(op)}\s+\d+\.\d+x \(\d+\.\d+x\)\s+\d+\.\d+x "
                          r"\(\d+\.\d+x\)\s+\d+\.\d+x$", medians, re.MULTILINE), (op, medians)
+
+
+def test_request_instructions_runs_each_kind_of_request() -> None:
+    # What valgrind counts (see the script): here only that it runs and makes them.
+    for kind in ("read", "get", "call"):
+        result = run_script("benchmarks/request_instructions.py", kind, "--number", "3",
+                            "--flows", "5")
+        assert result.returncode == 0, result.stderr[-2000:]

@@ -1,9 +1,10 @@
 """One request, one admission: what the server decided about the request being served.
 
-A request is admitted once, in one fixed order. The first middleware pins the exposure
-snapshot the whole request answers from (:func:`pinning`); the security gate then
-authenticates the caller, resolves the request's target in *that caller's* view of the
-snapshot, rate-limits, authorizes and audits (:mod:`.security`). What it decided is one
+A request is admitted once, in one fixed order, by the security gate (the server's only
+middleware layer). It first pins the exposure snapshot the whole request answers from
+(:func:`pinned`), then authenticates the caller, resolves the request's target in *that
+caller's* view of the snapshot, rate-limits, authorizes and audits (:mod:`.security`),
+and serves it (:mod:`.serving`). What it decided is one
 immutable :class:`Admission`, held in one context variable for the length of the
 request. Every later part (the provider, the flow tool, runs, telemetry, tasks,
 approval, notifications) reads it; none resolves a name or checks a view again.

@@ -65,8 +65,8 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
         if cursor is not None and issued is None:
             # Not a cursor of ours: refused by the gate, as it serves the list.
             page.refused = INVALID_CURSOR
-        # The request's admission starts here, with the page it asks for; the first
-        # middleware pins its snapshot in the same record (same request: its session).
+        # The request's admission starts here, with the page it asks for; the gate's
+        # first step pins its snapshot in the same record (same request: its session).
         # The provider checks the cursor inside the gate (see FlowProvider._page).
         with admitted(Admission(ctx.session, page=page)):
             if by_provider:

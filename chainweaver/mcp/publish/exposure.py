@@ -378,7 +378,7 @@ def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
 class LiveExposure:
     """The one reference to a server's current :class:`Exposure`, swapped on change.
 
-    A request pins the snapshot current when it starts (the server's first middleware
+    A request pins the snapshot current when it starts (the security gate's first step
     does, in the request's admission: ``chainweaver.mcp.gate.admission``) and every
     read during that request answers from it, to the end; ``pinned`` reads that pin.
     Outside a request (reports, background work) reads answer from the latest
