@@ -114,7 +114,10 @@ def _replica(flows: Path, url: str) -> Any:
 
 async def _until(probe: Callable[[], Awaitable[Any]], what: str,
                  tries: int = int(LIMIT / POLL)) -> Any:
-    """Poll ``probe`` until it answers something true (at most ``tries`` times)."""
+    """Poll ``probe`` until it answers something true (at most ``tries`` times).
+
+    Not ``support.polling.until``: worker processes import this file as their tools
+    module, and ``support`` is not importable there."""
     for _ in range(tries):
         answer = await probe()
         if answer:

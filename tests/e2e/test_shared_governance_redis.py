@@ -10,10 +10,12 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 
 import anyio
 import pytest
 from fastmcp import Client
+from support import polling
 from support.catalogue import build_catalogue
 from support.notices import PROMPTS, RESOURCES, TOOLS, Heard, listening
 from support.redis_server import redis_server
@@ -85,13 +87,7 @@ async def tools(connected: Client, switch: Switch, who: str) -> set[str]:
     return {tool.name for tool in await connected.list_tools()}
 
 
-async def until(check, what: str) -> None:  # type: ignore[no-untyped-def]
-    """Poll ``check`` (bounded: a broken build fails instead of hanging)."""
-    for _ in range(300):
-        if await check():
-            return
-        await anyio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+until = partial(polling.until, limit=6.0)
 
 
 def applied(server: FlowServer) -> int:

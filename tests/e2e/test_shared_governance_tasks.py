@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from fastmcp_tasks import ToolTask, call_tool_task
 from fastmcp_tasks.handlers import _lookup_task
 from mcp import MCPError
 from pydantic import BaseModel
+from support import polling
 from support.procs import stop
 
 from chainweaver import (
@@ -140,14 +142,7 @@ async def working(worker: FlowServer) -> AsyncIterator[None]:
             await running
 
 
-async def until(check: Any, what: str) -> Any:
-    """Poll ``check()`` (async) until it returns something truthy; bounded."""
-    for _ in range(int(LIMIT / 0.02)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+until = partial(polling.until, limit=LIMIT)
 
 
 def applied(server: FlowServer) -> int:

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fastmcp_tasks import ToolTask, call_tool_task
 from mcp import MCPError
 from pydantic import BaseModel
 from servers import task_tools
+from support import polling
 from support.catalogue import build_catalogue
 
 from chainweaver import DefinitionError, ExposureConfigError, Flow, FlowStep, Tool
@@ -80,14 +82,7 @@ def fresh_counts() -> Iterator[None]:
     task_tools.HOLD = None
 
 
-async def until(check: Any, what: str) -> Any:
-    """Poll ``check()`` (async) until it returns something truthy; bounded."""
-    for _ in range(int(LIMIT / 0.02)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+until = partial(polling.until, limit=LIMIT)
 
 
 # ------------------------------------------------------------------ advertising
