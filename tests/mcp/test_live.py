@@ -156,20 +156,24 @@ async def test_a_run_in_progress_finishes_after_its_flow_is_retired() -> None:
 
 def test_a_pinned_snapshot_answers_to_the_end_of_the_request() -> None:
     executor = build_catalogue()
-    from chainweaver.mcp.gate.admission import pinned_snapshot, pinning
+    from chainweaver.mcp.gate.admission import admitted, pinned, pinned_snapshot
 
     live = LiveExposure(Exposure(executor, ExposurePolicy()), pinned=pinned_snapshot)
     request, other = object(), object()
-    with pinning(request, live) as pinned:
+    first = pinned(request, live)
+    assert first is not None
+    with admitted(first):
+        snapshot = live.current
         executor.registry.set_lifecycle("product_search", "archived")
         live.swap(Exposure(executor, ExposurePolicy(), previous=live.latest))
-        assert live.current is pinned and live.tool("product_search") is not None
-        with pinning(request, live) as again:  # the same request keeps its snapshot
-            assert again is pinned
-        with pinning(other, live) as inherited:  # a task of another request does not
-            assert inherited is live.latest and live.tool("product_search") is None
-        assert live.current is pinned
-    assert live.current is live.latest is not pinned
+        assert live.current is snapshot and live.tool("product_search") is not None
+        assert pinned(request, live) is None  # the same request keeps its snapshot
+        inheriting = pinned(other, live)  # a task of another request does not
+        assert inheriting is not None
+        with admitted(inheriting):
+            assert live.current is live.latest and live.tool("product_search") is None
+        assert live.current is snapshot
+    assert live.current is live.latest is not snapshot
     assert live.tool("product_search") is None
     assert live.sequence == executor.registry.sequence
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,24 +192,6 @@ def pinned(request: object, live: LiveExposure,
     if held.snapshot_of(live) is None:
         return held.but(pins=(*held.pins, (live, live.latest)), learn=learn or held.learn)
     return None if learn is None else held.but(learn=learn)
-
-
-@contextmanager
-def pinning(request: object, live: LiveExposure,
-            learn: Callable[[CallerIdentity], None] | None = None) -> Iterator[Exposure]:
-    """Pin ``live``'s snapshot for ``request`` while the block runs (see :func:`pinned`)."""
-    record = pinned(request, live, learn)
-    if record is None:
-        held = _ADMISSION.get()
-        assert held is not None
-        snapshot = held.snapshot_of(live)
-        assert snapshot is not None
-        yield snapshot
-        return
-    snapshot = record.snapshot_of(live)
-    assert snapshot is not None
-    with admitted(record):
-        yield snapshot
 
 
 def pinned_snapshot(live: LiveExposure) -> Exposure | None:
