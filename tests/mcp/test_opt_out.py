@@ -4,15 +4,15 @@ both protocol eras, and the exposure report says why, in its own words."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from fastmcp import Client
 from support.catalogue import build_catalogue
+from support.catalogue import opted_out_catalogue as opted_out
 from support.views import NEVER, OWNERS, answers_for, assert_view, renamed
 
-from chainweaver import FlowExecutor, FlowGovernance, load_flows
+from chainweaver import FlowGovernance, load_flows
 from chainweaver.errors import DefinitionError, FlowFileError
 from chainweaver.mcp import ExposurePolicy, FlowServer
 from chainweaver.mcp.publish.decision import OPTED_OUT
@@ -20,14 +20,6 @@ from chainweaver.mcp.publish.decision import OPTED_OUT
 MODES = ["auto", "legacy"]
 
 
-def opted_out(name: str = "product_search") -> FlowExecutor:
-    """The catalogue with a newer version of ``name`` that opts out of publishing."""
-    executor = build_catalogue()
-    flow = executor.registry.latest_active(name)
-    assert flow is not None
-    executor.registry.register_flow(dataclasses.replace(
-        flow, version="9.0.0", governance=FlowGovernance(publish=False)))
-    return executor
 
 
 FORCED = ExposurePolicy(flow_names=list(OWNERS), force_expose=True,

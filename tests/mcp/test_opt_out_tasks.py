@@ -4,28 +4,20 @@ a task for it gets exactly the answer a task for a tool that never existed gets,
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 from fastmcp import Client
 from mcp import MCPError
 from support.catalogue import build_catalogue
+from support.catalogue import opted_out_catalogue as opted_out
 
-from chainweaver import FlowExecutor, FlowGovernance
 from chainweaver.mcp import FlowServer
 
 pytestmark = pytest.mark.tasks
 NEVER = "never_existed_flow"
 
 
-def opted_out(name: str = "product_search") -> FlowExecutor:
-    executor = build_catalogue()
-    flow = executor.registry.latest_active(name)
-    assert flow is not None
-    executor.registry.register_flow(dataclasses.replace(
-        flow, version="9.0.0", governance=FlowGovernance(publish=False)))
-    return executor
 
 
 async def _creation_error(client: Client, name: str) -> tuple[Any, ...]:

@@ -8,6 +8,7 @@ invocations so tests can prove that rendering prompts never runs a tool.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from typing import Literal
 
@@ -220,4 +221,14 @@ def build_catalogue() -> FlowExecutor:
     ]
     for flow in flows:
         registry.register_flow(flow)
+    return executor
+
+
+def opted_out_catalogue(name: str = "product_search") -> FlowExecutor:
+    """The catalogue with a newer version of ``name`` that opts out of publishing."""
+    executor = build_catalogue()
+    flow = executor.registry.latest_active(name)
+    assert flow is not None
+    executor.registry.register_flow(dataclasses.replace(
+        flow, version="9.0.0", governance=FlowGovernance(publish=False)))
     return executor
