@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext
+from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext, RequestKind
 from chainweaver.mcp.publish.decision import INDEX_URI
 from chainweaver.mcp.runs.recording import RUNS_URI, is_run_uri
 
@@ -43,25 +43,32 @@ def budget_name(gate: GateContext, exposure: Exposure | LiveExposure) -> str:
     counts exactly like a name that never existed, so budgets tell a caller nothing
     about flows it cannot see.
     """
-    if gate.kind in _METHOD_KINDS:
-        return gate.name
-    if gate.kind == "completion":
+    return budget_name_of(gate.kind, gate.name, gate.flow_name is not None, exposure)
+
+
+def budget_name_of(kind: RequestKind, name: str, reaches_flow: bool,
+                   exposure: Exposure | LiveExposure) -> str:
+    """:func:`budget_name` of a ``kind`` request for ``name``; ``reaches_flow``: the
+    name reaches an exposed flow inside the caller's view."""
+    if kind in _METHOD_KINDS:
+        return name
+    if kind == "completion":
         # The reference names a prompt or a template: any string the client likes.
         return "completion/complete"
-    if gate.kind == "resource" and is_run_uri(gate.name):
+    if kind == "resource" and is_run_uri(name):
         # Every run resource, the caller's own or not: one budget, whatever the id.
         return RUNS_URI
-    if gate.flow_name is not None:
-        return gate.name  # resolved to one published tool, schema resource or prompt
+    if reaches_flow:
+        return name  # resolved to one published tool, schema resource or prompt
     # Published, but of no flow: the guide, a server-level prompt, the index. They are
     # in every caller's view. (A flow's prompt is here only when the flow is outside
     # the caller's view: unpublished, for this caller.)
-    if gate.kind == "prompt":
-        entry = exposure.prompt(gate.name)
+    if kind == "prompt":
+        entry = exposure.prompt(name)
         if entry is not None and entry.exposed_flow is None:
-            return gate.name
-    if gate.kind == "resource" and exposure.expose_schemas and gate.name == INDEX_URI:
-        return gate.name
+            return name
+    if kind == "resource" and exposure.expose_schemas and name == INDEX_URI:
+        return name
     return UNPUBLISHED
 
 

@@ -42,9 +42,8 @@ from chainweaver import __version__
 from chainweaver.executor import StepRecord
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.hooks import GATE_REFUSED, GateContext
-from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name
+from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name, budget_name_of
 from chainweaver.mcp.publish.exposure import Exposure
-from chainweaver.mcp.runs.recording import is_run_uri
 from chainweaver.run_events import RunObserver
 
 __all__ = ["OUTCOMES", "UNPUBLISHED", "RequestMetrics", "ServerMetrics", "StepCounter"]
@@ -137,11 +136,10 @@ class RequestMetrics:
         """``serve()`` the admitted request ``record``, counting and timing it."""
         if record.kind is None or (context.method or "") not in KINDS:
             return await serve()
-        name = record.name  # as this server publishes it (see AdmittedServing.count)
-        if record.target is None or record.kind == "resource" and is_run_uri(name):
-            # No flow in the caller's view, or a run: counted as the budgets count it.
-            name = budget_name(GateContext(record.kind, name, None, None, {}),
-                               self.exposure)
+        # Counted as the budgets count it, under the name this server publishes (see
+        # AdmittedServing.count).
+        name = budget_name_of(record.kind, record.name, record.target is not None,
+                              self.exposure)
         started = time.perf_counter()
         outcome = "ok"
         try:
