@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 import mcp_types
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from fastmcp.server.dependencies import get_context, get_http_request
 from fastmcp.server.middleware import MiddlewareContext
 from mcp.server.lowlevel.server import NotificationOptions
@@ -408,14 +408,15 @@ async def _send_legacy(known: _Session, change: ViewChange) -> bool:
     return True
 
 
-def notifiable_session_id() -> str | None:
-    """The current request's session id, when the server can notify that session.
+def notifiable_session_id(context: Context | None = None) -> str | None:
+    """The current request's session id, when the server can notify that session
+    (``context``: the request's FastMCP context, when the caller has it at hand).
 
     2025-11-25 only (2026-07-28 clients listen), and not over stateless HTTP, where
     a request carries no session and nothing can reach the client afterwards.
     """
     try:
-        context = get_context()
+        context = context or get_context()
         request = context.request_context
         if request is None or request.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
@@ -457,8 +458,8 @@ class SnapshotPins:
             else None
         # The SDK builds one session object per request: it names the request.
         name = request.session if request is not None else object()
-        session_id = notifiable_session_id() if request is not None \
-            and request.protocol_version not in MODERN_PROTOCOL_VERSIONS else None
+        session_id = notifiable_session_id(context.fastmcp_context) \
+            if request is not None else None
         learn = None
         if request is not None and session_id is not None:
             known = self.notifier.remember(session_id, request.session)
