@@ -48,7 +48,7 @@ async def with_timeout(coroutine: Coroutine[Any, Any, Any], timeout: float | Non
         return await coroutine
     try:
         return await asyncio.wait_for(coroutine, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise StepTimeout(timeout) from None
 
 

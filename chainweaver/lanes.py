@@ -162,7 +162,7 @@ class Lanes:
                 await work
             else:
                 await cancel.guard(work)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             abandoned.set()
             return _reported(outcome.timed_out(state, timeout, started), observer)
         except RunCancelled:
@@ -321,9 +321,8 @@ class Lanes:
                                                  parent=stop, slots=slots,
                                                  approve=PARENT_DECIDED, run_id=request[4])
             except asyncio.CancelledError as caught:
-                # Task.cancelling() is Python 3.11+; on 3.10 every CancelledError ends the run.
-                cancelling = getattr(asyncio.current_task(), "cancelling", None)
-                if cancelling is None or cancelling():
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
                     raise  # this run is being cancelled (a timeout, a failure, the caller)
                 error = caught  # the tool's own CancelledError: a failure like any other
             except Exception as caught:

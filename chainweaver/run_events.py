@@ -146,11 +146,9 @@ class Cancellation:
         try:
             return await task
         except asyncio.CancelledError:
-            # Task.cancelling() is Python 3.11+: on 3.10 a cancellation of the task
-            # awaiting the run while this is set reads as this one.
-            cancelling = getattr(asyncio.current_task(), "cancelling", None)
+            current = asyncio.current_task()
             if task.cancelled() and self._event.is_set() \
-                    and not (cancelling is not None and cancelling()):
+                    and not (current is not None and current.cancelling()):
                 raise RunCancelled from None
             raise  # the task awaiting the run was cancelled
         finally:

@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from chainweaver.registry import FlowRegistry
@@ -43,7 +43,7 @@ RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0, 2.0)  # seconds between reconnect attempts
 
 def iso(at: float) -> str:
     """A wall-clock time as logs and status show it (UTC, microseconds)."""
-    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="microseconds")
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="microseconds")
 
 
 class SharedGovernance:

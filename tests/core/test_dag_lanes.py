@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 
 import pytest
@@ -147,7 +146,6 @@ def raises_cancelled(x: int) -> dict:
     raise asyncio.CancelledError()
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is 3.11+")
 @pytest.mark.parametrize("name", ["cancels_itself", "raises_cancelled"])
 def test_a_tool_raising_cancelled_error_fails_its_step_in_both_lanes(name) -> None:
     _, executor = build(cancels_itself, raises_cancelled,

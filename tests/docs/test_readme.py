@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,13 @@ def test_client_configurations_are_valid_json() -> None:
     configs = [json.loads(text) for text in blocks("json")]
     assert configs[0]["mcpServers"]["chainweaver"]["args"][0].endswith("mcp_flow_server.py")
     assert configs[1]["servers"]["chainweaver"]["type"] == "stdio"
+
+
+def test_the_python_floor_is_stated_where_users_and_ci_read_it() -> None:
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floor = re.fullmatch(r">=(\d+\.\d+)", declared["requires-python"]).group(1)
+    assert f"Python {floor} or newer" in README
+    assert f"Python {floor} or newer" in (ROOT / "docs" / "getting-started.md").read_text()
+    assert f'`requires-python = ">={floor}"`' in (ROOT / "docs" / "dependencies.md").read_text()
+    # The lowest lane runs on the floor: .ci/run reads it from pyproject.toml itself.
+    assert '["requires-python"]' in (ROOT / ".ci" / "run").read_text()

@@ -257,7 +257,7 @@ class Approval:
             result = await asyncio.wait_for(
                 ctx.elicit(self._message(request), ApprovalAnswer),
                 self._settings.approval_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "no_answer"
         except Exception as error:  # the client failed or refused to ask
             logger.info("approval elicitation failed: %s", type(error).__name__)
