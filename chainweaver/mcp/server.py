@@ -42,7 +42,7 @@ from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, 
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
 from chainweaver.mcp.runs.records import RunStore
-from chainweaver.mcp.runs.setup import connect_run_log, open_run_log
+from chainweaver.mcp.runs.setup import connect_run_log, open_run_log, output_spill
 from chainweaver.mcp.runs.telemetry import FlowTelemetry
 from chainweaver.mcp.tasks.setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
 from chainweaver.prompts import FlowPrompt
@@ -127,13 +127,14 @@ class FlowServer:
         owner = secrets.token_hex(8)
         keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
         self._run_log = run_log = open_run_log(serving.run_history)
+        outputs = run_log or output_spill()
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout, owner=owner,
                                       runs=RunSettings.build(
                                           policy.approval == "elicit", approval_timeout,
                                           keys, serving.run_notifications),
-                                      views=views, run_log=run_log)
+                                      views=views, run_log=run_log, outputs=outputs)
         self._notifier = ChangeNotifier(self._exposure,
                                         debounce=cast(float, serving.change_debounce),
                                         on_rebuilt=self._provider.forget_unpublished,
@@ -188,7 +189,7 @@ class FlowServer:
             caller_known=security.authenticator is None))
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
-        connect_run_log(run_log, self._gate, self._provider, self._notifier)
+        connect_run_log(outputs, self._gate, self._provider, self._notifier)
         self._watcher: FlowFileWatcher | None = None
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.

@@ -4,6 +4,7 @@ catalogue's index."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyCo
 from chainweaver.errors import ExposureConfigError
 from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
 from chainweaver.mcp.config import DEFAULT_MAX_BODY_BYTES
+from chainweaver.mcp.gate.body_cap import MESSAGE_BUDGET
 
 MODES = ["auto", "legacy"]
 
@@ -75,21 +77,39 @@ def echo(text: str) -> dict[str, str]:
     return {"text": text}
 
 
-@pytest.mark.slow
-@pytest.mark.anyio
-async def test_the_default_serves_the_index_and_guide_of_20000_flows() -> None:
+def catalogue(count: int) -> FlowServer:
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(echo)
-    for index in range(20_000):
+    for index in range(count):
         executor.registry.register_flow(Flow(
             f"flow_{index:05d}", f"Flow {index}: echoes its text back, for the index "
             "size check of a realistic catalogue with descriptions.", [FlowStep("echo")]))
-    server = FlowServer(executor, expose_schemas=True, expose_prompts=True)
-    async with Client(server.fastmcp) as client:
+    return FlowServer(executor, expose_schemas=True, expose_prompts=True)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_an_index_and_guide_too_large_to_send_are_refused_naming_the_paged_lists(
+) -> None:
+    # 1,000 flows fit one message; 20,000 (about 8 MiB) no standard client could
+    # receive in one: each is a clear -32602 that says where the flows are listed.
+    async with Client(catalogue(1_000).fastmcp) as client:
         index = (await client.read_resource("chainweaver://flows"))[0].text
         guide = (await client.get_prompt("chainweaver_guide")).messages[0].content.text
-    assert len(index.encode()) < DEFAULT_MAX_BODY_BYTES // 2
-    assert len(guide.encode()) < DEFAULT_MAX_BODY_BYTES // 2
+    assert len(json.loads(index)["flows"]) == 1_000 and guide.count("\n- `") == 1_000
+    async with Client(catalogue(20_000).fastmcp) as client:
+        with pytest.raises(MCPError) as read:
+            await client.read_resource("chainweaver://flows")
+        with pytest.raises(MCPError) as rendered:
+            await client.get_prompt("chainweaver_guide")
+        assert len(await client.list_tools()) == 20_000
+    for caught, paged in ((read, "resources/list"), (rendered, "tools/list")):
+        assert caught.value.error.code == -32602
+        assert f"above the {MESSAGE_BUDGET} bytes one MCP message carries" in \
+            caught.value.error.message
+        assert f"{paged} lists the flows in pages" in caught.value.error.message
+        assert caught.value.error.data["reason"] == "body_too_large"
+        assert caught.value.error.data["size"] > MESSAGE_BUDGET
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "10"])

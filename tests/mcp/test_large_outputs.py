@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
 from chainweaver.mcp.config import RunHistory
+from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET
 
 MODES = ["auto", "legacy"]
 
@@ -71,9 +72,14 @@ async def test_a_10_mb_output_is_a_small_result_and_a_link_with_the_audited_dige
         audited = completed(events)
         assert (audited.result_sha256, audited.result_length, audited.outcome) == (
             output["sha256"], output["size"], "ok")
-        whole = (await client.read_resource(output["uri"]))[0].text.encode()
-        assert hashlib.sha256(whole).hexdigest() == audited.result_sha256
-        digest, offset, step = hashlib.sha256(), 0, 3_000_000
+        # Whole, it could not reach a client in one message: refused, naming the ranges.
+        with pytest.raises(MCPError) as caught:
+            await client.read_resource(output["uri"])
+        assert caught.value.error.code == -32602
+        assert f"of at most {MAX_RANGE_BYTES} bytes" in caught.value.error.message
+        assert caught.value.error.data == {"reason": "body_too_large",
+                                           "limit": MESSAGE_BUDGET, "size": link.size}
+        digest, offset, step = hashlib.sha256(), 0, MAX_RANGE_BYTES
         while offset < link.size:
             part = (await client.read_resource(
                 f"{output['uri']}?offset={offset}&length={step}"))[0]

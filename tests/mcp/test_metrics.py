@@ -17,9 +17,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.catalogue import build_catalogue
 
 from chainweaver.mcp import CallerIdentity, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.metrics import OUTCOMES, UNPUBLISHED
 from chainweaver.mcp.runs.prometheus import MetricsEndpoint, prometheus_text
-from chainweaver.mcp.runs.recording import RUNS_URI
 
 MODES = ["auto", "legacy"]
 

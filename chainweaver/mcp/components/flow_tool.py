@@ -46,6 +46,7 @@ from chainweaver.mcp.runs.recording import (
     RunStart,
     output_meta,
     run_start,
+    sendable,
     state_run_id,
 )
 from chainweaver.mcp.runs.reporting import RunReporter
@@ -137,6 +138,7 @@ class FlowTool(FastMCPTool):
     _runs: RunSettings = PrivateAttr(default_factory=RunSettings)
     _served: ServedFrom | None = PrivateAttr(default=None)
     _run_log: RunLog | None = PrivateAttr(default=None)
+    _outputs: RunLog | None = PrivateAttr(default=None)
 
     @classmethod
     def build(
@@ -151,6 +153,7 @@ class FlowTool(FastMCPTool):
         views: Views | None = None,
         view: Callable[[], View] | None = None,
         run_log: RunLog | None = None,
+        outputs: RunLog | None = None,
     ) -> FlowTool:
         flow = exposed.flow
         tool = cls(
@@ -172,6 +175,7 @@ class FlowTool(FastMCPTool):
         if live is not None:
             tool._served = ServedFrom(live, views or Views(None), view)
         tool._run_log = run_log
+        tool._outputs = outputs or run_log
         return tool
 
     @property
@@ -232,6 +236,8 @@ class FlowTool(FastMCPTool):
                      error_type: str = "FlowUnavailable") -> ToolResult:
         """``tool_result`` with the run's id (and linked output) in its ``_meta``, once
         the run's record says how it ended."""
+        if tool_result.is_error:  # a success was measured as it went out (outgoing)
+            tool_result = sendable(self.name, tool_result)
         await recorder.finish(result, tool_result, approval, error_type=error_type)
         meta = meta or {"chainweaver": {}}
         meta["chainweaver"]["run_id"] = recorder.run_id
@@ -255,7 +261,8 @@ class FlowTool(FastMCPTool):
         call.part = "run records"
         names = self.step_names()
         recorder = call.recorder = RunRecorder(self._run_log, self._exposed,
-                                               run or self._run_start(ctx), names)
+                                               run or self._run_start(ctx), names,
+                                               self._outputs)
         await recorder.begin()
         call.part = "checking the arguments"
         if not _sendable(arguments):

@@ -45,8 +45,9 @@ from chainweaver.mcp.publish.exposure import (
     LiveExposure,
     PromptEntry,
 )
+from chainweaver.mcp.publish.run_uris import is_run_uri
 from chainweaver.mcp.runs.approval import RunSettings
-from chainweaver.mcp.runs.recording import RunLog, is_run_uri
+from chainweaver.mcp.runs.recording import RunLog
 from chainweaver.versions import version_key
 
 
@@ -112,6 +113,7 @@ class FlowProvider(Provider):
         runs: RunSettings | None = None,
         views: Views | None = None,
         run_log: RunLog | None = None,
+        outputs: RunLog | None = None,
     ) -> None:
         super().__init__()
         self.exposure = exposure
@@ -125,8 +127,11 @@ class FlowProvider(Provider):
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
         self.run_log = run_log
-        self.run_resources = RunResources(run_log, exposure, error_detail) \
-            if run_log is not None else None
+        # Where outputs too large for a result are kept: the run history, or without one
+        # the server's output spill (its records are not readable: see RunResources).
+        self.outputs = outputs or run_log
+        self.run_resources = RunResources(self.outputs, exposure, error_detail) \
+            if self.outputs is not None else None
         self._run_templates = run_templates() if run_log is not None else []
         # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks.extension).
         self.task_runner: Tool | None = None
@@ -252,7 +257,7 @@ class FlowProvider(Provider):
         return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
             runs=self.runs, live=self.exposure, views=self.views, view=self.view,
-            run_log=self.run_log))
+            run_log=self.run_log, outputs=self.outputs))
 
     async def _list_tools(self) -> Sequence[Tool]:
         if self._resolving():

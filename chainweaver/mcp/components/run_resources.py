@@ -25,9 +25,11 @@ from pydantic import PrivateAttr
 
 from chainweaver.mcp.components.resources import _json
 from chainweaver.mcp.gate import admission
+from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, too_large_to_send
 from chainweaver.mcp.gate.views import View
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
-from chainweaver.mcp.runs.recording import OUTPUT_MIME, RUNS_URI, RunLog
+from chainweaver.mcp.publish.run_uris import RUNS_URI
+from chainweaver.mcp.runs.recording import OUTPUT_MIME, RunLog
 from chainweaver.mcp.runs.records import RUN_ID, STATUSES, RunQuery, RunRecord, parse_cursor
 
 LIST_TEMPLATE = RUNS_URI + "{?flow,status,cursor,limit}"
@@ -95,9 +97,10 @@ def _check_values(uri: str, address: RunAddress) -> None:
         except ValueError:
             raise _invalid(uri, "cursor is not one this server gave") from None
     for name, low, high in (("limit", 1, MAX_PAGE), ("offset", 0, 2**53),
-                            ("length", 1, 2**31)):
+                            ("length", 1, MAX_RANGE_BYTES)):
         text = address.value(name)
-        if text is not None and not (text.isascii() and text.isdigit()
+        # Digits first, and few of them: int() refuses text past 4,300 digits.
+        if text is not None and not (text.isascii() and text.isdigit() and len(text) <= 20
                                      and low <= int(text) <= high):
             raise _invalid(uri, f"{name} must be a whole number from {low} to {high}")
 
@@ -124,12 +127,16 @@ class RunResource(Resource):
 
 
 class RunResources:
-    """Serves the run resources of one server's run log (see the module)."""
+    """Serves the run resources of one server's run log (see the module). Without a run
+    history, ``log`` keeps only the outputs too large for one message, and only their
+    ``/output`` URIs answer (``records`` False): the listing and the records stay
+    exactly as for a server that has none."""
 
     def __init__(self, log: RunLog, live: LiveExposure, error_detail: str) -> None:
         self.log = log
         self.live = live
         self.error_types = error_detail != "generic"
+        self.records = log.records
 
     async def _owned(self, run_id: str) -> RunRecord | None:
         """The current caller's run ``run_id`` (None: none, or another caller's)."""
@@ -165,7 +172,7 @@ class RunResources:
                 raise refusal
 
             return RunResource.build(refuse, uri=uri, name="chainweaver_runs")
-        if address is None:
+        if address is None or (address.kind != "output" and not self.records):
             return None
         if address.kind == "list":
             return RunResource.build(lambda: self._listing(address, view), uri=uri,
@@ -181,7 +188,7 @@ class RunResources:
                                      title=f"Run {record.run_id}")
         if not record.output_stored:
             return None
-        return RunResource.build(lambda: self._output(address, record), uri=uri,
+        return RunResource.build(lambda: self._output(uri, address, record), uri=uri,
                                  name="chainweaver_run_output", mime_type=OUTPUT_MIME,
                                  title=f"Output of run {record.run_id}",
                                  meta={"chainweaver": {"size": record.output_size}})
@@ -204,9 +211,16 @@ class RunResources:
         document = record.document(error_types=self.error_types) if record else {}
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
-    async def _output(self, address: RunAddress, record: RunRecord) -> ResourceResult:
+    async def _output(self, uri: str, address: RunAddress, record: RunRecord
+                      ) -> ResourceResult:
         offset, length = address.value("offset"), address.value("length")
         ranged = offset is not None or length is not None
+        if ranged and length is None:
+            length = str(MAX_RANGE_BYTES)  # an open range reads what one message carries
+        elif not ranged and (record.output_size or 0) > MESSAGE_BUDGET:
+            # Sent whole it could not reach the client: refused before it is read.
+            raise too_large_to_send("resource", uri, record.output_size or 0,
+                                    ranged=True)
         data = await self.log.store.output(record.run_id, int(offset or 0),
                                            int(length) if length else None)
         if data is None:
@@ -218,7 +232,7 @@ class RunResources:
 
     def complete(self, uri: str, argument: str, typed: str, view: View) -> list[str] | None:
         """Completion values for the run templates (None: not one of them)."""
-        if uri not in (LIST_TEMPLATE, RUN_TEMPLATE, OUTPUT_TEMPLATE):
+        if not self.records or uri not in (LIST_TEMPLATE, RUN_TEMPLATE, OUTPUT_TEMPLATE):
             return None
         if uri == LIST_TEMPLATE and argument == "status":
             return [status for status in STATUSES if status.startswith(typed)]

@@ -1,33 +1,67 @@
-"""The byte cap on what one rendered prompt or resource read returns
-(``ServingConfig.max_body_bytes``).
+"""What one message may carry: the operator's byte cap on a rendered prompt or resource
+read (``ServingConfig.max_body_bytes``), and the wire limit every result stays under.
 
 The gate (:mod:`.security`) measures the body an admitted prompt or read produced
-before it leaves the server: text as UTF-8, blobs as their
-bytes. Above the cap the request gets -32602 naming the cap (never the content), and
-the gate audits it as refused (``body_too_large``).
-Ranged reads of a run's output are measured per response, so an output above the cap
-is read in ranges of at most the cap.
+before it leaves the server. Two bounds apply: the operator's cap, on the body itself
+(text as UTF-8, blobs as their bytes), and :data:`WIRE_LIMIT`, on the body as it is
+sent (text JSON-escaped, blobs base64-encoded): a standard MCP client cannot receive a
+larger message. Above either the request gets -32602 naming the bound (never the
+content), and the gate audits it as refused (``body_too_large``). A run's output is read
+in byte ranges of at most :data:`MAX_RANGE_BYTES`, which always fit.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
 from chainweaver.mcp.gate.hooks import RequestKind
-from chainweaver.mcp.runs.recording import RUNS_URI
+from chainweaver.mcp.publish.decision import GUIDE_PROMPT_NAME, INDEX_URI
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 
 BODY_TOO_LARGE = "body_too_large"
 CAPPED_KINDS = frozenset({"prompt", "resource"})
+# The largest message a standard MCP client receives: the MCP SDK's client refuses a
+# server-sent event above 1 MiB (its DEFAULT_MAX_SSE_EVENT_SIZE), on both protocol eras
+# over streamable HTTP. The server keeps every result under it, on every transport.
+WIRE_LIMIT = 2**20
+# What one result's contents may take as sent; the rest is the JSON-RPC envelope's.
+MESSAGE_BUDGET = WIRE_LIMIT - 32 * 1024
+# The largest byte range of a run's output one read returns: sent as base64 (4/3 its
+# size), it fits MESSAGE_BUDGET.
+MAX_RANGE_BYTES = 512 * 1024
 
 
-def body_size(kind: RequestKind, result: Any) -> int:
-    """The bytes a prompt (its messages' text) or a read (its contents) returns."""
+def sent_size(parts: Sequence[str | bytes]) -> int | None:
+    """The bytes ``parts`` take inside one message (text as a JSON string, blobs as
+    base64) when that is above :data:`MESSAGE_BUDGET`; None when within it.
+
+    Cheap for what surely fits: JSON escapes a character to at most 6 bytes, so only
+    a result above a sixth of the budget is encoded to be measured.
+    """
+    bound = sum(6 * len(part) + 2 if isinstance(part, str) else 2 * len(part) + 2
+                for part in parts)
+    if bound <= MESSAGE_BUDGET:
+        return None
+    size = sum(_sent(part) for part in parts)
+    return size if size > MESSAGE_BUDGET else None
+
+
+def _sent(part: str | bytes) -> int:
+    if isinstance(part, str):
+        return len(json.dumps(part, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return 4 * ((len(part) + 2) // 3) + 2
+
+
+def body_parts(kind: RequestKind, result: Any) -> list[str | bytes]:
+    """What a prompt (its messages' text) or a read (its contents) returns."""
     if kind == "resource":
-        return sum(_length(getattr(c, "content", "")) for c in result.contents)
-    return sum(_length(getattr(m.content, "text", "")) for m in result.messages)
+        return [getattr(c, "content", "") for c in result.contents]
+    return [getattr(m.content, "text", "") for m in result.messages]
 
 
 def _length(content: object) -> int:
@@ -42,18 +76,42 @@ class BodyTooLarge(MCPError):
 
 def oversize(kind: RequestKind, name: str, result: Any, limit: int | None
              ) -> BodyTooLarge | None:
-    """The -32602 error for a body above ``limit`` (None: within it, or no cap)."""
-    if limit is None or kind not in CAPPED_KINDS:
-        return None
-    size = body_size(kind, result)
-    if size <= limit:
+    """The -32602 error for a body above ``limit`` (None: no operator cap) or too large
+    to send in one message (None: within both)."""
+    if kind not in CAPPED_KINDS:
         return None
     what = "prompt" if kind == "prompt" else "resource"
-    hint = ""
-    if kind == "resource" and name.startswith(RUNS_URI + "/") and "/output" in name:
-        hint = f"; read it in ranges (?offset=N&length=M) of at most {limit} bytes"
+    ranged = kind == "resource" and name.startswith(RUNS_URI + "/") and "/output" in name
+    parts = body_parts(kind, result)
+    if limit is not None:
+        size = sum(_length(part) for part in parts)
+        if size > limit:
+            hint = (f"; read it in ranges (?offset=N&length=M) of at most "
+                    f"{min(limit, MAX_RANGE_BYTES)} bytes") if ranged else ""
+            return BodyTooLarge(code=INVALID_PARAMS,
+                                message=f"The {what} {name!r} is {size} bytes, above this "
+                                        f"server's limit of {limit} bytes per prompt or "
+                                        f"resource read{hint}",
+                                data={"reason": BODY_TOO_LARGE, "limit": limit, "size": size})
+    sent = sent_size(parts)
+    if sent is None:
+        return None
+    return too_large_to_send(what, name, sent, ranged)
+
+
+# Where a reader finds what a catalogue-wide body holds, in pages, when it is too large.
+_PAGED = {("resource", INDEX_URI): "; resources/list lists the flows in pages",
+          ("prompt", GUIDE_PROMPT_NAME): "; tools/list lists the flows in pages"}
+
+
+def too_large_to_send(what: str, name: str, size: int, ranged: bool) -> BodyTooLarge:
+    """-32602 for a body that would take ``size`` bytes as sent, above what one message
+    carries (``ranged``: a run's output, which reads in ranges)."""
+    hint = (f"; read it in ranges (?offset=N&length=M) of at most {MAX_RANGE_BYTES} bytes"
+            if ranged else _PAGED.get((what, name), ""))
     return BodyTooLarge(code=INVALID_PARAMS,
-                        message=f"The {what} {name!r} is {size} bytes, above this server's "
-                                f"limit of {limit} bytes per prompt or resource "
-                                f"read{hint}",
-                        data={"reason": BODY_TOO_LARGE, "limit": limit, "size": size})
+                        message=f"The {what} {name!r} would take {size} bytes as sent, "
+                                f"above the {MESSAGE_BUDGET} bytes one MCP message carries "
+                                f"to a standard client{hint}",
+                        data={"reason": BODY_TOO_LARGE, "limit": MESSAGE_BUDGET,
+                              "size": size})

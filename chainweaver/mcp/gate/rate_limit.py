@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext, RequestKind
 from chainweaver.mcp.publish.decision import INDEX_URI
-from chainweaver.mcp.runs.recording import RUNS_URI, is_run_uri
+from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
 if TYPE_CHECKING:
     from chainweaver.mcp.publish.exposure import Exposure, LiveExposure

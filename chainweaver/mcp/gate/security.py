@@ -69,7 +69,7 @@ from chainweaver.mcp.gate.requests import (
 from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
-from chainweaver.mcp.runs.recording import is_run_uri
+from chainweaver.mcp.publish.run_uris import is_run_uri
 
 logger = logging.getLogger("chainweaver.mcp.gate.security")
 

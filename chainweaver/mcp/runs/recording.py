@@ -22,6 +22,8 @@ from fastmcp.tools.base import ToolResult
 from mcp_types import ResourceLink, TextContent
 
 from chainweaver.mcp.gate.admission import RunNote
+from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, sent_size
+from chainweaver.mcp.publish.run_uris import output_uri
 from chainweaver.mcp.runs.records import (
     FINISHED,
     RunRecord,
@@ -39,22 +41,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("chainweaver.mcp.runs")
 
-RUNS_URI = "chainweaver://runs"
 OUTPUT_MIME = "application/json"
 PREVIEW_BYTES = 1024
-
-
-def is_run_uri(uri: str) -> bool:
-    """Whether ``uri`` is a run resource's (``chainweaver://runs...``)."""
-    return uri == RUNS_URI or uri.startswith((RUNS_URI + "/", RUNS_URI + "?"))
-
-
-def run_uri(run_id: str) -> str:
-    return f"{RUNS_URI}/{run_id}"
-
-
-def output_uri(run_id: str) -> str:
-    return f"{RUNS_URI}/{run_id}/output"
 
 
 def state_run_id(caller_id: str, state: str) -> str:
@@ -78,11 +66,17 @@ class RunStart:
 
 class RunLog:
     """The server's run history: its store and output limit, and who is told of each
-    status change (``updated``: the change notifier's, set by FlowServer)."""
+    status change (``updated``: the change notifier's, set by FlowServer).
 
-    def __init__(self, settings: RunHistory, store: RunStore) -> None:
+    ``records`` False: no run history, only the outputs too large to send in one
+    message, each kept with the record of its run (see :func:`output_spill`).
+    """
+
+    def __init__(self, settings: RunHistory, store: RunStore, *,
+                 records: bool = True) -> None:
         self.settings = settings
         self.store = store
+        self.records = records
         self.updated: Callable[[RunRecord], Awaitable[None]] | None = None
 
     async def save(self, record: RunRecord, *, new: bool = False,
@@ -118,8 +112,11 @@ class RunRecorder(RunObserver):
     """Builds one run's record from its steps, and saves it at each status change."""
 
     def __init__(self, log: RunLog | None, exposed: ExposedFlow, start: RunStart,
-                 names: StepNames) -> None:
+                 names: StepNames, outputs: RunLog | None = None) -> None:
         self.log = log
+        # Where an output too large for the result is kept: the history, or without
+        # one the server's output spill.
+        self.outputs = outputs or log
         self.start = start
         self.names = names
         flow = exposed.flow
@@ -235,24 +232,43 @@ class RunRecorder(RunObserver):
             await self.log.save(record)
 
     async def outgoing(self, tool_result: ToolResult, *, has_schema: bool) -> ToolResult:
-        """``tool_result`` (a success), or, when its output is above the output limit,
-        a preview and a ``resource_link`` to the output kept in the store (see
-        ``docs/run-history.md`` for flows with an output schema)."""
-        log = self.log
+        """``tool_result`` (a success), or, when its output is above the history's
+        output limit or too large to send in one message, a preview and a
+        ``resource_link`` to the output kept in the store (see ``docs/run-history.md``
+        for flows with an output schema); an ``isError`` result naming the limit when
+        nowhere can keep it."""
+        log = self.outputs
         if log is None or len(tool_result.content) != 1:
             return tool_result
         text = getattr(tool_result.content[0], "text", "")
-        if len(text) * 4 <= log.settings.output_limit:
-            return tool_result  # cannot be above it, whatever the characters
-        data = text.encode("utf-8")
-        if len(data) <= log.settings.output_limit:
+        # A flow with an output schema sends its output twice: as text, and structured.
+        parts = [text, text] if has_schema else [text]
+        limit = log.settings.output_limit if log.records else None
+        within = limit is None or len(text) * 4 <= limit or len(text.encode()) <= limit
+        sent = sent_size(parts)
+        if within and sent is None:
             return tool_result
+        data = text.encode("utf-8")
+        if not within:
+            why = (f"is {len(data)} bytes, above this server's limit of {limit} bytes for "
+                   "a tool result")
+        else:
+            why = (f"would take {sent} bytes as sent, above the {MESSAGE_BUDGET} bytes one "
+                   "MCP message carries to a standard client")
         record, note = self.record, self.start.note
+        keeps = getattr(log.store, "max_output_bytes", None)
+        if keeps is not None and len(data) > keeps:
+            return unsendable(record.tool, len(data))
         record.output_sha256 = note.output_sha256 = hashlib.sha256(data).hexdigest()
         record.output_size = note.output_length = len(data)
         record.output_mime, record.output_stored = OUTPUT_MIME, True
+        if not log.records:
+            # Only this run's output is kept, with just enough of its record to answer
+            # its caller alone, while its flow is in that caller's view.
+            record.status, record.ended_at = "completed", time.time()
+            await log.save(record, new=True, changed=False)
         await log.store.put_output(record.run_id, data)
-        return link_result(record, data, log.settings.output_limit, has_schema)
+        return link_result(record, data, why, has_schema)
 
 
 def _linked(tool_result: ToolResult) -> bool:
@@ -265,22 +281,43 @@ def _status(error_type: str | None, failed: bool) -> RunStatus:
     return "cancelled" if error_type == "CancelledError" else "failed"
 
 
-def link_result(record: RunRecord, data: bytes, limit: int, has_schema: bool) -> ToolResult:
-    """A short preview of the output and a link to all of it. For a flow with an output
-    schema it is an ``isError`` result: a success would have to carry structured
-    content that fits the schema, and a preview never does."""
+def link_result(record: RunRecord, data: bytes, why: str, has_schema: bool) -> ToolResult:
+    """A short preview of the output and a link to all of it (``why``: why the output
+    is not in the result). For a flow with an output schema it is an ``isError``
+    result: a success would have to carry structured content that fits the schema,
+    and a preview never does."""
     uri = output_uri(record.run_id)
     preview = data[:PREVIEW_BYTES].decode("utf-8", "ignore")
     size = len(data)
-    said = (f"The output of flow {record.tool!r} is {size} bytes, above this server's "
-            f"limit of {limit} bytes for a tool result; read it from {uri} "
-            "(in ranges: ?offset=N&length=M).")
+    said = (f"The output of flow {record.tool!r} {why}; read it from {uri} "
+            f"(in ranges: ?offset=N&length=M, at most {MAX_RANGE_BYTES} bytes each).")
     text = f"{said}\nPreview: {preview}…" if has_schema else f"{preview}…\n[{said}]"
     link = ResourceLink(type="resource_link", uri=uri, name=f"{record.tool}_output",
                         title=f"Output of run {record.run_id}", mime_type=OUTPUT_MIME,
                         size=size, description="The whole output of the run, as JSON.")
     return ToolResult(content=[TextContent(type="text", text=text), link],
                       is_error=has_schema)
+
+
+def unsendable(tool: str, size: int, *, output: bool = True) -> ToolResult:
+    """The last resort: an ``isError`` result for a result of ``size`` bytes that no
+    client could receive in one message: an output no store can keep for reading in
+    ranges (``output``), or an error message of that size."""
+    kept = "; this server cannot keep it for reading in ranges" if output else ""
+    text = (f"The result of flow {tool!r} is {size} bytes, above the {MESSAGE_BUDGET} "
+            f"bytes one MCP message carries to a standard client{kept}.")
+    return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def sendable(tool: str, tool_result: ToolResult) -> ToolResult:
+    """``tool_result``, or when it could not reach a client in one message (an error
+    message of megabytes), an ``isError`` result naming the limit."""
+    sent = sent_size([getattr(block, "text", "") for block in tool_result.content])
+    if sent is None:
+        return tool_result
+    logger.warning("flow tool %r: a result of %d bytes as sent was replaced by an error "
+                   "naming the message limit", tool, sent)
+    return unsendable(tool, sent, output=False)
 
 
 def output_meta(record: RunRecord) -> dict[str, Any] | None:

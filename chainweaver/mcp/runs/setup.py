@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chainweaver.mcp.runs.recording import RUNS_URI, RunLog, run_uri
+from chainweaver.mcp.config import RunHistory
+from chainweaver.mcp.publish.run_uris import RUNS_URI, run_uri
+from chainweaver.mcp.runs.recording import RunLog
 from chainweaver.mcp.runs.records import MemoryRunStore, RunRecord, RunStore
 
 if TYPE_CHECKING:
     from chainweaver.mcp.components.provider import FlowProvider
-    from chainweaver.mcp.config import RunHistory
     from chainweaver.mcp.gate.security import SecurityGate
     from chainweaver.mcp.live.notifications import ChangeNotifier
 
@@ -25,13 +26,27 @@ def open_run_log(settings: RunHistory | None) -> RunLog | None:
                                        prefix=settings.prefix))
 
 
-def connect_run_log(log: RunLog | None, gate: SecurityGate, provider: FlowProvider,
+# Without a run history: only outputs too large to send in one message are kept, with
+# the record of their run, for their callers to read in ranges (docs/run-history.md).
+SPILL = RunHistory(max_runs=1_000, max_age=3600.0, max_output_bytes=256 * 2**20)
+
+
+def output_spill() -> RunLog:
+    """Where a server without a run history keeps outputs too large to send."""
+    return RunLog(SPILL, MemoryRunStore(SPILL.max_runs, SPILL.max_age,
+                                        SPILL.max_output_bytes), records=False)
+
+
+def connect_run_log(log: RunLog, gate: SecurityGate, provider: FlowProvider,
                     notifier: ChangeNotifier) -> None:
-    """Let the gate resolve run URIs, and tell subscribers of each status change."""
+    """Let the gate resolve run URIs, and (with a run history) tell subscribers of each
+    status change."""
     resources = provider.run_resources
-    if log is None or resources is None:
+    if resources is None:
         return
     gate.run_target = resources.target
+    if not log.records:
+        return
 
     async def updated(record: RunRecord) -> None:
         await notifier.run_updated(record.caller, record.flow,
