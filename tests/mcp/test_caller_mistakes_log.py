@@ -14,6 +14,7 @@ from fastmcp import Client
 from mcp import MCPError
 from support.catalogue import build_catalogue
 
+from chainweaver import Flow, FlowStep
 from chainweaver.mcp import FlowServer, GateContext, SecurityConfig, ServingConfig
 from chainweaver.mcp.config import RunHistory
 
@@ -163,3 +164,19 @@ async def test_a_real_fault_still_logs_its_traceback(
         with pytest.raises(MCPError):
             await client.read_resource("extra://broken")
     assert [r for r in all_logs.records if r.levelno >= logging.ERROR and r.exc_info]
+
+
+@pytest.mark.anyio
+async def test_a_flow_named_like_a_tool_form_not_enabled_is_served_as_itself() -> None:
+    # Only the tool forms a server adds are served this way: with resources_as_tools
+    # alone, a flow may be published as "get_prompt" and runs as the flow it is.
+    executor = build_catalogue()
+    executor.registry.register_flow(Flow("get_prompt", "Quote, by another name.",
+                                         [FlowStep("quote_price")]))
+    server = FlowServer(executor, expose_schemas=True,
+                        serving=ServingConfig(resources_as_tools=True))
+    async with Client(server.fastmcp) as client:
+        result = await client.call_tool("get_prompt", {"sku": "SKU-1", "quantity": 2})
+    assert result.structured_content is not None
+    assert result.structured_content["sku"] == "SKU-1"
+    assert "chainweaver" in (result.meta or {})  # the flow tool's own result

@@ -12,6 +12,7 @@ traceback (see :mod:`.mistakes`); a fault of the server stays FastMCP's error.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastmcp import FastMCP
@@ -26,6 +27,7 @@ from chainweaver.mcp.gate.malformed import malformed_prompt_request
 from chainweaver.mcp.publish.exposure import Exposure
 
 RESOURCE_TOOLS = ("list_resources", "read_resource")
+Guard = Callable[..., Awaitable[ToolResult]]  # runs a tool form (FastMCP's transform_fn)
 PROMPT_TOOLS = ("list_prompts", "get_prompt")
 
 
@@ -61,34 +63,45 @@ def add_tool_forms(server: FastMCP, exposure: Exposure, *, resources: bool,
         server.add_transform(ResourcesAsTools(server))
     if prompts:
         server.add_transform(PromptsAsTools(server))
-    if names:
-        server.add_transform(AnsweringMistakes(("read_resource", "get_prompt")))
+    answering = {name: guard for name, guard in _GUARDS.items() if name in names}
+    if answering:
+        server.add_transform(AnsweringMistakes(answering))
 
 
 class AnsweringMistakes(Transform):
-    """Serves the tools named ``names`` (added by the transforms before it) so that a
-    caller's mistake is an ``isError`` result, not a tool that crashed."""
+    """Serves the tools the transforms before it added (``guards``: name -> how it runs)
+    so that a caller's mistake is an ``isError`` result, not a tool that crashed."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
+    def __init__(self, guards: Mapping[str, Guard]) -> None:
+        self.guards = guards
 
     async def get_tool(self, name: str, call_next: GetToolNext, *,
                        version: VersionSpec | None = None) -> Tool | None:
         tool = await call_next(name, version=version)
-        if tool is None or name not in self.names:
+        guard = self.guards.get(name)
+        if tool is None or guard is None:
             return tool
-        return Tool.from_tool(tool, transform_fn=_answer_mistakes)
+        return Tool.from_tool(tool, transform_fn=guard)
 
 
-async def _answer_mistakes(**arguments: Any) -> ToolResult:
+async def _read_resource(**arguments: Any) -> ToolResult:
+    return await _answered(arguments)
+
+
+async def _get_prompt(**arguments: Any) -> ToolResult:
+    # Checked as the gate checks prompts/get: FastMCP would build its request from
+    # them and fail (a pydantic error, logged as a crash) on a value that is no string.
+    given = arguments.get("arguments")
+    problem = malformed_prompt_request(
+        {"name": arguments.get("name"), **({"arguments": given} if given else {})})
+    if problem is not None:
+        raise mistake_result(problem)
+    return await _answered(arguments)
+
+
+async def _answered(arguments: dict[str, Any]) -> ToolResult:
     """Run the tool form; a caller's mistake in the read or render it makes raises
     FastMCP's ``ToolError``, which it logs in one line, without a traceback."""
-    if "name" in arguments:  # get_prompt: its arguments, checked as prompts/get's are
-        given = arguments.get("arguments")
-        problem = malformed_prompt_request(
-            {"name": arguments["name"], **({"arguments": given} if given else {})})
-        if problem is not None:
-            raise mistake_result(problem)
     try:
         return await forward(**arguments)
     except Exception as error:
@@ -96,3 +109,6 @@ async def _answer_mistakes(**arguments: Any) -> ToolResult:
         if answer is None:
             raise
         raise mistake_result(answer) from None
+
+
+_GUARDS: dict[str, Guard] = {"read_resource": _read_resource, "get_prompt": _get_prompt}
