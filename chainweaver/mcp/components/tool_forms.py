@@ -27,8 +27,8 @@ from chainweaver.mcp.gate.malformed import malformed_prompt_request
 from chainweaver.mcp.publish.exposure import Exposure
 
 RESOURCE_TOOLS = ("list_resources", "read_resource")
-Guard = Callable[..., Awaitable[ToolResult]]  # runs a tool form (FastMCP's transform_fn)
 PROMPT_TOOLS = ("list_prompts", "get_prompt")
+Guard = Callable[..., Awaitable[ToolResult]]  # runs a tool form (FastMCP's transform_fn)
 
 
 def tool_form_names(*, resources: bool, prompts: bool) -> tuple[str, ...]:
