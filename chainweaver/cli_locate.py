@@ -14,8 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-_TOKEN = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
-_LINE_IN_MESSAGE = re.compile(r"\bat line (\d+)")
+# An index or line of more than 9 digits is no index or line of a flow file (and int()
+# refuses more than 4300 digits): such text is read as a name, or as no line.
+_TOKEN = re.compile(r"\[([0-9]{1,9})\]|([^.\[\]]+)")
+_LINE_IN_MESSAGE = re.compile(r"\bat line ([0-9]{1,9})(?![0-9])")
 _DECODER = json.JSONDecoder()
 
 

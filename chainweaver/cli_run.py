@@ -75,8 +75,17 @@ def read_input(text: str | None, file: str | None) -> dict[str, Any]:
             raise CommandError(EXIT_USAGE, f"{source}: cannot be read: {reason}") from None
     if text is None:
         return {}
+
+    def integer(digits: str) -> int:
+        try:
+            return int(digits)
+        except ValueError:  # more digits than Python converts (4300 by default)
+            count = len(digits.lstrip("-"))
+            raise CommandError(EXIT_USAGE, f"{source}: an integer of {count} digits is "
+                               f"too long (at most {sys.get_int_max_str_digits()})") from None
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=integer)
     except json.JSONDecodeError as error:
         raise CommandError(EXIT_USAGE, f"{source}: not JSON: {error.msg} at line "
                            f"{error.lineno}, column {error.colno}") from None

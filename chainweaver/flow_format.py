@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from .flows import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
+from .versions import MAX_VERSION_LENGTH
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 CLASS_NAME_PATTERN = CLASS_PATH_PATTERN  # a built-in exception name or a module path
@@ -184,7 +185,8 @@ class FlowFileFormat(_Part):
     model_config = ConfigDict(extra="forbid", title="ChainWeaver flow file")
 
     name: str = Field(pattern=NAME_PATTERN)
-    version: str = "1.0.0"
+    version: str = Field("1.0.0", max_length=MAX_VERSION_LENGTH,
+                         description="A semver or PEP 440 version")
     title: str | None = None
     description: str
     governance: GovernanceFormat | None = None

@@ -22,7 +22,15 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from .flows import Flow
 from .inline_schema import InlineModel, model_from_json_schema
-from .mappings import ComputedSource, Const, Pointer, describe, is_index, pointer_text
+from .mappings import (
+    ComputedSource,
+    Const,
+    Pointer,
+    describe,
+    is_index,
+    list_index,
+    pointer_text,
+)
 from .schemas import model_json_schema, resolve_property
 
 
@@ -87,8 +95,9 @@ def pointer_problem(model: type[BaseModel], name: str, pointer: Pointer) -> str 
             if not is_index(token):
                 return f"{here} is a list, and {token!r} is not an index"
             prefix = current.get("prefixItems")
-            if isinstance(prefix, list) and int(token) < len(prefix):
-                current = prefix[int(token)]
+            index = list_index(token, len(prefix)) if isinstance(prefix, list) else None
+            if index is not None:
+                current = prefix[index]
             else:
                 current = current.get("items", {})
             continue

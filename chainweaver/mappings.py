@@ -20,6 +20,7 @@ import copy
 import functools
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -100,6 +101,17 @@ def is_index(token: str) -> bool:
     return token.isascii() and token.isdigit() and (token == "0" or token[0] != "0")
 
 
+def list_index(token: str, length: int) -> int | None:
+    """The item a pointer token indexes in a list of ``length`` items (None: none).
+
+    A token with more digits than ``length`` has is past the end without reading it as
+    a number: Python refuses to convert more than 4300 digits."""
+    if not is_index(token) or len(token) > len(str(length)):
+        return None
+    index = int(token)
+    return index if index < length else None
+
+
 def pointer_text(tokens: tuple[str, ...] | list[str]) -> str:
     """A pointer's text from its decoded tokens."""
     return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
@@ -112,6 +124,9 @@ def _json_problem(value: Any, where: str, depth: int = 0) -> str | None:
         return f"nested too deeply{place}"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value!r}{place} is not a JSON number"
+    if isinstance(value, int) and value.bit_length() > 64 and not _writable(value):
+        return (f"an integer{place} of more than {sys.get_int_max_str_digits()} digits is "
+                "not a JSON number Python can write or read")
     if isinstance(value, _SCALARS):
         return None
     if isinstance(value, (list, tuple)):
@@ -129,6 +144,16 @@ def _json_problem(value: Any, where: str, depth: int = 0) -> str | None:
                 return problem
         return None
     return f"a {type(value).__name__}{place} is not a JSON value"
+
+
+def _writable(number: int) -> bool:
+    """Whether ``number`` can be written in decimal (Python refuses more than 4300
+    digits by default, and json.dumps with it)."""
+    try:
+        str(number)
+    except ValueError:
+        return False
+    return True
 
 
 def input_mapping_of(label: str, value: object) -> Mapping[str, MappingSource]:
@@ -223,8 +248,9 @@ def walk(field_name: str, source: Pointer, value: Any) -> Any:
                 continue
             problem = f"has no key {token!r}"
         elif isinstance(value, (list, tuple)):
-            if is_index(token) and int(token) < len(value):
-                value = value[int(token)]
+            index = list_index(token, len(value))
+            if index is not None:
+                value = value[index]
                 continue
             problem = f"is a list of {len(value)} items, with no index {token!r}"
         else:

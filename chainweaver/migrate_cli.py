@@ -121,11 +121,19 @@ def migrate_file(source: Path, out: Path, *, partial: bool = False) -> Outcome:
                 if "all end the flow" in error.problem else "")
         outcome.error = f"the converted flow does not load: {where}{error.problem}{hint}"
         return outcome
+    except Exception as error:  # a loader bug must not cost the other files' report
+        outcome.error = (f"the converted flow does not load ({type(error).__name__}: "
+                         f"{str(error)[:200]})")
+        return outcome
     if outcome.findings and not partial:
         return outcome
     text = (json.dumps(converted, indent=2) + "\n" if target.suffix == ".json"
             else _yaml(converted))
-    target.write_text(text, encoding="utf-8")
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as error:
+        outcome.error = f"{target} cannot be written: {error.strerror or error}"
+        return outcome
     outcome.target = target
     return outcome
 

@@ -1,7 +1,9 @@
 """Version strings compared as versions: semver (``1.2.0-rc.1``) and PEP 440 (``1.2rc1``).
 
 Both schemes map to one sort key, so ``1.10.0 > 1.9.0``, ``1.0.0-alpha < 1.0.0`` and
-``1.0a1 == 1.0.0-alpha.1`` hold whichever spelling an author picks.
+``1.0a1 == 1.0.0-alpha.1`` hold whichever spelling an author picks. A version is at
+most :data:`MAX_VERSION_LENGTH` characters (as node-semver holds it), so its numbers are
+always small enough to compare.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import re
 from functools import lru_cache
 
 from .errors import InvalidVersionError
+
+MAX_VERSION_LENGTH = 256
 
 _SEMVER = re.compile(
     r"^v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -31,6 +35,10 @@ _PRE_WORDS = {"a": "alpha", "alpha": "alpha", "b": "beta", "beta": "beta",
 VersionKey = tuple
 
 
+def _shown(text: str, width: int = 40) -> str:
+    return repr(text if len(text) <= width else f"{text[:width - 3]}...")
+
+
 def _identifier(part: str) -> tuple[int, int, str]:
     # semver: numeric identifiers sort before alphanumeric ones.
     return (0, int(part), "") if part.isdigit() else (1, 0, part)
@@ -47,6 +55,11 @@ def version_key(version: str) -> VersionKey:
     """Sort key for a version string; :class:`InvalidVersionError` if it is neither scheme."""
     if not isinstance(version, str) or not version.strip():
         raise InvalidVersionError(f"version must be a non-empty string, got {version!r}")
+    if len(version) > MAX_VERSION_LENGTH:
+        # Checked before any number is read: Python refuses to convert more than 4300
+        # digits (ValueError), and a key holding such numbers is no use to anyone.
+        raise InvalidVersionError(f"version {_shown(version)} is {len(version)} characters "
+                                  f"long; at most {MAX_VERSION_LENGTH} are allowed")
     text = version.strip()
     semver = _SEMVER.match(text)
     if semver:

@@ -115,6 +115,10 @@ class FlowFileWatcher:
         except (ChainWeaverError, OSError) as error:
             where = getattr(error, "filename", None) or getattr(error, "path", None)
             return self._failed(changed, str(error), where)
+        except Exception as error:  # a loader bug: still stale and reported, never lost
+            logger.exception("loading flow files failed unexpectedly")
+            return self._failed(changed, f"cannot be loaded: {type(error).__name__}: "
+                                f"{str(error)[:200]}", None)
         self._stale = {}
         before, self._good = self._good, dict(stamps)
         return self._apply(loaded, changed, before)

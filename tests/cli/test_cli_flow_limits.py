@@ -1,7 +1,7 @@
 """`chainweaver inspect` on a hostile flow file (an alias bomb, nesting past Python's
-recursion limit, an integer past its digit limit, a misspelt retry_on name) exits 1, the
-code for an invalid flow file, with one line naming the file and the line or field:
-never a traceback."""
+recursion limit, an integer or a version past its digit limit, a misspelt retry_on name)
+exits 1, the code for an invalid flow file, with one line naming the file and the line
+or field: never a traceback."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ BAD = {
                           "over a limit at line 2, column 10: a number of 5000 characters"),
     "version.flow.json": ('{"name": "ping",\n"version": ' + "1" * 5000 + "}",
                           "over a limit at line 2, column 12: a number of 5000 characters"),
+    "long_version.flow.yaml": ('name: ping\nversion: "1.' + "9" * 5000 + '.0"\n'
+                               "description: d\nsteps: [find_order]\n",
+                               "version: version '1.99999999999999999999999999999999999...' "
+                               "is 5004 characters long; at most 256 are allowed"),
     "retry.flow.yaml": ("name: ping\ndescription: d\nsteps:\n  - find_order\n"
                         "  - tool: track_parcel\n    retry: {retry_on: [ConectionError]}\n",
                         "steps[1].retry.retry_on[0]: 'ConectionError' is not an exception "

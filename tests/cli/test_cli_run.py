@@ -187,6 +187,29 @@ def test_bad_input_is_a_usage_error(capsys: pytest.CaptureFixture, argv: list[st
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_an_integer_past_pythons_digit_limit_is_a_usage_error(
+        capsys: pytest.CaptureFixture, tmp_path: Path, sign: str) -> None:
+    # json.loads raises ValueError for more than 4300 digits: once exit 1 and a traceback.
+    given = tmp_path / "input.json"
+    given.write_text('{"order_id": "A-1002", "count": ' + sign + "9" * 5000 + "}")
+    for argv, source in ((["--input-file", str(given)], f"--input-file {given}"),
+                         (["--input", given.read_text()], "--input")):
+        code, out, err = run(capsys, "run", "order_status", FLOWS, "--tools", TOOLS, *argv)
+        assert (code, out) == (2, "")
+        assert err == (f"chainweaver: error: {source}: an integer of 5000 digits is too "
+                       f"long (at most {sys.get_int_max_str_digits()})\n")
+
+
+def test_a_version_past_pythons_digit_limit_is_a_usage_error(
+        capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys, "run", "order_status", FLOWS, "--tools", TOOLS,
+                         "--version", "1." + "9" * 5000 + ".0")
+    assert (code, out) == (2, "")
+    assert err.startswith("chainweaver: error: version '1.9999")
+    assert "at most 256 are allowed" in err and len(err.splitlines()) == 1
+
+
 def test_input_and_input_file_together_are_refused(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["run", "order_status", FLOWS, "--tools", TOOLS, "--input", "{}",

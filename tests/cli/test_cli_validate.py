@@ -138,6 +138,29 @@ def test_duplicate_flows_name_both_files(capsys: pytest.CaptureFixture, tmp_path
                                    f"version '1.0' is already defined in {tmp_path}/a.flow.yaml")
 
 
+@pytest.mark.parametrize("tools", [[], ["--tools", TOOLS]])
+def test_a_version_past_pythons_digit_limit_is_a_problem_with_file_and_line(
+        capsys: pytest.CaptureFixture, tmp_path: Path, tools: list[str]) -> None:
+    # int() refuses more than 4300 digits: once a ValueError traceback and no report.
+    write(tmp_path, {"a_long.flow.yaml": 'name: long\ndescription: L.\nversion: "1.'
+                                         + "9" * 5000 + '.0"\nsteps: [find_order]\n',
+                     "b_next.flow.json": '{"name": "next", "description": "N.",\n'
+                                         '"steps": [{"tool": "find_ordr"}]}\n'})
+    code, out, err = run(capsys, "validate", str(tmp_path), *tools, "--format", "json")
+    assert (code, err) == (1, "")
+    document = json.loads(out)
+    assert (document["files"], document["flows"]) == (2, 1)
+    first = document["problems"][0]
+    assert (Path(first["file"]).name, first["line"], first["flow"], first["field"],
+            first["kind"]) == ("a_long.flow.yaml", 3, "long", "version", "FlowFileError")
+    assert first["message"] == ("version '1.99999999999999999999999999999999999...' is 5004 "
+                                "characters long; at most 256 are allowed")
+    if tools:  # the next file is still checked
+        assert [p["kind"] for p in document["problems"][1:]] == ["ToolNotFoundError"]
+    code, out, _ = run(capsys, "validate", str(tmp_path / "a_long.flow.yaml"))
+    assert code == 1 and out.startswith(f"{tmp_path}/a_long.flow.yaml:3: long: version: ")
+
+
 def test_an_unknown_sub_flow_is_found_with_tools(capsys: pytest.CaptureFixture,
                                                  tmp_path: Path) -> None:
     write(tmp_path, {"outer.flow.yaml": "name: outer\ndescription: O.\n"
@@ -194,6 +217,22 @@ def test_fields_are_located_in_yaml_and_json(tmp_path: Path) -> None:
             assert line_of(path, field) == line, (path.name, field)
     assert line_of(yaml_file, "steps", "invalid YAML at line 9, column 2") == 9
     assert field_tokens("steps[1].retry.retry_on[0]") == ["steps", 1, "retry", "retry_on", 0]
+
+
+def test_a_key_with_a_long_index_is_located_without_reading_the_number(
+        capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    # A key "x[999...]" named in a field once made int() raise (over 4300 digits).
+    huge = "9" * 5000
+    assert field_tokens(f"x[{huge}].y") == ["x", huge, "y"]
+    path = tmp_path / "k.flow.json"
+    path.write_text(json.dumps({"name": "k", "description": "K.", "steps": [
+        {"tool": "find_order", "input_mapping": {f"t[{huge}]": "order_id"}}]}, indent=1))
+    assert line_of(path, f"steps[0].input_mapping.t[{huge}]") == 7  # its mapping
+    assert line_of(path, "name", f"at line {huge}") == 2  # no such line: the field's
+    code, out, err = run(capsys, "validate", str(path), "--tools", TOOLS)
+    assert (code, err) == (1, "")
+    assert out.startswith(f"{path}:7: k: steps[0].input_mapping.t[{huge}]: step 0 "
+                          f"('find_order') maps field 't[{huge}]'")
 
 
 # ------------------------------------------------------------------ the installed command

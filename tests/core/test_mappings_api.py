@@ -156,6 +156,32 @@ def test_pointers_into_lists_and_free_form_values_pass_the_check() -> None:
     assert flow.steps[1].input_mapping["settings"] == Const({"mode": "fast"})
 
 
+def test_a_constant_integer_past_pythons_digit_limit_is_a_definition_error() -> None:
+    # json.dumps cannot write it (ValueError): once it escaped from flow_problems.
+    with pytest.raises(DefinitionError, match=r"Const: an integer at \[1\]\.days of more "
+                       r"than \d+ digits is not a JSON number"):
+        Const([0, {"days": -10 ** 5000}])
+    assert Const(10 ** 4000).value == 10 ** 4000  # within the limit: a number like any
+    problems = executor_with().flow_problems(forecast(days=Const(10 ** 300)))
+    assert problems == []  # fits an int field; the run decides what the tool makes of it
+
+
+def test_a_list_index_past_pythons_digit_limit_finds_nothing() -> None:
+    # int() refuses more than 4300 digits (ValueError): such an index is past the end.
+    class Pair(BaseModel):
+        tags: tuple[str, str]
+
+    huge = "9" * 5000
+    flow = Flow("pair", "d", [FlowStep("tag_report", {
+        "first_tag": Pointer(f"/tags/{huge}"), "settings": Const({})})], input_schema=Pair)
+    executor = executor_with(flow)
+    assert executor.flow_problems(flow) == []  # a tuple's index is checked at run time
+    result = executor.execute_flow("pair", {"tags": ["a", "b"]})
+    assert not result.success and result.error is not None
+    assert result.error.type == "MissingContextKeyError"
+    assert "/tags is a list of 2 items, with no index" in result.error.message
+
+
 def test_a_constant_that_does_not_fit_its_field_is_reported() -> None:
     problems = executor_with().flow_problems(forecast(units=Const(5), days=Const("many")))
     assert [(p.kind, p.field) for p in problems] == [("ConstantTypeError", "units"),

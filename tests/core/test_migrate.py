@@ -180,6 +180,39 @@ def test_bad_files_and_name_clashes_are_reported_not_written(
     assert "anchors.yaml: not written: not allowed at line 1, column 4: YAML anchors" in err
 
 
+def test_a_bad_file_is_reported_and_the_batch_goes_on(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A version past Python's 4300-digit limit once aborted the batch with a traceback:
+    # the valid file after it was neither converted nor reported.
+    source = json.loads((CORPUS / "routing.flow.json").read_text())
+    (tmp_path / "a_long.json").write_text(json.dumps({**source,
+                                                      "version": "1." + "9" * 5000 + ".0"}))
+    shutil.copy(CORPUS / "routing.flow.json", tmp_path / "b_next.json")
+    out = tmp_path / "out"
+    code, stdout, err = migrate(capsys, str(tmp_path), "--out", str(out))
+    assert code == 1
+    assert f"{tmp_path / 'a_long.json'}: not written: the converted flow does not load: " \
+           "version: version '1.99999999999999999999999999999999999...' is 5004 characters " \
+           "long; at most 256 are allowed" in err
+    assert stdout == f"{tmp_path / 'b_next.json'} -> {out / 'b_next.flow.json'}\n"
+    assert sorted(p.name for p in out.iterdir()) == ["b_next.flow.json"]
+    assert "1 of 2 file(s) written" in err and "Traceback" not in err
+
+
+def test_a_file_that_cannot_be_written_is_reported_and_the_batch_goes_on(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shutil.copy(CORPUS / "routing.flow.json", tmp_path / "a_blocked.json")
+    shutil.copy(CORPUS / "routing.flow.json", tmp_path / "b_next.json")
+    out = tmp_path / "out"
+    (out / "a_blocked.flow.json").mkdir(parents=True)  # a directory where the file goes
+    code, stdout, err = migrate(capsys, str(tmp_path / "a_blocked.json"),
+                                str(tmp_path / "b_next.json"), "--out", str(out))
+    assert code == 1
+    assert f"{tmp_path / 'a_blocked.json'}: not written: {out / 'a_blocked.flow.json'} " \
+           "cannot be written: Is a directory" in err
+    assert stdout == f"{tmp_path / 'b_next.json'} -> {out / 'b_next.flow.json'}\n"
+
+
 # ------------------------------------------------------------------ the conversions
 
 

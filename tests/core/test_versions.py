@@ -76,6 +76,32 @@ def test_invalid_versions(bad) -> None:
     assert is_valid_version("1.2.3") is True
 
 
+@pytest.mark.parametrize("spelling", ["1.{}.0", "1.0rc{}", "{}!1.0", "1.0.post{}",
+                                      "1.0.dev{}", "1.0.0-{}", "{}"])
+def test_a_number_past_pythons_digit_limit_is_an_invalid_version(spelling: str) -> None:
+    # int() refuses more than 4300 digits (ValueError): the length is checked first.
+    version = spelling.format("9" * 5000)
+    with pytest.raises(InvalidVersionError, match=r"is \d+ characters long; at most 256 are "
+                       "allowed") as caught:
+        version_key(version)
+    assert len(str(caught.value)) < 200  # the value is shortened, not echoed whole
+    assert is_valid_version(version) is False
+    with pytest.raises(InvalidVersionError):
+        Flow("f", "", [FlowStep("t")], version=version)
+    registry = FlowRegistry()
+    registry.register_flow(Flow("f", "", [FlowStep("t")]))
+    with pytest.raises(InvalidVersionError):
+        registry.get_flow("f", version)  # a version asked for is checked the same way
+
+
+def test_a_version_holds_up_to_256_characters() -> None:
+    longest = "1.0.0+" + "a" * 250
+    assert len(longest) == 256 and is_valid_version(longest)
+    assert not is_valid_version(longest + "a")
+    assert not is_valid_version(f" {longest}")  # counted as written
+    assert version_key("1." + "9" * 250) > version_key("1." + "9" * 249)
+
+
 def dotted(parts) -> str:
     return ".".join(str(part) for part in parts)
 

@@ -105,6 +105,55 @@ def test_a_bad_edit_keeps_the_last_good_flows_and_names_the_file(
     assert registry.versions("alpha") == ["1.0.1"] and registry.versions("beta") == ["2.0.0"]
 
 
+def test_a_version_past_pythons_digit_limit_is_a_bad_edit_like_any_other(
+        tmp_path: Path, executor: FlowExecutor, caplog: pytest.LogCaptureFixture) -> None:
+    # int() refuses more than 4300 digits: once a ValueError escaped check(), which then
+    # marked nothing stale and never looked at the files again.
+    registry = executor.registry
+    good = flow_file(tmp_path, "alpha")
+    other = flow_file(tmp_path, "beta")
+    watcher = FlowFileWatcher(registry, tmp_path, tools=executor.tools)
+    assert watcher.check() is True
+    before = registry.state()
+    flow_file(tmp_path, "alpha", version="1." + "9" * 5000 + ".0")
+    flow_file(tmp_path, "beta", version="2.0.0")  # a good edit in the same poll waits
+    with caplog.at_level(logging.ERROR, logger="chainweaver.watch"):
+        assert watcher.check() is False
+    assert registry.state() is before
+    assert set(watcher.stale) == {str(good), str(other)}
+    assert watcher.stale[str(good)].startswith(f"{good}: version: version '1.999")
+    assert "at most 256 are allowed" in watcher.stale[str(good)]
+    assert watcher.stale_flows().keys() == {"alpha", "beta"}
+    assert str(good) in caplog.text and not [r for r in caplog.records if r.exc_info]
+    flow_file(tmp_path, "alpha", version="1.0.1")  # fixed: both edits go live
+    assert watcher.check() is True
+    assert watcher.stale == {}
+    assert registry.versions("alpha") == ["1.0.1"] and registry.versions("beta") == ["2.0.0"]
+
+
+def test_an_unexpected_loader_failure_still_marks_the_edit_stale(
+        tmp_path: Path, executor: FlowExecutor, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = executor.registry
+    path = flow_file(tmp_path, "alpha")
+    watcher = FlowFileWatcher(registry, tmp_path, tools=executor.tools)
+    assert watcher.check() is True
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("loader bug")
+
+    monkeypatch.setattr("chainweaver.watch.load_flows_by_file", broken)
+    flow_file(tmp_path, "alpha", version="1.1.0")
+    with caplog.at_level(logging.ERROR, logger="chainweaver.watch"):
+        assert watcher.check() is False  # reported, never raised
+    assert watcher.stale == {str(path): "cannot be loaded: RuntimeError: loader bug"}
+    assert registry.versions("alpha") == ["1.0.0"]
+    assert any(r.exc_info for r in caplog.records)  # a bug: its traceback is logged
+    monkeypatch.undo()
+    flow_file(tmp_path, "alpha", version="1.2.0")
+    assert watcher.check() is True and registry.versions("alpha") == ["1.2.0"]
+
+
 def test_a_missing_path_keeps_everything(tmp_path: Path, executor: FlowExecutor) -> None:
     directory = tmp_path / "flows"
     directory.mkdir()

@@ -4,7 +4,8 @@ Three kinds of prompt are rendered here: the schema-derived invocation prompt of
 each exposed flow, prompts authored with ``FlowPrompt``, and the guide. Rendering
 never runs a flow or calls a tool. Every caller mistake raises
 ``fastmcp.exceptions.ValidationError`` (JSON-RPC -32602) naming the prompt and the
-argument, logged at DEBUG only, because the message may quote the caller's value.
+argument, logged below DEBUG with no traceback at any usual level (see
+:mod:`.mistakes`): it is the caller's, and its message may quote the caller's value.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jsonschema
 import pydantic
 from fastmcp.exceptions import ValidationError
 
+from chainweaver.mcp.components.mistakes import invalid_request
 from chainweaver.mcp.publish.contract import (
     ArgumentSpec,
     PublishedContract,
@@ -49,7 +51,7 @@ _FALSE = {"false", "0", "no", "off"}
 
 
 def invalid(prompt: str, message: str) -> ValidationError:
-    return ValidationError(f"Prompt {prompt!r}: {message}", log_level=logging.DEBUG)
+    return invalid_request(f"Prompt {prompt!r}: {message}")
 
 
 # --------------------------------------------------------------- arguments

@@ -23,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, Annotations
 from pydantic import PrivateAttr
 
+from chainweaver.mcp.components.mistakes import invalid_request
 from chainweaver.mcp.components.resources import _json
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, too_large_to_send
@@ -162,14 +163,15 @@ class RunResources:
     async def resource(self, uri: str, view: View) -> Resource | None:
         """For the provider: the resource a run URI names for the current caller. A
         malformed one is found, and its read answers -32602 (FastMCP turns an error
-        raised while finding a resource into "not found")."""
+        raised while finding a resource into "not found"), as FastMCP's client error:
+        the caller's mistake, logged without a traceback (see :mod:`.mistakes`)."""
         try:
             address = parse(uri)
         except MCPError as error:
-            refusal = error
+            message = error.error.message
 
             async def refuse() -> ResourceResult:
-                raise refusal
+                raise invalid_request(message)
 
             return RunResource.build(refuse, uri=uri, name="chainweaver_runs")
         if address is None or (address.kind != "output" and not self.records):
