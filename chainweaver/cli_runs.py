@@ -26,7 +26,8 @@ def add_run_history_options(parser: argparse.ArgumentParser) -> None:
                        help="keep a record of every run: memory:// or redis://... (replicas "
                             "share it); runs readable as chainweaver://runs/... resources")
     group.add_argument("--run-history-max-runs", type=int, metavar="N",
-                       help="keep the newest N runs (default: 10000)")
+                       help="keep at most N runs (default: 10000; memory: the caller "
+                            "holding the most gives up its oldest)")
     group.add_argument("--run-history-max-age", type=float, metavar="SECONDS",
                        help="forget runs older than this (default: 604800, 7 days)")
     group.add_argument("--output-limit", type=int, metavar="BYTES",

@@ -135,8 +135,9 @@ class RunResources:
         """The current caller's run ``run_id`` (None: none, or another caller's)."""
         if not RUN_ID.fullmatch(run_id):
             return None
-        record = await self.log.store.get(run_id)
-        if record is None or record.caller != admission.caller().id:
+        caller = admission.caller().id
+        record = await self.log.store.get(run_id, caller=caller)
+        if record is None or record.caller != caller:
             return None
         return record
 
@@ -200,7 +201,8 @@ class RunResources:
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
     async def _record(self, run_id: str) -> ResourceResult:
-        record = await self.log.store.get(run_id)  # as it is now, not when resolved
+        # As it is now, not when resolved.
+        record = await self.log.store.get(run_id, caller=admission.caller().id)
         document = record.document(error_types=self.error_types) if record else {}
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
@@ -208,7 +210,8 @@ class RunResources:
         offset, length = address.value("offset"), address.value("length")
         ranged = offset is not None or length is not None
         data = await self.log.store.output(record.run_id, int(offset or 0),
-                                           int(length) if length else None)
+                                           int(length) if length else None,
+                                           caller=admission.caller().id)
         if data is None:
             data = b""  # dropped since it was found: an empty read, never a false one
         # A range may cut a character in two: ranges are bytes (a blob); all of it, text.
