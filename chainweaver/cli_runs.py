@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -89,18 +90,19 @@ def runs_command(args: argparse.Namespace) -> int:
                               "only inside its server")
     if args.runs_command == "list":
         _check_list(args)
-    from redis.exceptions import RedisError
+    from .mcp.runs.records import RunStoreError
 
     try:
         store = _store(args)
     except ValueError as error:  # a URL redis-py cannot read
         raise CommandError(EXIT_USAGE, f"--store: {error}") from None
+    # The store logs a failure for servers' operators; here the one line below says it.
+    logging.getLogger("chainweaver.mcp.runs").addHandler(logging.NullHandler())
     try:
         return anyio.run(_show if args.runs_command == "show" else _list, args, store)
-    except RedisError as error:
-
+    except RunStoreError as error:
         raise CommandError(EXIT_STORE, f"cannot read the run history at "
-                           f"{redacted(args.store)}: {type(error).__name__}") from None
+                           f"{redacted(args.store)}: {error.reason}") from None
 
 
 def _check_list(args: argparse.Namespace) -> None:

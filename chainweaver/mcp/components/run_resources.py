@@ -7,7 +7,9 @@ A run answers only the caller that started it (the gate's caller id), and only w
 its flow is in that caller's view; every other run id answers exactly like one that
 never existed. The gate resolves a run URI to the run's flow (:meth:`RunResources.target`)
 so its authorizer and audit see the flow; the provider serves it
-(:meth:`RunResources.resource`), checking both again.
+(:meth:`RunResources.resource`), checking both again. A store that cannot be reached or
+read answers -32603 with a fixed message (:data:`~.records.STORE_UNAVAILABLE`); the
+store logs the detail.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 from fastmcp.resources.base import Resource, ResourceContent, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, Annotations
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Annotations
 from pydantic import PrivateAttr
 
 from chainweaver.mcp.components.resources import _json
@@ -28,7 +30,14 @@ from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
 from chainweaver.mcp.runs.recording import OUTPUT_MIME, RUNS_URI, RunLog
-from chainweaver.mcp.runs.records import RUN_ID, STATUSES, RunQuery, RunRecord, parse_cursor
+from chainweaver.mcp.runs.records import (
+    RUN_ID,
+    STATUSES,
+    RunQuery,
+    RunRecord,
+    RunStoreError,
+    parse_cursor,
+)
 
 LIST_TEMPLATE = RUNS_URI + "{?flow,status,cursor,limit}"
 RUN_TEMPLATE = RUNS_URI + "/{run_id}"
@@ -107,6 +116,11 @@ def _invalid(uri: str, detail: str) -> MCPError:
                                                  f"{detail}")
 
 
+def _unavailable(error: RunStoreError) -> MCPError:
+    """What a client is told when the store failed: its fixed text, never the detail."""
+    return MCPError(code=INTERNAL_ERROR, message=str(error))
+
+
 class RunResource(Resource):
     """A run resource, read when asked (records change while runs go on)."""
 
@@ -120,7 +134,10 @@ class RunResource(Resource):
         return resource
 
     async def read(self) -> ResourceResult:
-        return await self._produce()
+        try:
+            return await self._produce()
+        except RunStoreError as error:
+            raise _unavailable(error) from None
 
 
 class RunResources:
@@ -136,7 +153,10 @@ class RunResources:
         if not RUN_ID.fullmatch(run_id):
             return None
         caller = admission.caller().id
-        record = await self.log.store.get(run_id, caller=caller)
+        try:
+            record = await self.log.store.get(run_id, caller=caller)
+        except RunStoreError as error:
+            raise _unavailable(error) from None
         if record is None or record.caller != caller:
             return None
         return record
@@ -160,12 +180,7 @@ class RunResources:
         try:
             address = parse(uri)
         except MCPError as error:
-            refusal = error
-
-            async def refuse() -> ResourceResult:
-                raise refusal
-
-            return RunResource.build(refuse, uri=uri, name="chainweaver_runs")
+            return _refusing(uri, error)
         if address is None:
             return None
         if address.kind == "list":
@@ -173,7 +188,10 @@ class RunResources:
                                      name="chainweaver_runs", title="Your runs",
                                      mime_type=MIME_TYPE,
                                      description="Runs you started, newest first.")
-        record = await self._owned(address.run_id)
+        try:
+            record = await self._owned(address.run_id)
+        except MCPError as error:  # the store failed: the read says so
+            return _refusing(uri, error)
         if record is None or not view.allows(self.live.flow(record.flow)):
             return None  # exactly as for a run id that never existed
         if address.kind == "record":
@@ -234,6 +252,15 @@ class RunResources:
 
 def _itself(exposed: ExposedFlow) -> ExposedFlow:
     return exposed
+
+
+def _refusing(uri: str, error: MCPError) -> RunResource:
+    """A resource whose read raises ``error`` (FastMCP turns an error raised while
+    finding a resource into "not found")."""
+    async def refuse() -> ResourceResult:
+        raise error
+
+    return RunResource.build(refuse, uri=uri, name="chainweaver_runs")
 
 
 def run_templates() -> list[ResourceTemplate]:

@@ -5,8 +5,9 @@ status, attempts, duration, error type), the output's size and SHA-256 (the dige
 audit records), the task id, how many times a task was delivered, and the approval
 decisions. A :class:`RunStore` keeps records newest first per caller, pages them with a
 cursor, and keeps the outputs that travel as resource links; every record it gives back
-belongs to the caller that asked (a listing's, or ``caller=`` of a read).
-:class:`MemoryRunStore` is the default (bounded by count, with a
+belongs to the caller that asked (a listing's, or ``caller=`` of a read), and a store
+that cannot be reached or read raises :class:`RunStoreError`, whose text is fixed (the
+detail is logged). :class:`MemoryRunStore` is the default (bounded by count, with a
 per-caller share, age and output bytes); ``redis://`` URLs give
 :class:`~.redis_records.RedisRunStore`, which any replica reads. Outputs at rest are
 encrypted under the tasks' encryption setting (``FASTMCP_TASKS_ENCRYPTION_KEY`` /
@@ -34,12 +35,26 @@ STATUSES: tuple[RunStatus, ...] = ("running", "waiting_approval", "completed", "
 FINISHED = frozenset({"completed", "failed", "cancelled"})
 RUN_ID = re.compile(r"[0-9a-f]{24}")
 _CURSOR = re.compile(r"([0-9]{1,20})\.([0-9a-f]{24})")
+# What a client is told when the store fails: never the store's own text, which names
+# its host and port (operators find that in the log).
+STORE_UNAVAILABLE = "The run history is unavailable right now; try again later"
 # Keeps derived Fernet keys apart from the tasks' own use of the same material.
 _OUTPUT_KEY_SALT = "chainweaver-run-output-key"
 
 
 def new_run_id() -> str:
     return secrets.token_hex(12)
+
+
+class RunStoreError(Exception):
+    """The run store could not be reached or read. Its text is always
+    :data:`STORE_UNAVAILABLE`; ``reason`` is the failure's type and ``detail`` what
+    failed, for the log (passwords masked)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(STORE_UNAVAILABLE)
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass
@@ -137,7 +152,8 @@ class RunStore(ABC):
     """Where run records and linked outputs live (async: the Redis store does I/O).
 
     With ``caller``, a read answers only that caller's run (another caller's reads as
-    None, like one that never existed).
+    None, like one that never existed). Every method raises :class:`RunStoreError`
+    when the store cannot be reached or read.
     """
 
     max_runs: int

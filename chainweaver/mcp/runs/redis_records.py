@@ -11,7 +11,8 @@ Each new run trims the indexes it joins: ids older than ``max_age`` go, and each
 caller's indexes keep its newest ``max_runs`` ids; they expire ``max_age`` after that
 caller's newest run. Past ``max_runs`` in all, the oldest runs are deleted, and their
 ids leave their callers' indexes. Every record read back is checked against the
-caller that asked.
+caller that asked. A Redis failure raises :class:`~.records.RunStoreError` (its
+text fixed) and is logged with its detail, the URL's password masked.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -27,6 +30,7 @@ from chainweaver.mcp.runs.records import (
     RunQuery,
     RunRecord,
     RunStore,
+    RunStoreError,
     output_codec,
     parse_cursor,
 )
@@ -61,6 +65,7 @@ class RedisRunStore(RunStore):
         self._redis: Any = Redis.from_url(url)
         self._ttl = max(1, int(max_age))
         self._url = masked(url)
+        self._password = urlsplit(url).password
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -72,6 +77,21 @@ class RedisRunStore(RunStore):
 
     def _indexes(self, record: RunRecord) -> tuple[str, str]:
         return self._index(record.caller), self._index(record.caller, record.flow)
+
+    @contextmanager
+    def _failing(self, operation: str) -> Iterator[None]:
+        """Turns a failure of Redis into :class:`RunStoreError`, logged with its detail."""
+        from redis.exceptions import RedisError
+
+        try:
+            yield
+        except (RedisError, OSError) as error:
+            detail = str(error)
+            if self._password:
+                detail = detail.replace(self._password, "***")
+            logger.warning("run history at %s: %s failed: %s: %s", self._url, operation,
+                           type(error).__name__, detail)
+            raise RunStoreError(type(error).__name__, detail) from None
 
     def _decoded(self, raw: bytes | None, caller: str | None) -> RunRecord | None:
         """The record ``raw`` holds, if ``caller`` (when given) owns it; an entry this
@@ -91,12 +111,13 @@ class RedisRunStore(RunStore):
     async def save(self, record: RunRecord, *, new: bool = False) -> None:
         body = json.dumps(record.to_dict(), separators=(",", ":"))
         key = self._key("run", record.run_id)
-        if not new:
-            # Only over the record that is there, keeping the expiry set when the
-            # run started: a record retention dropped stays dropped.
-            await self._redis.set(key, body, keepttl=True, xx=True)
-            return
-        await self._file(record, key, body)
+        with self._failing("save"):
+            if not new:
+                # Only over the record that is there, keeping the expiry set when the
+                # run started: a record retention dropped stays dropped.
+                await self._redis.set(key, body, keepttl=True, xx=True)
+                return
+            await self._file(record, key, body)
 
     async def _file(self, record: RunRecord, key: str, body: str) -> None:
         """Save a new record, file it in the indexes, and trim them."""
@@ -142,7 +163,8 @@ class RedisRunStore(RunStore):
     async def get(self, run_id: str, *, caller: str | None = None) -> RunRecord | None:
         if not RUN_ID.fullmatch(run_id):
             return None
-        raw = await self._redis.get(self._key("run", run_id))
+        with self._failing("get"):
+            raw = await self._redis.get(self._key("run", run_id))
         record = self._decoded(raw, caller)
         if record is None or record.started_at < time.time() - self.max_age:
             return None
@@ -153,20 +175,22 @@ class RedisRunStore(RunStore):
             return
         record = await self.get(run_id)
         keys = [self._key("run", run_id), self._key("out", run_id)]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.delete(*keys)
-            pipe.zrem(self._key("all"), run_id)
-            if record is not None:
-                for index in self._indexes(record):
-                    pipe.zrem(index, run_id)
-            await pipe.execute()
+        with self._failing("delete"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.delete(*keys)
+                pipe.zrem(self._key("all"), run_id)
+                if record is not None:
+                    for index in self._indexes(record):
+                        pipe.zrem(index, run_id)
+                await pipe.execute()
 
     async def page(self, query: RunQuery) -> tuple[list[RunRecord], str | None]:
         if query.caller is None:  # an operator's listing (by flow: every run is scanned)
             index = self._key("all")
         else:
             index = self._index(query.caller, query.flow)
-        return await self._page(index, query)
+        with self._failing("page"):
+            return await self._page(index, query)
 
     async def _page(self, index: str, query: RunQuery
                     ) -> tuple[list[RunRecord], str | None]:
@@ -213,7 +237,8 @@ class RedisRunStore(RunStore):
         if not RUN_ID.fullmatch(run_id):
             return
         stored = output_codec().encode(data)
-        await self._redis.set(self._key("out", run_id), stored, ex=self._ttl)
+        with self._failing("put_output"):
+            await self._redis.set(self._key("out", run_id), stored, ex=self._ttl)
 
     async def output(self, run_id: str, offset: int = 0, length: int | None = None, *,
                      caller: str | None = None) -> bytes | None:
@@ -222,14 +247,15 @@ class RedisRunStore(RunStore):
         key = self._key("out", run_id)
         codec = output_codec()
         ranged = length is not None and not codec.encrypts
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.get(self._key("run", run_id))  # whose run it is
-            if ranged:
-                pipe.exists(key)
-                pipe.getrange(key, offset, offset + (length or 0) - 1)
-            else:
-                pipe.get(key)
-            raw, *read = await pipe.execute()
+        with self._failing("output"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(self._key("run", run_id))  # whose run it is
+                if ranged:
+                    pipe.exists(key)
+                    pipe.getrange(key, offset, offset + (length or 0) - 1)
+                else:
+                    pipe.get(key)
+                raw, *read = await pipe.execute()
         if caller is not None and self._decoded(raw, caller) is None:
             return None  # another caller's run: like one that never existed
         if ranged:
@@ -238,7 +264,12 @@ class RedisRunStore(RunStore):
         stored = read[0]
         if stored is None:
             return None
-        data = codec.decode(stored)
+        try:
+            data = codec.decode(stored)
+        except Exception as error:  # e.g. written under another encryption key
+            logger.warning("run history at %s: the output of run %s cannot be decrypted "
+                           "(%s)", self._url, run_id, type(error).__name__)
+            raise RunStoreError(type(error).__name__, "output not decryptable") from None
         return data[offset:] if length is None else data[offset:offset + length]
 
     async def close(self) -> None:
