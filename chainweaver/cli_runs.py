@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -26,7 +27,8 @@ def add_run_history_options(parser: argparse.ArgumentParser) -> None:
                        help="keep a record of every run: memory:// or redis://... (replicas "
                             "share it); runs readable as chainweaver://runs/... resources")
     group.add_argument("--run-history-max-runs", type=int, metavar="N",
-                       help="keep the newest N runs (default: 10000)")
+                       help="keep at most N runs (default: 10000; memory: the caller "
+                            "holding the most gives up its oldest)")
     group.add_argument("--run-history-max-age", type=float, metavar="SECONDS",
                        help="forget runs older than this (default: 604800, 7 days)")
     group.add_argument("--output-limit", type=int, metavar="BYTES",
@@ -88,18 +90,19 @@ def runs_command(args: argparse.Namespace) -> int:
                               "only inside its server")
     if args.runs_command == "list":
         _check_list(args)
-    from redis.exceptions import RedisError
+    from .mcp.runs.records import RunStoreError
 
     try:
         store = _store(args)
     except ValueError as error:  # a URL redis-py cannot read
         raise CommandError(EXIT_USAGE, f"--store: {error}") from None
+    # The store logs a failure for servers' operators; here the one line below says it.
+    logging.getLogger("chainweaver.mcp.runs").addHandler(logging.NullHandler())
     try:
         return anyio.run(_show if args.runs_command == "show" else _list, args, store)
-    except RedisError as error:
-
+    except RunStoreError as error:
         raise CommandError(EXIT_STORE, f"cannot read the run history at "
-                           f"{redacted(args.store)}: {type(error).__name__}") from None
+                           f"{redacted(args.store)}: {error.reason}") from None
 
 
 def _check_list(args: argparse.Namespace) -> None:

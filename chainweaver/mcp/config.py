@@ -353,9 +353,11 @@ class RunHistory:
     """Run records and large outputs as resources (see ``docs/run-history.md``).
 
     ``store``: ``memory://`` (this process) or ``redis://...`` (replicas share it; needs
-    the tasks extra). Retention: the newest ``max_runs`` runs younger than ``max_age``
-    seconds. ``output_limit``: serialised outputs longer than this many bytes travel as
-    a preview and a ``resource_link`` to ``chainweaver://runs/{run_id}/output``.
+    the tasks extra). Retention: at most ``max_runs`` runs younger than ``max_age``
+    seconds (in memory, past ``max_runs`` the caller holding the most runs gives up its
+    oldest; on Redis, the oldest go). ``output_limit``: serialised outputs longer than
+    this many bytes travel as a preview and a ``resource_link`` to
+    ``chainweaver://runs/{run_id}/output``.
     ``max_output_bytes`` bounds the outputs the in-memory store keeps (oldest dropped
     first). ``prefix``: the Redis key prefix.
     """

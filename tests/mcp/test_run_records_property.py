@@ -3,7 +3,8 @@ callers with different views start runs (calls, and tasks on 2026-07-28) on eigh
 flows; every caller then reads, lists, subscribes and guesses ids, before and after
 flows leave their views, and never sees or can tell apart a run that is not its own
 (see tests/support/run_records.py; over streamable HTTP with JWTs:
-tests/e2e/test_run_records_http.py)."""
+tests/e2e/test_run_records_http.py). The callers' ids are the hostile alphabet a key
+layout must keep apart (``:``, ``|``, ``/``, ``*``, unicode, empty, a percent-escape)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 from support.run_records import (
+    HOSTILE_CALLERS,
     check_isolation,
     check_subscriptions,
     grants,
@@ -59,7 +61,7 @@ def connector(server: FlowServer, switch: Switch, mode: str) -> Any:
 
 
 async def check_property(seed: int, mode: str, store: str = "memory://") -> None:
-    given = grants(seed)
+    given = grants(seed, HOSTILE_CALLERS)
     switch = Switch(given)
     server = server_for(switch, store)
     connect = connector(server, switch, mode)

@@ -51,11 +51,25 @@ def run_catalogue() -> FlowExecutor:
     return executor
 
 
-def grants(seed: int, callers: int = 10) -> dict[str, list[str]]:
-    """``callers`` callers, each granted a random set of teams (some none)."""
+# Caller ids a key layout must keep apart: separators (`team` listing flow1 and
+# `team:flow1` listing everything met in one Redis key before keys were encoded), a
+# glob, unicode, the empty id, and a percent-escape of another caller's id.
+HOSTILE_CALLERS = ["team", "team:flow1", "team|flow1", "a/b", "*", "ünï-名", "",
+                   "%74eam", "team:", "caller9"]
+# Both sides of the first pair see flow1 first.
+SHARED_FLOW_CALLERS = {"team": "team1", "team:flow1": "team1"}
+
+
+def grants(seed: int, callers: int | list[str] = 10) -> dict[str, list[str]]:
+    """``callers`` callers (a count, or their ids), each granted a random set of teams
+    (some none; the callers of :data:`SHARED_FLOW_CALLERS` at least their team)."""
     chosen = random.Random(seed)
-    return {f"caller{i}": sorted(chosen.sample(TEAMS, chosen.randint(0, 3)))
-            for i in range(callers)}
+    names = [f"caller{i}" for i in range(callers)] if isinstance(callers, int) else callers
+    given = {name: sorted(chosen.sample(TEAMS, chosen.randint(0, 3))) for name in names}
+    for name, team in SHARED_FLOW_CALLERS.items():
+        if name in given and team not in given[name]:
+            given[name] = sorted([team, *given[name]])
+    return given
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,7 @@ async def check_isolation(connect: Connect, given: dict[str, list[str]],
             for flow in [*FLOWS, "zz_never"]:
                 by_flow = await all_pages(client, f"&flow={flow}")
                 assert {r["run_id"] for r in by_flow} == \
-                    {run.run_id for run in mine if run.flow == flow}
+                    {run.run_id for run in mine if run.flow == flow}, (who, flow)
             failed = await all_pages(client, "&status=failed")
             assert failed == []
 

@@ -7,7 +7,9 @@ A run answers only the caller that started it (the gate's caller id), and only w
 its flow is in that caller's view; every other run id answers exactly like one that
 never existed. The gate resolves a run URI to the run's flow (:meth:`RunResources.target`)
 so its authorizer and audit see the flow; the provider serves it
-(:meth:`RunResources.resource`), checking both again.
+(:meth:`RunResources.resource`), checking both again. A store that cannot be reached or
+read answers -32603 with a fixed message (:data:`~.records.STORE_UNAVAILABLE`); the
+store logs the detail.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 from fastmcp.resources.base import Resource, ResourceContent, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, Annotations
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Annotations
 from pydantic import PrivateAttr
 
 from chainweaver.mcp.components.mistakes import invalid_request
@@ -31,7 +33,14 @@ from chainweaver.mcp.gate.views import View
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.recording import OUTPUT_MIME, RunLog
-from chainweaver.mcp.runs.records import RUN_ID, STATUSES, RunQuery, RunRecord, parse_cursor
+from chainweaver.mcp.runs.records import (
+    RUN_ID,
+    STATUSES,
+    RunQuery,
+    RunRecord,
+    RunStoreError,
+    parse_cursor,
+)
 
 LIST_TEMPLATE = RUNS_URI + "{?flow,status,cursor,limit}"
 RUN_TEMPLATE = RUNS_URI + "/{run_id}"
@@ -111,6 +120,11 @@ def _invalid(uri: str, detail: str) -> MCPError:
                                                  f"{detail}")
 
 
+def _unavailable(error: RunStoreError) -> MCPError:
+    """What a client is told when the store failed: its fixed text, never the detail."""
+    return MCPError(code=INTERNAL_ERROR, message=str(error))
+
+
 class RunResource(Resource):
     """A run resource, read when asked (records change while runs go on)."""
 
@@ -124,7 +138,10 @@ class RunResource(Resource):
         return resource
 
     async def read(self) -> ResourceResult:
-        return await self._produce()
+        try:
+            return await self._produce()
+        except RunStoreError as error:
+            raise _unavailable(error) from None
 
 
 class RunResources:
@@ -143,8 +160,12 @@ class RunResources:
         """The current caller's run ``run_id`` (None: none, or another caller's)."""
         if not RUN_ID.fullmatch(run_id):
             return None
-        record = await self.log.store.get(run_id)
-        if record is None or record.caller != admission.caller().id:
+        caller = admission.caller().id
+        try:
+            record = await self.log.store.get(run_id, caller=caller)
+        except RunStoreError as error:
+            raise _unavailable(error) from None
+        if record is None or record.caller != caller:
             return None
         return record
 
@@ -157,7 +178,12 @@ class RunResources:
             return None  # the read answers -32602, whoever asks
         if address is None or address.kind == "list":
             return None
-        record = await self._owned(address.run_id)
+        try:
+            record = await self._owned(address.run_id)
+        except MCPError:
+            # The store failed: no flow is known, and the read itself answers the fixed
+            # error (so the request is limited, authorized and audited like any other).
+            return None
         return self.live.flow(record.flow) if record is not None else None
 
     async def resource(self, uri: str, view: View) -> Resource | None:
@@ -168,12 +194,7 @@ class RunResources:
         try:
             address = parse(uri)
         except MCPError as error:
-            message = error.error.message
-
-            async def refuse() -> ResourceResult:
-                raise invalid_request(message)
-
-            return RunResource.build(refuse, uri=uri, name="chainweaver_runs")
+            return _refusing(uri, invalid_request(error.error.message))
         if address is None or (address.kind != "output" and not self.records):
             return None
         if address.kind == "list":
@@ -181,7 +202,10 @@ class RunResources:
                                      name="chainweaver_runs", title="Your runs",
                                      mime_type=MIME_TYPE,
                                      description="Runs you started, newest first.")
-        record = await self._owned(address.run_id)
+        try:
+            record = await self._owned(address.run_id)
+        except MCPError as error:  # the store failed: the read says so
+            return _refusing(uri, error)
         if record is None or not view.allows(self.live.flow(record.flow)):
             return None  # exactly as for a run id that never existed
         if address.kind == "record":
@@ -209,7 +233,8 @@ class RunResources:
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
     async def _record(self, run_id: str) -> ResourceResult:
-        record = await self.log.store.get(run_id)  # as it is now, not when resolved
+        # As it is now, not when resolved.
+        record = await self.log.store.get(run_id, caller=admission.caller().id)
         document = record.document(error_types=self.error_types) if record else {}
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
@@ -224,7 +249,8 @@ class RunResources:
             raise too_large_to_send("resource", uri, record.output_size or 0,
                                     ranged=True)
         data = await self.log.store.output(record.run_id, int(offset or 0),
-                                           int(length) if length else None)
+                                           int(length) if length else None,
+                                           caller=admission.caller().id)
         if data is None:
             data = b""  # dropped since it was found: an empty read, never a false one
         # A range may cut a character in two: ranges are bytes (a blob); all of it, text.
@@ -247,6 +273,15 @@ class RunResources:
 
 def _itself(exposed: ExposedFlow) -> ExposedFlow:
     return exposed
+
+
+def _refusing(uri: str, error: Exception) -> RunResource:
+    """A resource whose read raises ``error`` (FastMCP turns an error raised while
+    finding a resource into "not found")."""
+    async def refuse() -> ResourceResult:
+        raise error
+
+    return RunResource.build(refuse, uri=uri, name="chainweaver_runs")
 
 
 def run_templates() -> list[ResourceTemplate]:

@@ -267,7 +267,13 @@ class RunRecorder(RunObserver):
             # its caller alone, while its flow is in that caller's view.
             record.status, record.ended_at = "completed", time.time()
             await log.save(record, new=True, changed=False)
-        await log.store.put_output(record.run_id, data)
+        try:
+            await log.store.put_output(record.run_id, data)
+        except Exception as error:  # the store failed (it logged the detail)
+            logger.warning("run %s: its output could not be kept (%s)", record.run_id,
+                           type(error).__name__)
+            record.output_stored = False
+            return unsendable(record.tool, len(data), output=True, now=True)
         return link_result(record, data, why, has_schema)
 
 
@@ -299,11 +305,15 @@ def link_result(record: RunRecord, data: bytes, why: str, has_schema: bool) -> T
                       is_error=has_schema)
 
 
-def unsendable(tool: str, size: int, *, output: bool = True) -> ToolResult:
+def unsendable(tool: str, size: int, *, output: bool = True, now: bool = False
+               ) -> ToolResult:
     """The last resort: an ``isError`` result for a result of ``size`` bytes that no
     client could receive in one message: an output no store can keep for reading in
-    ranges (``output``), or an error message of that size."""
-    kept = "; this server cannot keep it for reading in ranges" if output else ""
+    ranges (``output``; ``now``: the store failed, it may keep it later), or an error
+    message of that size."""
+    kept = ("; this server cannot keep it for reading in ranges right now, try again "
+            "later" if now else "; this server cannot keep it for reading in ranges"
+            ) if output else ""
     text = (f"The result of flow {tool!r} is {size} bytes, above the {MESSAGE_BUDGET} "
             f"bytes one MCP message carries to a standard client{kept}.")
     return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)

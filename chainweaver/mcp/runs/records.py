@@ -4,8 +4,11 @@ A :class:`RunRecord` holds a run's id, flow and version, status, times, steps (i
 status, attempts, duration, error type), the output's size and SHA-256 (the digest the
 audit records), the task id, how many times a task was delivered, and the approval
 decisions. A :class:`RunStore` keeps records newest first per caller, pages them with a
-cursor, and keeps the outputs that travel as resource links. :class:`MemoryRunStore` is
-the default (bounded by count, age and output bytes); ``redis://`` URLs give
+cursor, and keeps the outputs that travel as resource links; every record it gives back
+belongs to the caller that asked (a listing's, or ``caller=`` of a read), and a store
+that cannot be reached or read raises :class:`RunStoreError`, whose text is fixed (the
+detail is logged). :class:`MemoryRunStore` is the default (bounded by count, with a
+per-caller share, age and output bytes); ``redis://`` URLs give
 :class:`~.redis_records.RedisRunStore`, which any replica reads. Outputs at rest are
 encrypted under the tasks' encryption setting (``FASTMCP_TASKS_ENCRYPTION_KEY`` /
 ``TaskSettings(encryption_key=...)``).
@@ -32,12 +35,26 @@ STATUSES: tuple[RunStatus, ...] = ("running", "waiting_approval", "completed", "
 FINISHED = frozenset({"completed", "failed", "cancelled"})
 RUN_ID = re.compile(r"[0-9a-f]{24}")
 _CURSOR = re.compile(r"([0-9]{1,20})\.([0-9a-f]{24})")
+# What a client is told when the store fails: never the store's own text, which names
+# its host and port (operators find that in the log).
+STORE_UNAVAILABLE = "The run history is unavailable right now; try again later"
 # Keeps derived Fernet keys apart from the tasks' own use of the same material.
 _OUTPUT_KEY_SALT = "chainweaver-run-output-key"
 
 
 def new_run_id() -> str:
     return secrets.token_hex(12)
+
+
+class RunStoreError(Exception):
+    """The run store could not be reached or read. Its text is always
+    :data:`STORE_UNAVAILABLE`; ``reason`` is the failure's type and ``detail`` what
+    failed, for the log (passwords masked)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(STORE_UNAVAILABLE)
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass
@@ -123,14 +140,21 @@ class RunQuery:
     keep: Keep | None = None
 
     def admits(self, record: RunRecord, now: float, max_age: float) -> bool:
-        return ((self.status is None or record.status == self.status)
+        # The caller is checked on every record, whatever index found it.
+        return ((self.caller is None or record.caller == self.caller)
+                and (self.status is None or record.status == self.status)
                 and (self.flow is None or record.flow == self.flow)
                 and record.started_at >= now - max_age
                 and (self.keep is None or self.keep(record)))
 
 
 class RunStore(ABC):
-    """Where run records and linked outputs live (async: the Redis store does I/O)."""
+    """Where run records and linked outputs live (async: the Redis store does I/O).
+
+    With ``caller``, a read answers only that caller's run (another caller's reads as
+    None, like one that never existed). Every method raises :class:`RunStoreError`
+    when the store cannot be reached or read.
+    """
 
     max_runs: int
     max_age: float
@@ -140,8 +164,9 @@ class RunStore(ABC):
         """Store ``record`` (``new``: its first save, which files it for listing)."""
 
     @abstractmethod
-    async def get(self, run_id: str) -> RunRecord | None:
-        """The record of ``run_id`` (None: none, or dropped by retention)."""
+    async def get(self, run_id: str, *, caller: str | None = None) -> RunRecord | None:
+        """The record of ``run_id`` (None: none, another caller's, or dropped by
+        retention)."""
 
     @abstractmethod
     async def delete(self, run_id: str) -> None:
@@ -156,17 +181,20 @@ class RunStore(ABC):
         """Keep a run's serialised output (it travels as a resource link)."""
 
     @abstractmethod
-    async def output(self, run_id: str, offset: int = 0, length: int | None = None
-                     ) -> bytes | None:
-        """Bytes ``offset`` .. ``offset + length`` of a kept output (None: none kept)."""
+    async def output(self, run_id: str, offset: int = 0, length: int | None = None, *,
+                     caller: str | None = None) -> bytes | None:
+        """Bytes ``offset`` .. ``offset + length`` of a kept output (None: none kept, or
+        another caller's run)."""
 
     async def close(self) -> None:  # noqa: B027 - a store without connections has none
         """Release connections."""
 
 
 class MemoryRunStore(RunStore):
-    """Records in this process: the newest ``max_runs`` younger than ``max_age``
-    seconds; outputs up to ``max_output_bytes`` in total (oldest dropped first)."""
+    """Records in this process, younger than ``max_age`` seconds and at most
+    ``max_runs`` of them, shared fairly: past ``max_runs`` the caller holding the most
+    runs gives up its oldest (see ``docs/run-history.md``); outputs up to
+    ``max_output_bytes`` in total (oldest dropped first)."""
 
     def __init__(self, max_runs: int = 10_000, max_age: float = 7 * 86400,
                  max_output_bytes: int = 256 * 2**20) -> None:
@@ -175,35 +203,68 @@ class MemoryRunStore(RunStore):
         self.max_output_bytes = max_output_bytes
         self._records: OrderedDict[str, RunRecord] = OrderedDict()  # oldest first
         self._by: dict[str | tuple[str, str], list[tuple[int, str]]] = {}  # ascending
+        # Who gives up a run past max_runs: one entry a caller holding runs, the
+        # largest holder first, then the one whose oldest run is older.
+        self._holders: list[tuple[int, int, str, str]] = []
         self._outputs: OrderedDict[str, bytes] = OrderedDict()
         self._output_bytes = 0
         self._lock = threading.Lock()
 
     async def save(self, record: RunRecord, *, new: bool = False) -> None:
         with self._lock:
-            known = record.run_id in self._records
+            known = self._records.get(record.run_id)
+            if known is None and not new:
+                return  # a record retention dropped stays dropped
+            if known is not None and (known.caller, known.flow) != (record.caller,
+                                                                     record.flow):
+                self._drop(known)  # filed again, under whose and which flow it is now
+                known = None
             self._records[record.run_id] = record
-            if not known:
+            if known is None:
                 key = (record.seq, record.run_id)
+                self._unrank(record.caller)
                 for index in (record.caller, (record.caller, record.flow)):
                     entries = self._by.setdefault(index, [])
                     if entries and entries[-1] > key:
                         bisect.insort(entries, key)  # started on another clock tick
                     else:
                         entries.append(key)
+                self._rank(record.caller)
                 self._trim(time.time())  # only a new record can pass a bound
+
+    def _holder(self, caller: str) -> tuple[int, int, str, str] | None:
+        entries = self._by.get(caller)
+        if not entries:
+            return None
+        seq, run_id = entries[0]
+        return -len(entries), seq, run_id, caller
+
+    def _unrank(self, caller: str) -> None:
+        holder = self._holder(caller)
+        if holder is not None:
+            del self._holders[bisect.bisect_left(self._holders, holder)]
+
+    def _rank(self, caller: str) -> None:
+        holder = self._holder(caller)
+        if holder is not None:
+            bisect.insort(self._holders, holder)
 
     def _trim(self, now: float) -> None:
         records = self._records
         while records:
             oldest = next(iter(records.values()))
-            if len(records) <= self.max_runs and oldest.started_at >= now - self.max_age:
-                return
+            if oldest.started_at >= now - self.max_age:
+                break
             self._drop(oldest)
+        while len(records) > self.max_runs:
+            # The largest holder's oldest run: a caller holding no more than its share
+            # (max_runs over the callers holding runs) never loses one to another's.
+            self._drop(records[self._holders[0][2]])
 
     def _drop(self, record: RunRecord) -> None:
         self._records.pop(record.run_id, None)
         key = (record.seq, record.run_id)
+        self._unrank(record.caller)
         for index in (record.caller, (record.caller, record.flow)):
             entries = self._by.get(index)
             if not entries:
@@ -213,13 +274,15 @@ class MemoryRunStore(RunStore):
                 del entries[at]
             if not entries:
                 del self._by[index]
+        self._rank(record.caller)
         data = self._outputs.pop(record.run_id, None)
         if data is not None:
             self._output_bytes -= len(data)
 
-    async def get(self, run_id: str) -> RunRecord | None:
+    async def get(self, run_id: str, *, caller: str | None = None) -> RunRecord | None:
         record = self._records.get(run_id)
-        if record is None or record.started_at < time.time() - self.max_age:
+        if record is None or record.started_at < time.time() - self.max_age \
+                or (caller is not None and record.caller != caller):
             return None
         return record
 
@@ -260,10 +323,11 @@ class MemoryRunStore(RunStore):
                 _, dropped = self._outputs.popitem(last=False)
                 self._output_bytes -= len(dropped)
 
-    async def output(self, run_id: str, offset: int = 0, length: int | None = None
-                     ) -> bytes | None:
+    async def output(self, run_id: str, offset: int = 0, length: int | None = None, *,
+                     caller: str | None = None) -> bytes | None:
         data = self._outputs.get(run_id)
-        if data is None:
+        if data is None or (caller is not None and await self.get(run_id, caller=caller)
+                            is None):
             return None
         return data[offset:] if length is None else data[offset:offset + length]
 

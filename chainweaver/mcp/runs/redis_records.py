@@ -2,25 +2,54 @@
 
 Keys under ``prefix``: ``run:{id}`` (the record's JSON) and ``out:{id}`` (the linked
 output, encrypted under the tasks' key when one is set) expire ``max_age`` seconds
-after the run started; ``all`` and ``by:{caller}`` / ``by:{caller}:{flow}`` are sorted
-sets of run ids scored by start time. Retention by count pops the oldest ids of
-``all`` and deletes their keys; ids left in the per-caller sets by retention are
-skipped (and removed) when a page meets them.
+after the run started; ``all``, ``caller:{caller}`` and ``caller:{caller}:flow:{flow}``
+are sorted sets of run ids scored by start time. Caller ids and flow names are
+percent-encoded (UTF-8; every byte but ``A-Z a-z 0-9 - . _ ~``), so no id can spell
+another caller's key; run ids are 24 hex digits (any other id names no run).
+
+Each new run trims the indexes it joins: ids older than ``max_age`` go, and each
+caller's indexes keep its newest ``max_runs`` ids; they expire ``max_age`` after that
+caller's newest run. Past ``max_runs`` in all, the oldest runs are deleted, and their
+ids leave their callers' indexes. Every record read back is checked against the
+caller that asked. A Redis failure raises :class:`~.records.RunStoreError` (its
+text fixed) and is logged with its detail, the URL's password masked.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from chainweaver.mcp.runs.records import (
+    RUN_ID,
     RunQuery,
     RunRecord,
     RunStore,
+    RunStoreError,
     output_codec,
     parse_cursor,
 )
+
+logger = logging.getLogger("chainweaver.mcp.runs")
+
+
+def key_part(text: str) -> str:
+    """``text`` as one component of a key: percent-encoded, never holding ``:``."""
+    return quote(text, safe="")
+
+
+def masked(url: str) -> str:
+    """``url`` with its password, if any, as ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
 
 
 class RedisRunStore(RunStore):
@@ -35,66 +64,141 @@ class RedisRunStore(RunStore):
         self.prefix = prefix
         self._redis: Any = Redis.from_url(url)
         self._ttl = max(1, int(max_age))
+        self._url = masked(url)
+        self._password = urlsplit(url).password
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
+    def _index(self, caller: str, flow: str | None = None) -> str:
+        if flow is None:
+            return self._key("caller", key_part(caller))
+        return self._key("caller", key_part(caller), "flow", key_part(flow))
+
     def _indexes(self, record: RunRecord) -> tuple[str, str]:
-        return self._key("by", record.caller), self._key("by", record.caller, record.flow)
+        return self._index(record.caller), self._index(record.caller, record.flow)
+
+    @contextmanager
+    def _failing(self, operation: str) -> Iterator[None]:
+        """Turns a failure of Redis into :class:`RunStoreError`, logged with its detail."""
+        from redis.exceptions import RedisError
+
+        try:
+            yield
+        except (RedisError, OSError) as error:
+            detail = str(error)
+            if self._password:
+                detail = detail.replace(self._password, "***")
+            logger.warning("run history at %s: %s failed: %s: %s", self._url, operation,
+                           type(error).__name__, detail)
+            raise RunStoreError(type(error).__name__, detail) from None
+
+    def _decoded(self, raw: bytes | None, caller: str | None) -> RunRecord | None:
+        """The record ``raw`` holds, if ``caller`` (when given) owns it; an entry this
+        process cannot read is left alone, like a missing one."""
+        if raw is None:
+            return None
+        try:
+            record = RunRecord.from_dict(json.loads(raw))
+        except (ValueError, TypeError, AttributeError) as error:
+            logger.warning("run history at %s: an unreadable run record was skipped (%s)",
+                           self._url, type(error).__name__)
+            return None
+        if caller is not None and record.caller != caller:
+            return None
+        return record
 
     async def save(self, record: RunRecord, *, new: bool = False) -> None:
         body = json.dumps(record.to_dict(), separators=(",", ":"))
         key = self._key("run", record.run_id)
-        if not new:
-            # Keeps the expiry set when the run started (a lost key stays lost).
-            await self._redis.set(key, body, keepttl=True)
-            return
-        score = record.seq
+        with self._failing("save"):
+            if not new:
+                # Only over the record that is there, keeping the expiry set when the
+                # run started: a record retention dropped stays dropped.
+                await self._redis.set(key, body, keepttl=True, xx=True)
+                return
+            await self._file(record, key, body)
+
+    async def _file(self, record: RunRecord, key: str, body: str) -> None:
+        """Save a new record, file it in the indexes, and trim them."""
+        now = time.time()
+        left = int(record.started_at + self.max_age - now)
+        if left <= 0:
+            return  # older than max_age already: kept no more than in memory
+        everyone = self._key("all")
+        stale = f"({int((now - self.max_age) * 1e6)}"
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.set(key, body, ex=self._ttl)
-            for index in (self._key("all"), *self._indexes(record)):
-                pipe.zadd(index, {record.run_id: score})
+            pipe.set(key, body, ex=min(left, self._ttl))
+            for index in (everyone, *self._indexes(record)):
+                pipe.zadd(index, {record.run_id: record.seq})
+                pipe.zremrangebyscore(index, "-inf", stale)
+                # Only members younger than max_age stay: the expiry set here outlives
+                # none of them by more than max_age.
                 pipe.expire(index, self._ttl)
-            pipe.zremrangebyscore(self._key("all"), "-inf",
-                                  f"({int((time.time() - self.max_age) * 1e6)}")
-            pipe.zcard(self._key("all"))
+            for index in self._indexes(record):
+                pipe.zremrangebyrank(index, 0, -self.max_runs - 1)
+            pipe.zcard(everyone)
             replies = await pipe.execute()
         excess = int(replies[-1]) - self.max_runs
         if excess > 0:
-            dropped = await self._redis.zpopmin(self._key("all"), excess)
-            names = [member.decode() for member, _ in dropped]
-            keys = [self._key(kind, run_id) for run_id in names for kind in ("run", "out")]
-            if keys:
-                await self._redis.delete(*keys)
+            await self._evict(excess)
 
-    async def get(self, run_id: str) -> RunRecord | None:
-        raw = await self._redis.get(self._key("run", run_id))
-        return RunRecord.from_dict(json.loads(raw)) if raw is not None else None
-
-    async def delete(self, run_id: str) -> None:
-        record = await self.get(run_id)
-        keys = [self._key("run", run_id), self._key("out", run_id)]
+    async def _evict(self, count: int) -> None:
+        """Delete the ``count`` oldest runs, and their ids from their callers' indexes."""
+        dropped = await self._redis.zpopmin(self._key("all"), count)
+        names = [member.decode() for member, _ in dropped]
+        if not names:
+            return
+        raws = await self._redis.mget([self._key("run", run_id) for run_id in names])
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.delete(*keys)
-            pipe.zrem(self._key("all"), run_id)
-            if record is not None:
-                for index in self._indexes(record):
-                    pipe.zrem(index, run_id)
+            pipe.delete(*(self._key(kind, run_id) for run_id in names
+                          for kind in ("run", "out")))
+            for run_id, raw in zip(names, raws, strict=True):
+                record = self._decoded(raw, None)
+                if record is not None:
+                    for index in self._indexes(record):
+                        pipe.zrem(index, run_id)
             await pipe.execute()
 
+    async def get(self, run_id: str, *, caller: str | None = None) -> RunRecord | None:
+        if not RUN_ID.fullmatch(run_id):
+            return None
+        with self._failing("get"):
+            raw = await self._redis.get(self._key("run", run_id))
+        record = self._decoded(raw, caller)
+        if record is None or record.started_at < time.time() - self.max_age:
+            return None
+        return record
+
+    async def delete(self, run_id: str) -> None:
+        if not RUN_ID.fullmatch(run_id):
+            return
+        record = await self.get(run_id)
+        keys = [self._key("run", run_id), self._key("out", run_id)]
+        with self._failing("delete"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.delete(*keys)
+                pipe.zrem(self._key("all"), run_id)
+                if record is not None:
+                    for index in self._indexes(record):
+                        pipe.zrem(index, run_id)
+                await pipe.execute()
+
     async def page(self, query: RunQuery) -> tuple[list[RunRecord], str | None]:
-        if query.caller is None:
-            index = self._key("all") if query.flow is None else None
+        if query.caller is None:  # an operator's listing (by flow: every run is scanned)
+            index = self._key("all")
         else:
-            index = self._key("by", query.caller, *(() if query.flow is None
-                                                     else (query.flow,)))
+            index = self._index(query.caller, query.flow)
+        with self._failing("page"):
+            return await self._page(index, query)
+
+    async def _page(self, index: str, query: RunQuery
+                    ) -> tuple[list[RunRecord], str | None]:
         top: Any = "+inf"
         after: tuple[int, str] | None = None
         if query.cursor is not None:
             after = parse_cursor(query.cursor)
             top = after[0]
-        if index is None:  # an operator's filter by flow: every run is scanned
-            index = self._key("all")
         now, found = time.time(), list[RunRecord]()
         batch = max(query.limit + 1, 64)
         while len(found) <= query.limit:
@@ -114,8 +218,8 @@ class RedisRunStore(RunStore):
                 if raw is None:
                     gone.append(run_id)
                     continue
-                record = RunRecord.from_dict(json.loads(raw))
-                if query.admits(record, now, self.max_age):
+                record = self._decoded(raw, None)
+                if record is not None and query.admits(record, now, self.max_age):
                     found.append(record)
                     if len(found) > query.limit:
                         break
@@ -130,27 +234,43 @@ class RedisRunStore(RunStore):
         return found, None
 
     async def put_output(self, run_id: str, data: bytes) -> None:
-        await self._redis.set(self._key("out", run_id), output_codec().encode(data),
-                              ex=self._ttl)
+        if not RUN_ID.fullmatch(run_id):
+            return
+        stored = output_codec().encode(data)
+        with self._failing("put_output"):
+            await self._redis.set(self._key("out", run_id), stored, ex=self._ttl)
 
-    async def output(self, run_id: str, offset: int = 0, length: int | None = None
-                     ) -> bytes | None:
+    async def output(self, run_id: str, offset: int = 0, length: int | None = None, *,
+                     caller: str | None = None) -> bytes | None:
+        if not RUN_ID.fullmatch(run_id):
+            return None
         key = self._key("out", run_id)
         codec = output_codec()
-        if codec.encrypts:
-            stored = await self._redis.get(key)
-            if stored is None:
-                return None
+        ranged = length is not None and not codec.encrypts
+        with self._failing("output"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(self._key("run", run_id))  # whose run it is
+                if ranged:
+                    pipe.exists(key)
+                    pipe.getrange(key, offset, offset + (length or 0) - 1)
+                else:
+                    pipe.get(key)
+                raw, *read = await pipe.execute()
+        if caller is not None and self._decoded(raw, caller) is None:
+            return None  # another caller's run: like one that never existed
+        if ranged:
+            present, data = read
+            return bytes(data) if present else None
+        stored = read[0]
+        if stored is None:
+            return None
+        try:
             data = codec.decode(stored)
-            return data[offset:] if length is None else data[offset:offset + length]
-        if length is None:
-            stored = await self._redis.get(key)
-            return None if stored is None else bytes(stored)[offset:]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.exists(key)
-            pipe.getrange(key, offset, offset + length - 1)
-            present, data = await pipe.execute()
-        return bytes(data) if present else None
+        except Exception as error:  # e.g. written under another encryption key
+            logger.warning("run history at %s: the output of run %s cannot be decrypted "
+                           "(%s)", self._url, run_id, type(error).__name__)
+            raise RunStoreError(type(error).__name__, "output not decryptable") from None
+        return data[offset:] if length is None else data[offset:offset + length]
 
     async def close(self) -> None:
         await self._redis.aclose()
