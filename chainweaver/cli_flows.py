@@ -24,6 +24,14 @@ from typing import Any
 
 from .cli_errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
 from .errors import ChainWeaverError
+from .governance.state import (
+    GovernanceSettings,
+    UnreadableEntry,
+    check_version,
+    masked_reason,
+    masked_url,
+)
+from .governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
 
 ENV_URL = "CHAINWEAVER_GOVERNANCE"
 VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
@@ -51,8 +59,6 @@ def governance_settings(args: argparse.Namespace) -> Any:
             raise CommandError(EXIT_USAGE, "--governance-prefix and "
                                "--governance-stop-after need --governance")
         return None
-    from .governance import GovernanceSettings
-
     logger = logging.getLogger("chainweaver.governance")
     if args.command != "inspect" and not logger.handlers:  # applies and outages
         handler = logging.StreamHandler(sys.stderr)
@@ -107,27 +113,32 @@ def flows_command(args: argparse.Namespace) -> int:
         raise CommandError(EXIT_USAGE, f"flows needs --governance redis://HOST:PORT/DB "
                            f"(or ${ENV_URL})")
     try:
-        from .governance import GovernanceSettings, GovernanceStore
-        from .governance.state import check_version
-
         settings = GovernanceSettings(url=args.governance, **(
             {"prefix": args.prefix} if args.prefix else {}))
         if args.flows_command != "status":
             check_version(args.flow_version)
+    except ChainWeaverError as error:
+        raise CommandError(EXIT_INVALID, str(error)) from None
+    where = masked_url(settings.url)
+    try:
         store = GovernanceStore(settings.url, settings.prefix)
     except ImportError as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
-    except ChainWeaverError as error:
-        raise CommandError(EXIT_INVALID, str(error)) from None
+    except ValueError as error:  # a URL redis-py cannot read
+        raise CommandError(EXIT_USAGE, f"--governance {where}: "
+                           f"{masked_reason(error, settings.url)}") from None
+    from redis.exceptions import ConnectionError as Unreachable
+    from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as TimedOut
+
     try:
         return asyncio.run(_flows(store, args))
-    except (OSError, ConnectionError) as error:
-        raise CommandError(EXIT_MISSING, f"cannot reach {args.governance}: {error}") from None
-    except Exception as error:
-        if type(error).__module__.startswith("redis"):
-            raise CommandError(EXIT_MISSING, f"cannot reach {args.governance}: "
-                               f"{error}") from None
-        raise
+    except (OSError, Unreachable, TimedOut) as error:
+        raise CommandError(EXIT_MISSING, f"cannot reach the governance state at {where}: "
+                           f"{masked_reason(error, settings.url)}") from None
+    except (RedisError, GovernanceStateError) as error:
+        raise CommandError(EXIT_MISSING, f"cannot use the governance state at {where}: "
+                           f"{masked_reason(error, settings.url)}") from None
 
 
 async def _flows(store: Any, args: argparse.Namespace) -> int:
@@ -141,30 +152,94 @@ async def _flows(store: Any, args: argparse.Namespace) -> int:
 
 async def _change(store: Any, args: argparse.Namespace) -> int:
     action = VERBS[args.flows_command]
-    change = await store.change(args.flow, args.flow_version, action,
-                                by=args.by or _os_user(), reason=args.reason)
-    which = f"version {args.flow_version}" if args.flow_version else "all versions"
+    try:
+        change = await store.change(args.flow, args.flow_version, action,
+                                    by=args.by or _os_user(), reason=args.reason)
+    except UnreadableEntry as error:
+        raise CommandError(EXIT_INVALID, f"{args.flow}: its entry cannot be read: "
+                                         f"{error}") from None
+    except ValueError as error:  # a name or action this release does not know
+        raise CommandError(EXIT_INVALID, str(error)) from None
+    which = f"version {args.flow_version.strip()}" if args.flow_version else "all versions"
     print(f"{args.flow} ({which}): {action}; shared version {change.version}", flush=True)
+    if change.unreadable:
+        print(f"warning: {args.flow} is {change.unreadable}: every process withholds "
+              f"it; a decision without --version replaces the entry", file=sys.stderr,
+              flush=True)
     if args.wait is None:
         return EXIT_OK
-    deadline = time.monotonic() + args.wait
+    return await _wait(store, args.flow, change.version, args.wait)
+
+
+async def _wait(store: Any, flow: str, version: int, seconds: float) -> int:
+    """Until every live process applied ``version`` (and governs ``flow`` by it)."""
+    deadline = time.monotonic() + seconds
+    expected: set[str] = set()  # every process live at some point while waiting
     while True:
-        live = _live(await store.heartbeats())
-        behind = [p for p, r in live.items() if r.get("version", 0) < change.version]
-        if not behind:
-            print(f"applied by {len(live)} live process(es)", flush=True)
+        heartbeats = await store.heartbeats()
+        live = _live(heartbeats)
+        expected |= set(live)
+        behind = {process: _why_behind(heartbeats.get(process), process in live, flow,
+                                       version) for process in sorted(expected)}
+        behind = {process: why for process, why in behind.items() if why}
+        if expected and not behind:
+            print(f"applied by {len(expected)} live process(es)", flush=True)
             return EXIT_OK
         if time.monotonic() >= deadline:
-            print(f"not applied yet by: {', '.join(behind)}", file=sys.stderr, flush=True)
-            return EXIT_NOT_APPLIED
-        await asyncio.sleep(0.02)
+            break
+        await asyncio.sleep(0.05)
+    if not expected:
+        print(f"not confirmed: no live process reported (none has a recent heartbeat), "
+              f"so none confirmed applying version {version}", file=sys.stderr, flush=True)
+    else:
+        print(f"not applied by {len(behind)} of {len(expected)} live process(es):",
+              file=sys.stderr)
+        for process, why in behind.items():
+            print(f"  {process}: {why}", file=sys.stderr)
+    unreadable = [p for p, r in heartbeats.items() if UNREADABLE_HEARTBEAT in r]
+    if unreadable:
+        print(f"  (heartbeats that cannot be read, not counted: {', '.join(unreadable)})",
+              file=sys.stderr)
+    sys.stderr.flush()
+    return EXIT_NOT_APPLIED
+
+
+def _why_behind(record: dict[str, Any] | None, live: bool, flow: str, version: int
+                ) -> str | None:
+    """Why a process has not applied ``version`` to ``flow`` (None: it has)."""
+    if record is None or not live:
+        ago = f"{time.time() - seen(record):.1f}s ago" if record and seen(record) else "-"
+        return f"stopped reporting (last heartbeat {ago})"
+    applied = _number(record.get("version"))
+    unreadable = record.get("unreadable")
+    if isinstance(unreadable, dict) and flow in unreadable:
+        return f"{unreadable[flow]}"
+    not_applied = record.get("not_applied")
+    if isinstance(not_applied, dict) and flow in not_applied:
+        return f"at version {applied}; could not apply {flow} ({not_applied[flow]})"
+    if applied >= version:
+        return None
+    if isinstance(not_applied, dict) and not_applied:
+        return (f"at version {applied}; version {record.get('pending')} read but not "
+                f"applied: could not apply {', '.join(sorted(not_applied))}")
+    return f"at version {applied}"
+
+
+def _number(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _live(heartbeats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Processes whose last heartbeat is recent (three of their intervals, plus 1 s)."""
     now = time.time()
-    return {p: r for p, r in heartbeats.items()
-            if now - r.get("seen", 0) <= 3 * r.get("interval", 2.0) + 1.0}
+    live = {}
+    for process, record in heartbeats.items():
+        interval = record.get("interval")
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool):
+            interval = 2.0
+        if UNREADABLE_HEARTBEAT not in record and now - seen(record) <= 3 * interval + 1.0:
+            live[process] = record
+    return live
 
 
 async def _status(store: Any, args: argparse.Namespace) -> int:
@@ -172,40 +247,79 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
     heartbeats = await store.heartbeats()
     changes = await store.audit(args.changes)
     live = _live(heartbeats)
+    readable = {name: d for name, d in state.decisions.items() if d.withheld is None}
     if args.json:
         print(json.dumps({
             "version": state.version,
-            "decisions": {name: {"all": d.all, "versions": dict(d.versions)}
-                          for name, d in sorted(state.decisions.items())},
+            "decisions": {name: d.to_dict() for name, d in readable.items()},
+            "unreadable": state.unreadable,
             "processes": {p: {**r, "live": p in live} for p, r in heartbeats.items()},
             "changes": changes}, indent=2), flush=True)
         return EXIT_OK
     print(f"shared version {state.version}")
     rows: list[tuple[str, ...]] = [("FLOW", "VERSIONS", "DECISION")]
     for name, decision in sorted(state.decisions.items()):
+        if decision.withheld is not None:
+            why = decision.withheld.removeprefix("withheld by shared governance: ")
+            rows.append((name, "-", f"NOT SERVED: {why}"))
         if decision.all is not None:
             rows.append((name, "all", decision.all))
         rows.extend((name, version, action) for version, action in decision.versions.items())
     print("\n".join(_table(rows)) if len(rows) > 1 else "no decisions")
     print()
-    rows = [("PROCESS", "ROLE", "APPLIED", "APPLIED AT", "SEEN", "STATE", "LAST OUTAGE")]
-    now = time.time()
-    for process, record in heartbeats.items():
-        outage = record.get("last_outage")
-        rows.append((process, str(record.get("role", "?")), str(record.get("version")),
-                     _when(record.get("applied_at")), f"{now - record['seen']:.1f}s ago",
-                     str(record.get("state", "?")) if process in live else "gone",
-                     "-" if not outage else
-                     f"{outage['to'] - outage['from']:.1f}s, ended {_when(outage['to'])}"))
-    print("\n".join(_table(rows)) if len(rows) > 1 else "no process has reported")
+    print(_processes(heartbeats, live))
     if changes:
         print()
         for change in changes:
             which = change.get("flow_version") or "all versions"
             reason = f" ({change['reason']})" if change.get("reason") else ""
-            print(f"{change['version']:>6} {_when(float(change['at']))} {change['by']}: "
-                  f"{change['name']} {which} -> {change['action']}{reason}")
+            print(f"{change.get('version', '?'):>6} {_when(_float(change.get('at')))} "
+                  f"{change.get('by', '?')}: {change.get('name', '?')} {which} -> "
+                  f"{change.get('action', '?')}{reason}")
     return EXIT_OK
+
+
+def _processes(heartbeats: dict[str, dict[str, Any]], live: dict[str, Any]) -> str:
+    """The processes table, then what each live one could not read or apply."""
+    rows: list[tuple[str, ...]] = [
+        ("PROCESS", "ROLE", "APPLIED", "APPLIED AT", "SEEN", "STATE", "LAST OUTAGE")]
+    notes = []
+    now = time.time()
+    for process, record in heartbeats.items():
+        if UNREADABLE_HEARTBEAT in record:
+            rows.append((process, "?", "?", "-", "-",
+                         f"heartbeat unreadable ({record[UNREADABLE_HEARTBEAT]})", "-"))
+            continue
+        outage = record.get("last_outage")
+        applied = str(record.get("version"))
+        if record.get("pending") is not None:
+            applied += f" (read {record['pending']})"
+        try:
+            last_outage = "-" if not outage else (
+                f"{outage['to'] - outage['from']:.1f}s, ended {_when(outage['to'])}")
+        except (KeyError, TypeError):
+            last_outage = "?"
+        rows.append((process, str(record.get("role", "?")), applied,
+                     _when(_float(record.get("applied_at"))),
+                     f"{now - seen(record):.1f}s ago",
+                     str(record.get("state", "?")) if process in live else "gone",
+                     last_outage))
+        if process not in live:
+            continue
+        for name, why in sorted((record.get("unreadable") or {}).items()):
+            notes.append(f"{process}: {name} is {why}")
+        for name, why in sorted((record.get("not_applied") or {}).items()):
+            notes.append(f"{process}: could not apply the decision on {name} ({why}); "
+                         f"withheld")
+    table = "\n".join(_table(rows)) if len(rows) > 1 else "no process has reported"
+    return "\n".join([table, *notes])
+
+
+def _float(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def _when(at: float | None) -> str:

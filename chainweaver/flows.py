@@ -55,17 +55,27 @@ class FlowGovernance:
     ``publish=False`` is the author's own veto: no server publishes the flow, whatever
     its policy says (``force_expose`` included), in any primitive. The flow still runs
     in-process and as another flow's sub-flow.
+
+    ``withheld`` is the operators' veto, set by shared governance
+    (:mod:`chainweaver.governance`), never by a flow file: why no server publishes this
+    version (say, its shared entry cannot be read). Like ``publish=False`` it comes
+    before every policy setting; ``exposure_report()`` gives it as the reason.
     """
 
     lifecycle: FlowLifecycle = FlowLifecycle.ACTIVE
     owner: str | None = None
     publish: bool = True
+    withheld: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lifecycle", FlowLifecycle(self.lifecycle))
         if not isinstance(self.publish, bool):
             raise DefinitionError(f"governance publish must be True or False, got "
                                   f"{self.publish!r}")
+        if self.withheld is not None and (not isinstance(self.withheld, str)
+                                          or not self.withheld.strip()):
+            raise DefinitionError(f"governance withheld must be None or a reason, got "
+                                  f"{self.withheld!r}")
 
     def transition(self, target: FlowLifecycle | str) -> FlowGovernance:
         """Return a new governance value in ``target``, if the move is allowed."""

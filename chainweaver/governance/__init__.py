@@ -17,11 +17,14 @@ from .state import (
     Decision,
     GovernanceSettings,
     SharedState,
+    UnreadableEntry,
     check_governance,
     governed,
+    read_entry,
 )
-from .store import Change, GovernanceStore
+from .store import Change, GovernanceStateError, GovernanceStore
 
 __all__ = ["ACTIONS", "DEPRECATED_NOTE", "Action", "Change", "Decision", "GovernanceOverlay",
-           "GovernanceSettings", "GovernanceStore", "SharedGovernance", "SharedState",
-           "check_governance", "governed"]
+           "GovernanceSettings", "GovernanceStateError", "GovernanceStore",
+           "SharedGovernance", "SharedState", "UnreadableEntry", "check_governance",
+           "governed", "read_entry"]

@@ -14,10 +14,16 @@ attempt to read the state ended: applied, or Redis could not be reached. A serve
 for it before it serves or its worker takes tasks (``mcp/live/shared.py``), so a process
 started after a change never publishes, or runs a queued task of, a flow it archived.
 
-When Redis cannot be reached it keeps the state it applied last, logs that once,
-retries with a growing pause, and reads everything again on reconnect. With
-``stop_serving_after``, once the state has gone unconfirmed that long it serves no
-flow (every flow archived) until the state is confirmed again.
+When Redis cannot be reached it keeps the state it applied last, logs that once
+(naming the store, its password masked, and why), retries with a growing pause, and
+reads everything again on reconnect. With ``stop_serving_after``, once the state has
+gone unconfirmed that long it serves no flow (every flow withheld) until the state is
+confirmed again.
+
+One entry it cannot read is not an outage: that flow is withheld, the rest apply, and
+the heartbeat goes on. The heartbeat's ``version`` is the last version applied
+completely; what it read and could not apply yet is in ``pending`` / ``not_applied``,
+and the entries it cannot read in ``unreadable``.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from typing import Any
 from chainweaver.registry import FlowRegistry
 
 from .overlay import GovernanceOverlay
-from .state import GovernanceSettings
-from .store import GovernanceStore
+from .state import GovernanceSettings, masked_reason, masked_url
+from .store import GovernanceStateError, GovernanceStore
 
 logger = logging.getLogger("chainweaver.governance")
 
@@ -62,11 +68,12 @@ class SharedGovernance:
         self.last_outage: dict[str, float] | None = None
         self._started = time.monotonic()
         self._beat = 0.0
+        self._partial_logged: tuple[int, tuple[str, ...]] | None = None
 
     @property
     def version(self) -> int:
-        """The shared version applied last."""
-        return self.overlay.state.version
+        """The shared version applied last, completely (every entry of it)."""
+        return self.overlay.applied_version
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Follow the shared state until cancelled; never raises for a lost Redis.
@@ -115,10 +122,12 @@ class SharedGovernance:
             await _quietly_close(pubsub)
 
     async def _sync(self, store: GovernanceStore, confirmed_version: int | None) -> None:
-        """Read and apply the state, unless ``confirmed_version`` is the one applied."""
-        if confirmed_version is None or confirmed_version != self.version:
+        """Read and apply the state, unless ``confirmed_version`` is the one applied
+        (and applied completely: what could not be applied is tried again)."""
+        complete = self.overlay.complete
+        if confirmed_version is None or confirmed_version != self.version or not complete:
             state = await store.read()
-            if state.version != self.version or self.overlay.suspended:
+            if state.version != self.version or self.overlay.suspended or not complete:
                 self._apply(state)
                 self.confirmed = time.monotonic()
                 self._recovered()
@@ -134,6 +143,16 @@ class SharedGovernance:
         if self.overlay.suspended:
             self.overlay.resume()
             logger.warning("shared governance: state confirmed again; serving flows")
+        if not self.overlay.complete:
+            failed = tuple(sorted(self.overlay.failed))
+            if self._partial_logged != (state.version, failed):
+                self._partial_logged = (state.version, failed)
+                logger.error("shared governance: version %d not applied: the decision on "
+                             "%s could not be applied (those flows are withheld); still "
+                             "at version %d, trying again", state.version,
+                             ", ".join(failed), self.version)
+            return
+        self._partial_logged = None
         self.applied_at = time.time()
         logger.info("shared governance: applied version %d at %s (was %d; flows changed: "
                     "%s)", state.version, iso(self.applied_at), previous,
@@ -151,11 +170,25 @@ class SharedGovernance:
         return True
 
     def _lost(self, error: Exception) -> None:
-        if self.outage_since is None:
-            self.outage_since = time.time()
-            logger.warning("shared governance: Redis unreachable (%s: %s); serving the "
+        if self.outage_since is not None:
+            return
+        self.outage_since = time.time()
+        store = masked_url(self.settings.url)
+        why = masked_reason(error, self.settings.url)
+        if isinstance(error, GovernanceStateError) or (
+                _from_redis(error) and not _connection_error(error)):
+            # e.g. the counter is not a number, a key of the wrong type (WRONGTYPE)
+            logger.error("shared governance: the state at %s cannot be read (%s); "
+                         "serving the last applied state (version %d) until it can",
+                         store, why, self.version)
+        elif _connection_error(error):
+            logger.warning("shared governance: Redis unreachable at %s (%s); serving the "
                            "last applied state (version %d) until it is back",
-                           type(error).__name__, error, self.version)
+                           store, why, self.version)
+        else:  # a defect here: say so, with the traceback, and fail as for an outage
+            logger.error("shared governance: following the state at %s failed (%s); "
+                         "serving the last applied state (version %d)", store, why,
+                         self.version, exc_info=error)
 
     def _check_stale(self) -> None:
         """Stop serving flows once the state went unconfirmed for too long (opt-in)."""
@@ -171,16 +204,34 @@ class SharedGovernance:
     def record(self) -> dict[str, Any]:
         """What this process's heartbeat says."""
         now = time.time()
+        overlay = self.overlay
         return {"role": self.role, "version": self.version, "applied_at": self.applied_at,
                 "seen": now, "interval": self.settings.heartbeat_interval,
-                "state": "suspended" if self.overlay.suspended else "serving",
+                "state": "suspended" if overlay.suspended else "serving",
                 "last_outage": self.last_outage,
                 "confirmed_ago": None if self.confirmed is None
-                else round(time.monotonic() - self.confirmed, 3)}
+                else round(time.monotonic() - self.confirmed, 3),
+                # read but not applied yet (a decision the registry refused)
+                "pending": None if overlay.complete else overlay.state.version,
+                "not_applied": dict(overlay.failed),
+                # entries this process cannot read: their flows are withheld
+                "unreadable": overlay.state.unreadable}
 
     async def _heartbeat(self, store: GovernanceStore) -> None:
         self._beat = time.monotonic()
         await store.heartbeat(self.process, self.record())
+
+
+def _from_redis(error: BaseException) -> bool:
+    return type(error).__module__.startswith("redis")
+
+
+def _connection_error(error: BaseException) -> bool:
+    """Redis could not be reached (refused, reset, timed out), as opposed to read."""
+    from redis.exceptions import ConnectionError as Unreachable
+    from redis.exceptions import TimeoutError as TimedOut
+
+    return isinstance(error, (OSError, Unreachable, TimedOut))
 
 
 async def _quietly_close(closable: Any) -> None:

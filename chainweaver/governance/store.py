@@ -9,7 +9,15 @@ Keys, under a prefix (default ``chainweaver:governance``):
 - ``{prefix}:heartbeats`` hash: process -> what it applied and when (JSON)
 
 A change is one Lua script, so the decision, the counter, the audit entry and the
-message happen together or not at all, and concurrent operators never lose a change.
+message happen together or not at all. The new entry is worked out here (versions
+normalised: one spelling per version, the latest decision winning) and written only if
+the entry is still the one it was worked out from, else worked out again: concurrent
+operators never lose a change.
+
+Everything read back may have been written by another release, by hand, or damaged:
+an entry this release cannot read becomes a decision that withholds its flow
+(:func:`.state.read_entry`), a heartbeat it cannot read is shown as such, and nothing
+read here raises for one bad entry.
 """
 
 from __future__ import annotations
@@ -21,43 +29,60 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .state import DEFAULT_PREFIX, Action, Decision, SharedState
+from chainweaver.versions import version_key
+
+from .state import (
+    DEFAULT_PREFIX,
+    Action,
+    SharedState,
+    UnreadableEntry,
+    check_action,
+    check_version,
+    read_entry,
+)
 
 AUDIT_ENTRIES = 10_000  # the audit stream keeps about this many changes
 HEARTBEATS_KEPT = 24 * 3600.0  # status drops processes silent for longer than this
+# A heartbeat that cannot be read is shown as {UNREADABLE_HEARTBEAT: why}.
+UNREADABLE_HEARTBEAT = "heartbeat_unreadable"
+CHANGE_ATTEMPTS = 50  # an entry changed by others meanwhile: work the change out again
 
-# KEYS: decisions, version, audit, channel. ARGV: name, version ('' = all), action,
-# by, reason, audit entries kept. A decision for all versions replaces the
-# single-version ones: the last command wins. Returns the new version and the server's time.
+# KEYS: decisions, version, audit, channel. ARGV: name, the entry the change was worked
+# out from ('' when there was none, else '=' and the entry), the new entry, version
+# ('' = all), action, by, reason, audit entries kept. Returns the new version and the
+# server's time, or -1 when the entry is no longer the one expected.
 _CHANGE = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local entry = {versions = {}}
-if raw then entry = cjson.decode(raw) end
-if type(entry.versions) ~= 'table' then entry.versions = {} end
-if ARGV[2] == '' then
-  entry = {all = ARGV[3], versions = {}}
-else
-  entry.versions[ARGV[2]] = ARGV[3]
+if (raw == false and ARGV[2] ~= '') or (raw ~= false and ARGV[2] ~= '=' .. raw) then
+  return {-1, ''}
 end
-local payload = cjson.encode(entry)
 local v = redis.call('INCR', KEYS[2])
 local now = redis.call('TIME')
 local at = now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
-redis.call('HSET', KEYS[1], ARGV[1], payload)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'version', v, 'name', ARGV[1],
-           'flow_version', ARGV[2], 'action', ARGV[3], 'by', ARGV[4], 'reason', ARGV[5],
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[8], '*', 'version', v, 'name', ARGV[1],
+           'flow_version', ARGV[4], 'action', ARGV[5], 'by', ARGV[6], 'reason', ARGV[7],
            'at', at)
 redis.call('PUBLISH', KEYS[4], v .. ' ' .. ARGV[1])
 return {v, at}
 """
 
 
+class GovernanceStateError(ValueError):
+    """The shared state as a whole cannot be read (its version counter is damaged)."""
+
+
 @dataclass(frozen=True)
 class Change:
-    """A change as stored: its shared version and the Redis server's time of it."""
+    """A change as stored: its shared version and the Redis server's time of it.
+
+    ``unreadable``: set when the entry, after this change, still cannot be read by this
+    release (a single-version decision keeps what else the entry held): why. Every
+    process that cannot read it withholds the flow."""
 
     version: int
     at: float
+    unreadable: str | None = None
 
 
 class GovernanceStore:
@@ -70,8 +95,9 @@ class GovernanceStore:
         except ImportError as missing:  # pragma: no cover - depends on the extras
             raise ImportError("shared governance needs the redis package: pip install "
                               f"'chainweaver[mcp,tasks]' ({missing})") from None
+        # Bytes, decoded here: one value that is not UTF-8 must not fail a whole read.
         self.redis = Redis.from_url(url, socket_connect_timeout=timeout,
-                                    socket_timeout=timeout, decode_responses=True)
+                                    socket_timeout=timeout, decode_responses=False)
         self.prefix = prefix
         self.decisions_key = f"{prefix}:decisions"
         self.version_key = f"{prefix}:version"
@@ -85,14 +111,31 @@ class GovernanceStore:
 
     async def change(self, name: str, version: str | None, action: Action, *,
                      by: str, reason: str = "") -> Change:
-        """Record an operator's decision; every process applies it."""
+        """Record an operator's decision; every process applies it.
+
+        ``action`` must be one of :data:`.state.ACTIONS` and ``version`` a version
+        (ValueError otherwise: nothing is written). A decision for all versions replaces
+        the whole entry (an unreadable one too); one for a single version replaces the
+        decision for that version whatever its spelling (``1.0`` is ``1.0.0``)."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"a flow name must be a non-empty string, got {name!r}")
+        check_action(action)
+        version = check_version(version)
         keys = [self.decisions_key, self.version_key, self.audit_key, self.channel]
-        result = await self._change(keys=keys, args=[name, version or "", action, by,
-                                                     reason, AUDIT_ENTRIES])
-        return Change(int(result[0]), float(result[1]))
+        for _ in range(CHANGE_ATTEMPTS):
+            raw = _raw(await self.redis.hget(self.decisions_key, name))
+            entry = changed_entry(raw, version, action)
+            result = await self._change(keys=keys, args=[
+                name, b"" if raw is None else b"=" + raw, entry, version or "", action,
+                by, reason, AUDIT_ENTRIES])
+            if int(result[0]) >= 0:
+                return Change(int(result[0]), float(_text(result[1])),
+                              read_entry(entry).withheld)
+        raise GovernanceStateError(f"the entry for {name!r} kept changing while this "
+                                   f"change was made ({CHANGE_ATTEMPTS} attempts)")
 
     async def current_version(self) -> int:
-        return int(await self.redis.get(self.version_key) or 0)
+        return _counter(await self.redis.get(self.version_key))
 
     async def read(self) -> SharedState:
         """The decisions and their version, read together (one transaction)."""
@@ -100,22 +143,93 @@ class GovernanceStore:
             pipe.get(self.version_key)
             pipe.hgetall(self.decisions_key)
             version, raw = await pipe.execute()
-        decisions = {name: Decision.from_json(text) for name, text in raw.items()}
-        return SharedState(int(version or 0), MappingProxyType(decisions))
+        decisions = {_text(name): read_entry(text) for name, text in raw.items()}
+        return SharedState(_counter(version), MappingProxyType(dict(sorted(
+            decisions.items()))))
 
     async def heartbeat(self, process: str, record: Mapping[str, Any]) -> None:
         await self.redis.hset(self.heartbeats_key, process, json.dumps(dict(record)))
 
     async def heartbeats(self) -> dict[str, dict[str, Any]]:
-        """Each process's last heartbeat; those silent for a day are dropped."""
+        """Each process's last heartbeat; those silent for a day are dropped. One that
+        cannot be read is ``{UNREADABLE_HEARTBEAT: why}`` (kept: its process may be live)."""
         raw = await self.redis.hgetall(self.heartbeats_key)
-        records = {str(process): json.loads(text) for process, text in raw.items()}
-        old = [p for p, r in records.items() if time.time() - r.get("seen", 0) > HEARTBEATS_KEPT]
+        records = {_text(process): _heartbeat(text) for process, text in raw.items()}
+        now = time.time()
+        old = [p for p, r in records.items() if UNREADABLE_HEARTBEAT not in r
+               and now - seen(r) > HEARTBEATS_KEPT]
         if old:
             await self.redis.hdel(self.heartbeats_key, *old)
         return {p: r for p, r in sorted(records.items()) if p not in old}
 
     async def audit(self, count: int = 20) -> list[dict[str, Any]]:
-        """The last ``count`` changes, oldest first."""
+        """The last ``count`` changes, oldest first (every field as text)."""
         entries: list[Any] = await self.redis.xrevrange(self.audit_key, count=count) or []
-        return [{"id": entry_id, **fields} for entry_id, fields in reversed(entries)]
+        return [{"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}}
+                for entry_id, fields in reversed(entries)]
+
+
+def changed_entry(raw: bytes | None, version: str | None, action: Action) -> bytes:
+    """The entry ``raw`` becomes with ``action`` for ``version`` (None: all versions).
+
+    A single-version decision keeps everything else in the entry as it is (what a newer
+    release wrote included) and removes the other spellings of that version; it cannot
+    be added to an entry that is not a JSON object (:class:`UnreadableEntry`): decide
+    for all versions to replace such an entry."""
+    if version is None:
+        return json.dumps({"all": action, "versions": {}}).encode()
+    data: Any = {}
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("versions") or {}, dict):
+            why = read_entry(raw).withheld or "not a JSON object"
+            raise UnreadableEntry(f"{why}; a decision for all versions (no --version) "
+                                  f"replaces it")
+    key = version_key(version)
+    versions = {given: value for given, value in (data.get("versions") or {}).items()
+                if not _same_version(given, key)}
+    versions[version] = action
+    return json.dumps({**data, "versions": versions}).encode()
+
+
+def _same_version(given: str, key: tuple[Any, ...]) -> bool:
+    try:
+        return version_key(given) == key
+    except ValueError:  # not a version: kept as it is (the entry stays unreadable)
+        return False
+
+
+def seen(record: Mapping[str, Any]) -> float:
+    """When a heartbeat was written (0 when it does not say)."""
+    value = record.get("seen")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(
+        value, bool) else 0.0
+
+
+def _counter(raw: bytes | str | None) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        raise GovernanceStateError(
+            f"the shared version counter holds {_text(raw)[:40]!r}, not a number") from None
+
+
+def _heartbeat(raw: bytes | str) -> dict[str, Any]:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return {UNREADABLE_HEARTBEAT: "not JSON"}
+    return record if isinstance(record, dict) else {UNREADABLE_HEARTBEAT: "not a JSON object"}
+
+
+def _raw(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _text(value: bytes | str | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)

@@ -184,6 +184,10 @@ def decide_flow(
     that is not a valid tool name, or under the reserved guide prompt name.
     """
     name = flow.name
+    if flow.governance.withheld is not None:
+        # Shared governance withholds it (an entry this process cannot read, say):
+        # before every policy setting, force_expose included.
+        return _excluded(flow, flow.governance.withheld)
     if not flow.governance.publish:
         # The author's veto comes before every policy setting, force_expose included.
         return _excluded(flow, OPTED_OUT)
