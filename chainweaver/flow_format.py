@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from .flows import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
+from .flows import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS, MAX_TIMEOUT_SECONDS
 from .versions import MAX_VERSION_LENGTH
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -130,7 +130,8 @@ class StepFormat(_Part):
     output_mapping: dict[str, str] = Field({}, description="Context key -> output field "
                                            "(only these keys are written)")
     retry: RetryFormat | Absent = None
-    timeout: float | Absent = Field(None, gt=0, description="Seconds per attempt")
+    timeout: float | Absent = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS,
+                                    description="Seconds per attempt")
     on_error: Literal["fail", "skip", "fallback"] = "fail"
     fallback: str | Absent = Field(None, pattern=NAME_PATTERN, description="Tool to run on "
                                    "the same input when the step fails (on_error: fallback)")

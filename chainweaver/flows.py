@@ -92,6 +92,8 @@ class FlowGovernance:
 ON_ERROR_CHOICES = ("fail", "skip", "fallback")
 MAX_ATTEMPTS = 100  # a retry policy's limits: beyond them a policy is a mistake
 MAX_BACKOFF_SECONDS = 3600
+# A step's timeout: a month at most (the event loop's clock cannot add 1e300 seconds).
+MAX_TIMEOUT_SECONDS = 30 * 86400
 
 
 def exception_class(entry: object) -> type[BaseException]:
@@ -289,8 +291,9 @@ class FlowStep:
             raise DefinitionError(f"{label}: retry must be a RetryPolicy")
         if self.timeout is not None and (
                 isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
-                or not self.timeout > 0 or self.timeout == float("inf")):
-            raise DefinitionError(f"{label}: timeout must be a positive number of seconds")
+                or not 0 < self.timeout <= MAX_TIMEOUT_SECONDS):
+            raise DefinitionError(f"{label}: timeout must be a positive number of seconds, "
+                                  f"at most {MAX_TIMEOUT_SECONDS}")
         if self.on_error not in ON_ERROR_CHOICES:
             raise DefinitionError(f"{label}: on_error must be one of "
                                   f"{', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")

@@ -81,10 +81,28 @@ def test_a_step_skips_on_an_empty_list() -> None:
     (lambda: RetryPolicy(max_backoff_seconds=float("inf")), "max_backoff_seconds must be"),
     (lambda: RetryPolicy(backoff_seconds=float("nan")), "backoff_seconds must be"),
     (lambda: RetryPolicy(max_backoff_seconds=3601), "from 0 to 3600"),
+    # The event loop's clock cannot add 1e300 seconds: refused here, not mid-run.
+    (lambda: FlowStep("a", timeout=1e300), "timeout must be .* at most 2592000"),
+    (lambda: FlowStep("a", timeout=30 * 86400 + 1), "at most 2592000"),
 ])
 def test_wrong_argument_types_and_values_are_definition_errors(build, message) -> None:
     with pytest.raises(DefinitionError, match=message):
         build()
+
+
+def test_the_largest_allowed_step_timeout_is_fine() -> None:
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry)
+
+    @tool(safety=ToolSafetyContract("read"))
+    def quick(x: int) -> dict:
+        return {"y": x}
+
+    executor.register_tool(quick)
+    registry.register_flow(Flow("f", "", [FlowStep("quick", timeout=30 * 86400)]))
+    for result in (executor.execute_flow("f", {"x": 1}),
+                   asyncio.run(executor.execute_flow_async("f", {"x": 1}))):
+        assert result.success and result.final_output == {"y": 1}
 
 
 def test_the_largest_allowed_retry_policy_is_fine() -> None:

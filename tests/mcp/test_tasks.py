@@ -197,6 +197,22 @@ async def test_bad_arguments_complete_the_task_with_an_error_result() -> None:
     assert "Invalid arguments for 'report'" in result.content[0].text
 
 
+@pytest.mark.anyio
+async def test_arguments_json_cannot_carry_are_invalid_params_and_create_no_task() -> None:
+    # Only an in-memory client can send a number past Python's 4,300-digit limit; the
+    # task's payload is stored as JSON, so the call is refused before a task exists.
+    audit: list[AuditEvent] = []
+    async with Client(server(audit=audit).fastmcp) as client:
+        with pytest.raises(MCPError) as caught:
+            await call_tool_task(client, "report", {"n": 10**5000})
+        assert caught.value.error.code == -32602
+        assert caught.value.error.message == (
+            "Invalid arguments for 'report': a value cannot be stored as JSON")
+        task = await call_tool_task(client, "report", {"n": 2})  # still serving
+        assert not (await asyncio.wait_for(task.result(), LIMIT)).is_error
+    assert len({e.task_id for e in audit if e.task_id}) == 1  # the second call's
+
+
 # ----------------------------------------------------------- governance, ids
 
 

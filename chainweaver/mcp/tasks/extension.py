@@ -34,6 +34,7 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -158,7 +159,15 @@ class FlowTasksExtension(TasksExtension):
                 data=missing_capability_error_data())
         if not opted_in:
             return await call_next()
-        return await self.create(exposed, dict(params.arguments or {}), context)
+        arguments = dict(params.arguments or {})
+        try:
+            json.dumps(arguments)  # the task's payload is stored as JSON
+        except (TypeError, ValueError):
+            # Only an in-memory client can send what JSON cannot carry (a number past
+            # Python's 4,300-digit limit): the caller's mistake, never -32603.
+            raise MCPError(code=INVALID_PARAMS, message=f"Invalid arguments for "
+                           f"{params.name!r}: a value cannot be stored as JSON") from None
+        return await self.create(exposed, arguments, context)
 
     async def create(self, exposed: ExposedFlow, arguments: dict[str, Any],
                      context: Context) -> CreateTaskResult:
