@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from .cli_errors import EXIT_OK, EXIT_USAGE, CommandError, redacted
+from .cli_errors import EXIT_OK, EXIT_USAGE, CommandError
 
 EXIT_NOT_FOUND = 1  # show: no such run (unknown, another prefix, or expired)
 EXIT_STORE = 3  # the store could not be reached or read
@@ -91,6 +91,7 @@ def runs_command(args: argparse.Namespace) -> int:
     if args.runs_command == "list":
         _check_list(args)
     from .mcp.runs.records import RunStoreError
+    from .mcp.runs.redis_records import masked
 
     try:
         store = _store(args)
@@ -102,7 +103,7 @@ def runs_command(args: argparse.Namespace) -> int:
         return anyio.run(_show if args.runs_command == "show" else _list, args, store)
     except RunStoreError as error:
         raise CommandError(EXIT_STORE, f"cannot read the run history at "
-                           f"{redacted(args.store)}: {error.reason}") from None
+                           f"{masked(args.store)}: {error.reason}") from None
 
 
 def _check_list(args: argparse.Namespace) -> None:
@@ -125,6 +126,17 @@ def _store(args: argparse.Namespace) -> Any:
     return RedisRunStore(args.store, prefix=args.prefix, max_age=FOREVER)
 
 
+def shown(value: object) -> str:
+    """``value`` as a cell a terminal prints as it is: text that is empty, or holds
+    whitespace, quotes, backslashes or characters that do not print (a caller id
+    from a token may hold an escape sequence, a newline or a lone surrogate) is shown
+    as a Python string literal, so no record can move the cursor, colour the
+    terminal or print a row of its own."""
+    text = str(value)
+    plain = text.isprintable() and not any(c.isspace() or c in "'\"\\" for c in text)
+    return text if text and plain else repr(text)
+
+
 def _when(stamp: float | None) -> str:
     if stamp is None:
         return "-"
@@ -144,18 +156,17 @@ async def _show(args: argparse.Namespace, store: Any) -> int:
         print(json.dumps(data, indent=2))
         return EXIT_OK
     for key, value in data.items():
-        if key in ("started_at", "ended_at"):
-            value = _when(value)
         if key not in ("steps", "approvals"):
-            print(f"{key:>14}: {value}")
+            when = key in ("started_at", "ended_at")
+            print(f"{key:>14}: {_when(value) if when else shown(value)}")
     for step in record.steps:  # deliveries (above): a redelivered task's legs
         restored = " restored" if step.get("restored") else ""  # from its checkpoint
-        print(f"{'step':>14}: {step['id']} {step['status']}{restored} "
-              f"attempts={step['attempts']} {step['duration_ms']} ms "
-              f"{step.get('error') or ''}".rstrip())
+        error = shown(step["error"]) if step.get("error") else ""
+        print(f"{'step':>14}: {shown(step['id'])} {shown(step['status'])}{restored} "
+              f"attempts={step['attempts']} {step['duration_ms']} ms {error}".rstrip())
     for decision in record.approvals:
-        print(f"{'approval':>14}: {decision['decision']} at {_when(decision['at'])} "
-              f"({', '.join(decision['steps'])})")
+        print(f"{'approval':>14}: {shown(decision['decision'])} at "
+              f"{_when(decision['at'])} ({', '.join(map(shown, decision['steps']))})")
     return EXIT_OK
 
 
@@ -173,8 +184,9 @@ async def _list(args: argparse.Namespace, store: Any) -> int:
                           "next_cursor": cursor}, indent=2))
         return EXIT_OK
     rows = [("RUN", "STARTED", "STATUS", "FLOW", "VERSION", "CALLER", "ERROR")]
-    rows += [(r.run_id, _when(r.started_at), r.status, r.flow, r.version, r.caller,
-              r.error_type or "-") for r in records]
+    rows += [(shown(r.run_id), _when(r.started_at), shown(r.status), shown(r.flow),
+              shown(r.version), shown(r.caller), shown(r.error_type or "-"))
+             for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows if records else []:
         print("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),

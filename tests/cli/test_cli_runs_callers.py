@@ -1,7 +1,9 @@
 """`chainweaver runs list --caller X` lists X's runs and nobody else's, whatever X is:
 ids with ``:``, ``|``, ``/``, ``*``, unicode, a percent-escape, or empty, against a
 Redis history written through the store servers use (``team`` listing flow ``alpha``
-once printed the runs of caller ``team:alpha``)."""
+once printed the runs of caller ``team:alpha``). A caller id that would move the
+terminal's cursor, colour it or print a row of its own is printed as a string literal,
+and ``--caller`` takes an id that is not UTF-8 (a lone surrogate) without a traceback."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support.procs import STARTUP_TIMEOUT
+from support.procs import STARTUP_TIMEOUT, free_port
 
+from chainweaver.cli import main
 from chainweaver.mcp.runs.records import RunRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.tasks]
@@ -26,13 +29,14 @@ CALLERS = ["team", "team:alpha", "team|alpha", "a/b", "*", "ünï-名", "", "%74
 FLOWS = ["alpha", "beta"]
 
 
-async def write_history(url: str, prefix: str) -> dict[tuple[str, str], str]:
+async def write_history(url: str, prefix: str, callers: list[str] = CALLERS
+                        ) -> dict[tuple[str, str], str]:
     from chainweaver.mcp.runs.redis_records import RedisRunStore
 
     store = RedisRunStore(url, prefix=prefix)
     runs, now = {}, time.time()
     try:
-        for seq, (caller, flow) in enumerate((c, f) for c in CALLERS for f in FLOWS):
+        for seq, (caller, flow) in enumerate((c, f) for c in callers for f in FLOWS):
             run_id = f"{seq:024x}"
             await store.save(RunRecord(run_id, flow, "1.0.0", flow, caller,
                                        int(now * 1e6) + seq, now, status="completed"),
@@ -67,3 +71,48 @@ def test_list_by_caller_shows_that_callers_runs_only(redis_url: str) -> None:
         assert listed(redis_url, prefix, "--caller", caller) == own(caller), caller
     assert listed(redis_url, prefix, "--caller", "ünï-名", "--flow", "beta") == \
         own("ünï-名", "beta")
+
+
+# A caller id is whatever a token's subject says: an escape sequence, a line of its
+# own, a tab, a lone surrogate (what `--caller $'\xff'` gives, too).
+TERMINAL_CALLERS = ["evil\x1b[2J\x1b[31m", "x\n0123456789abcdef01234567  fake row", "a\tb",
+                    "\udcff", "o'brien"]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_and_show_print_hostile_caller_ids_as_literals(
+        redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = f"cli-terminal:{time.time_ns()}"
+    runs = asyncio.run(write_history(redis_url, prefix, TERMINAL_CALLERS))
+    store = ["--store", redis_url, "--prefix", prefix]
+    code, out, err = run_cli(capsys, "runs", "list", *store)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1 + len(runs)  # the header, and one line a run
+    assert all(line.isprintable() for line in lines)
+    for caller in TERMINAL_CALLERS:
+        assert any(repr(caller) in line for line in lines), caller
+    for caller in TERMINAL_CALLERS:
+        code, out, err = run_cli(capsys, "runs", "list", "--caller", caller, "--flow",
+                                 "beta", *store)
+        assert code == 0 and err == "", err
+        (row,) = out.splitlines()[1:]
+        assert row.startswith(runs[caller, "beta"]) and repr(caller) in row
+        code, out, err = run_cli(capsys, "runs", "show", runs[caller, "alpha"], *store)
+        assert code == 0 and all(line.isprintable() for line in out.splitlines())
+        assert f"caller: {caller!r}" in out
+        code, out, _ = run_cli(capsys, "runs", "list", "--caller", caller, "--json", *store)
+        assert [r["caller"] for r in json.loads(out)["runs"]] == [caller, caller]
+
+
+def test_a_password_in_the_query_is_masked_when_the_store_fails(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0?password=hunter2&db=0"
+    code, out, err = run_cli(capsys, "runs", "list", "--store", url)
+    assert code == 3 and out == ""
+    assert "hunter2" not in err and "?password=***&db=0: ConnectionError" in err, err

@@ -1,9 +1,11 @@
 """Each caller's runs stay its own whatever its id, on both stores: keys built from
 caller ids and flow names cannot spell one another (``team`` listing flow ``alpha``
 once read the Redis key that holds every run of caller ``team:alpha``), and every
-record a store gives back, listed or read, is the asking caller's. Through the stores
-themselves, and through a real MCP client on both eras (the operator's
-``chainweaver runs list --caller``: tests/cli/test_cli_runs_callers.py)."""
+record a store gives back, listed or read, is the asking caller's (lone surrogates
+included: a token's ``"sub": "\\ud800"`` holds one). Through the stores themselves,
+through a real MCP client on both eras, and where a run continues a record it reads
+back by id (the operator's ``chainweaver runs list --caller``:
+tests/cli/test_cli_runs_callers.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +18,31 @@ from typing import Any
 import pytest
 from fastmcp import Client
 from mcp import MCPError
-from support.run_records import shout
+from support.mcp_client import raw_call
+from support.run_records import Text, shout
 
-from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
-from chainweaver.mcp import CallerIdentity, FlowServer, GateContext, SecurityConfig, ServingConfig
+from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
+from chainweaver.mcp import (
+    CallerIdentity,
+    ExposurePolicy,
+    FlowServer,
+    GateContext,
+    SecurityConfig,
+    ServingConfig,
+)
 from chainweaver.mcp.config import RunHistory
+from chainweaver.mcp.publish.exposure import Exposure
+from chainweaver.mcp.runs.approval import APPROVAL_KEY
+from chainweaver.mcp.runs.recording import RunLog, RunRecorder, run_start
 from chainweaver.mcp.runs.records import MemoryRunStore, RunQuery, RunRecord, RunStore
+from chainweaver.mcp.runs.step_names import ALL_VISIBLE
 
 # Pairs that met in one Redis key before keys were encoded: (team, alpha) and
 # (team:alpha, *); (team, alpha:beta) and (team:alpha, beta); and the rest of the
-# alphabet a key layout must keep apart.
-CALLERS = ["team", "team:alpha", "team|alpha", "a/b", "*", "ünï-名", "", "%74eam", "team:"]
+# alphabet a key layout must keep apart, lone surrogates included (a token's
+# "sub": "\ud800" gives one; Redis keys could not spell them).
+CALLERS = ["team", "team:alpha", "team|alpha", "a/b", "*", "ünï-名", "", "%74eam", "team:",
+           "\ud800", "\udcff", "%ED%A0%80", "a\0b", "\n\x1b[2J"]
 FLOWS = ["alpha", "alpha:beta", "beta", "*", "名", "%61lpha"]
 
 
@@ -46,6 +62,10 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[RunStore]:
         await redis.close()
 
 
+def output_of(caller: str) -> bytes:
+    return caller.encode("utf-8", "surrogatepass") or b"-"
+
+
 def ids(records: list[RunRecord]) -> list[str]:
     return [record.run_id for record in records]
 
@@ -60,7 +80,7 @@ async def test_no_caller_id_or_flow_name_reaches_another_callers_runs(store: Run
         runs[caller, flow] = run_id
         await store.save(RunRecord(run_id, flow, "1.0.0", flow, caller,
                                    int(now * 1e6) + seq, now), new=True)
-        await store.put_output(run_id, caller.encode() or b"-")
+        await store.put_output(run_id, output_of(caller))
     for caller in CALLERS:
         own = {key: run_id for key, run_id in runs.items() if key[0] == caller}
         listed, cursor = await store.page(RunQuery(caller=caller, limit=100))
@@ -75,7 +95,7 @@ async def test_no_caller_id_or_flow_name_reaches_another_callers_runs(store: Run
             ranged = await store.output(run_id, 0, 1, caller=caller)
             if owner == caller:
                 assert record is not None and record.caller == caller
-                assert output == (caller.encode() or b"-") and ranged == output[:1]
+                assert output == output_of(caller) and ranged == output[:1]
             else:
                 assert (record, output, ranged) == (None, None, None), (caller, owner)
     # The operator's listing (no caller) still sees everybody's.
@@ -144,3 +164,64 @@ async def test_team_never_reads_the_runs_of_team_colon_alpha(
                     assert missing.value.error.message == f"Resource not found: {uri!r}"
             read: Any = await client.read_resource(f"chainweaver://runs/{mine[0]}")
             assert json.loads(read[0].text)["run_id"] == mine[0]
+
+
+@tool(safety=ToolSafetyContract("write", requires_approval=True, approval_reason="stamps"))
+def stamp(data: Text) -> Text:
+    return Text(text=f"stamped {data.text}")
+
+
+async def never_asked(*args: Any) -> None:
+    raise AssertionError("the 2026-07-28 server answers input_required instead")
+
+
+@pytest.mark.anyio
+async def test_a_run_that_asks_approval_is_its_callers_whatever_the_id() -> None:
+    # A 2026-07-28 call that asks for approval moves its run to an id derived from
+    # the caller id and the approval state: a caller id holding a lone surrogate
+    # once failed that call ("failed unexpectedly in run records").
+    switch = Switch()
+    executor = catalogue()
+    executor.register_tool(stamp)
+    executor.registry.register_flow(Flow("gamma", "Stamps.", [FlowStep("stamp")]))
+    server = FlowServer(executor, policy=ExposurePolicy(
+        allowed_side_effects=["none", "read", "write"], approval="elicit"),
+        security=SecurityConfig(authenticator=switch),
+        serving=ServingConfig(run_history=RunHistory()))
+    call = {"name": "gamma", "arguments": {"text": "x"}}
+    for who in ("\udcff", "\udcfe"):
+        switch.who = who
+        async with Client(server.fastmcp, elicitation_handler=never_asked) as client:
+            asked = await raw_call(client, call)
+            assert asked["resultType"] == "input_required", asked
+            waiting = await listing(client, "?status=waiting_approval")
+            reply = {APPROVAL_KEY: {"action": "accept", "content": {"approve": True}}}
+            done = await raw_call(client, {**call, "inputResponses": reply,
+                                           "requestState": asked["requestState"]})
+            assert done["isError"] is False, done
+            run_id = done["_meta"]["chainweaver"]["run_id"]
+            assert waiting == [run_id] and await listing(client) == [run_id]
+            read: Any = await client.read_resource(f"chainweaver://runs/{run_id}")
+            assert json.loads(read[0].text)["status"] == "completed"
+
+
+@pytest.mark.anyio
+async def test_a_run_that_names_another_callers_record_never_continues_it(
+        store: RunStore) -> None:
+    # A run that continues a record (a task's later leg, an approval's retry) reads
+    # it back by id: one that is another caller's is left as it is, and the run is
+    # filed under an id of its own.
+    now = time.time()
+    theirs = RunRecord("ab" * 12, "alpha", "1.0.0", "alpha", "team:alpha",
+                       int(now * 1e6), now, status="waiting_approval")
+    await store.save(theirs, new=True)
+    exposed = Exposure(catalogue(), ExposurePolicy()).flow("alpha")
+    assert exposed is not None
+    recorder = RunRecorder(RunLog(RunHistory(), store), exposed,
+                           run_start(theirs.run_id, "team"), ALL_VISIBLE)
+    await recorder.begin()
+    assert recorder.run_id != theirs.run_id
+    assert await store.get(theirs.run_id, caller="team:alpha") == theirs
+    assert await store.get(theirs.run_id, caller="team") is None
+    mine = await store.get(recorder.run_id, caller="team")
+    assert mine is not None and mine.status == "running"

@@ -1,23 +1,36 @@
 """A run store that fails answers run reads with one fixed error, on both eras: -32603
 and a message that never names the store's host, port or password (the Redis client's
-own text did), while the server log gives operators the detail, password masked. Calls
-go on meanwhile (their records are lost, and logged)."""
+own text did), while the server log gives operators the detail, password masked (in
+the URL's user part or its ``?password=``). Runs go on meanwhile (their records are
+lost, and logged): calls, calls that ask for approval and their retries, background
+tasks and their cancellation."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any
 
 import pytest
 from fastmcp import Client
+from fastmcp_tasks import call_tool_task
 from mcp import MCPError
+from servers import task_tools
 from support.catalogue import build_catalogue
+from support.mcp_client import raw_call
+from support.polling import until
 from support.procs import free_port
+from support.run_records import Text
 
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
+from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
+from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
 from chainweaver.mcp.config import RunHistory
+from chainweaver.mcp.runs.approval import APPROVAL_KEY
 from chainweaver.mcp.runs.records import STORE_UNAVAILABLE
+
+from .test_tasks import LIMIT
+from .test_tasks import executor as task_executor
 
 pytestmark = pytest.mark.tasks  # the Redis client
 RUN = "0123456789abcdef01234567"
@@ -99,3 +112,79 @@ async def test_a_redis_that_stops_is_one_fixed_error(
     lines = [r.getMessage() for r in caplog.records if r.name == "chainweaver.mcp.runs"]
     assert any(f"127.0.0.1:{port}" in line and "failed: ConnectionError" in line
                for line in lines), lines
+
+
+def closed_store() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+
+
+@pytest.mark.anyio
+async def test_a_password_in_the_query_is_masked_in_the_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "chainweaver.mcp.runs")
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0?password=hunter2&socket_timeout=5"
+    async with Client(server(url).fastmcp) as client:
+        error = await refused(client, "chainweaver://runs")
+    assert (error.code, error.message) == (-32603, STORE_UNAVAILABLE)
+    lines = [r.getMessage() for r in caplog.records if r.name == "chainweaver.mcp.runs"]
+    assert lines and all("hunter2" not in line for line in lines), lines
+    assert any(f"127.0.0.1:{port}/0?password=***&socket_timeout=5: page failed" in line
+               for line in lines), lines
+
+
+@tool(safety=ToolSafetyContract("write", requires_approval=True, approval_reason="stamps"))
+def stamp(data: Text) -> Text:
+    return Text(text=f"stamped {data.text}")
+
+
+async def never_asked(*args: Any) -> None:
+    raise AssertionError("the 2026-07-28 server answers input_required instead")
+
+
+@pytest.mark.anyio
+async def test_a_call_that_asks_approval_goes_on_while_the_store_fails(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # 2026-07-28 only: on 2025-11-25 the server asks inside the call (no retry).
+    caplog.set_level(logging.WARNING, "chainweaver.mcp.runs")
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(stamp)
+    executor.registry.register_flow(Flow("gamma", "Stamps.", [FlowStep("stamp")]))
+    served = FlowServer(executor, policy=ExposurePolicy(
+        allowed_side_effects=["none", "read", "write"], approval="elicit"),
+        serving=ServingConfig(run_history=RunHistory(store=closed_store())))
+    call = {"name": "gamma", "arguments": {"text": "x"}}
+    async with Client(served.fastmcp, elicitation_handler=never_asked) as client:
+        asked = await raw_call(client, call)
+        assert asked["resultType"] == "input_required", asked
+        reply = {APPROVAL_KEY: {"action": "accept", "content": {"approve": True}}}
+        done = await raw_call(client, {**call, "inputResponses": reply,
+                                       "requestState": asked["requestState"]})
+    assert done["isError"] is False, done
+    assert done["structuredContent"] == {"text": "stamped x"}
+    lines = [r.getMessage() for r in caplog.records if r.name == "chainweaver.mcp.runs"]
+    assert any("could not be read; this run is not recorded" in line for line in lines)
+
+
+@pytest.mark.anyio
+async def test_a_task_runs_and_is_cancelled_while_the_store_fails() -> None:
+    task_tools.COUNTS.clear()
+    task_tools.HOLD = None
+    served = FlowServer(task_executor(), tasks="memory://", serving=ServingConfig(
+        run_history=RunHistory(store=closed_store())))
+    try:
+        async with Client(served.fastmcp) as client:
+            task = await call_tool_task(client, "report", {"n": 1})
+            result = await asyncio.wait_for(task.result(), LIMIT)
+            assert not result.is_error and result.structured_content == {"n": 21}
+            task_tools.HOLD = asyncio.Event()
+            task = await call_tool_task(client, "report", {"n": 1})
+
+            async def enriching() -> bool:
+                return task_tools.COUNTS["enrich"] == 2
+
+            await until(enriching, "the enrich step", LIMIT)
+            await task.cancel()  # answered, though the run's record cannot be marked
+            assert (await task.status()).status == "cancelled"
+    finally:
+        task_tools.HOLD = None

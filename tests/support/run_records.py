@@ -53,9 +53,11 @@ def run_catalogue() -> FlowExecutor:
 
 # Caller ids a key layout must keep apart: separators (`team` listing flow1 and
 # `team:flow1` listing everything met in one Redis key before keys were encoded), a
-# glob, unicode, the empty id, and a percent-escape of another caller's id.
+# glob, unicode, the empty id, a percent-escape of another caller's id, and a lone
+# surrogate with control characters (a token's "sub": "\udcff\n" gives one; Redis
+# keys could not spell it).
 HOSTILE_CALLERS = ["team", "team:flow1", "team|flow1", "a/b", "*", "ünï-名", "",
-                   "%74eam", "team:", "caller9"]
+                   "%74eam", "team:", "caller\udcff\n\x1b9"]
 # Both sides of the first pair see flow1 first.
 SHARED_FLOW_CALLERS = {"team": "team1", "team:flow1": "team1"}
 
@@ -94,7 +96,7 @@ async def start_runs(connect: Connect, given: dict[str, list[str]], *,
     for who, teams in given.items():
         async with connect(who) as client:
             for flow in sorted(visible(teams)):
-                arguments = {"text": f"{who} {flow}"}
+                arguments = {"text": f"{ascii(who)} {flow}"}  # text a client can send
                 if tasks:
                     from fastmcp_tasks import call_tool_task
 

@@ -12,6 +12,7 @@ client was told.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from chainweaver.mcp.runs.records import (
     RunRecord,
     RunStatus,
     RunStore,
+    RunStoreError,
     new_run_id,
 )
 from chainweaver.mcp.runs.step_names import StepNames, step_entry
@@ -47,8 +49,10 @@ PREVIEW_BYTES = 1024
 
 def state_run_id(caller_id: str, state: str) -> str:
     """The run id of a call that asked for approval, from the state its retry echoes
-    (bound to the caller: another caller's copy of the state names another run)."""
-    return hashlib.sha256(f"{caller_id}\0{state}".encode()).hexdigest()[:24]
+    (bound to the caller: another caller's copy of the state names another run). Both
+    are JSON-encoded: no caller id, whatever it holds, meets another's."""
+    named = json.dumps([caller_id, state], separators=(",", ":"))
+    return hashlib.sha256(named.encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -90,9 +94,23 @@ class RunLog:
         if changed and self.updated is not None:
             await self.updated(record)
 
+    async def forget(self, run_id: str) -> None:
+        """Delete a record; when the store fails (it logged why), retention drops it."""
+        try:
+            await self.store.delete(run_id)
+        except RunStoreError:
+            logger.warning("run %s: its record could not be deleted (RunStoreError)",
+                           run_id)
+
     async def cancelled(self, run_id: str) -> None:
-        """Mark a run cancelled (a background task's ``tasks/cancel``)."""
-        record = await self.store.get(run_id)
+        """Mark a run cancelled (a background task's ``tasks/cancel``, which a store
+        that fails never fails: it logged why)."""
+        try:
+            record = await self.store.get(run_id)
+        except RunStoreError:
+            logger.warning("run %s: its record could not be marked cancelled "
+                           "(RunStoreError)", run_id)
+            return
         if record is None or record.status in FINISHED:
             return
         record.status, record.ended_at = "cancelled", time.time()
@@ -139,9 +157,19 @@ class RunRecorder(RunObserver):
         if self.log is None:
             return
         record = self.record
-        known = None if self.start.fresh else await self.log.store.get(record.run_id)
-        if known is not None and record.task_id is None \
-                and known.status != "waiting_approval":
+        try:
+            known = None if self.start.fresh else await self.log.store.get(record.run_id)
+        except RunStoreError:
+            # The store failed (it logged why). The run goes on, unrecorded: filing a
+            # new record over one it could not read could rewrite how that run went.
+            logger.warning("run %s: its record could not be read; this run is not "
+                           "recorded (RunStoreError)", record.run_id)
+            self.log = None
+            return
+        # Never continued: another caller's record, or (a call) a run that no longer
+        # waits for approval.
+        if known is not None and (known.caller != record.caller or (
+                record.task_id is None and known.status != "waiting_approval")):
             record.run_id = self.start.run_id = self.start.note.run_id = new_run_id()
             known = None
         if known is not None:
@@ -185,7 +213,7 @@ class RunRecorder(RunObserver):
         record = self.record
         record.status = "waiting_approval"
         if state is not None and record.task_id is None:
-            await self.log.store.delete(record.run_id)
+            await self.log.forget(record.run_id)
             # A freshly minted state: no run has its id yet.
             record.run_id = self.start.run_id = self.start.note.run_id = \
                 state_run_id(record.caller, state)

@@ -12,7 +12,7 @@ caller's indexes keep its newest ``max_runs`` ids; they expire ``max_age`` after
 caller's newest run. Past ``max_runs`` in all, the oldest runs are deleted, and their
 ids leave their callers' indexes. Every record read back is checked against the
 caller that asked. A Redis failure raises :class:`~.records.RunStoreError` (its
-text fixed) and is logged with its detail, the URL's password masked.
+text fixed) and is logged with its detail, any password in the URL masked.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from chainweaver.mcp.runs.records import (
     RUN_ID,
@@ -39,17 +39,39 @@ logger = logging.getLogger("chainweaver.mcp.runs")
 
 
 def key_part(text: str) -> str:
-    """``text`` as one component of a key: percent-encoded, never holding ``:``."""
-    return quote(text, safe="")
+    """``text`` as one component of a key: percent-encoded, never holding ``:``. A lone
+    surrogate (``"\\ud800"`` in a token's JSON) is encoded as its own three bytes, so
+    every string has a key of its own and none raises."""
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
 
 
 def masked(url: str) -> str:
-    """``url`` with its password, if any, as ``***``."""
+    """``url`` with its password as ``***``: the one before ``@``, and a ``password``
+    query parameter (redis-py reads both)."""
     parts = urlsplit(url)
-    if parts.password is None:
+    netloc, query = parts.netloc, parts.query
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    if query:
+        query = "&".join(f"{name}=***" if unquote(name) == "password" else f"{name}{sep}{value}"
+                         for name, sep, value in (pair.partition("=")
+                                                  for pair in query.split("&")))
+    if (netloc, query) == (parts.netloc, parts.query):
         return url
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
+    # Spelled out: urlunsplit would drop the "//" of unix:///path.
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "") + \
+        (f"#{parts.fragment}" if parts.fragment else "")
+
+
+def _secrets(url: str) -> list[str]:
+    """The passwords in ``url`` as the URL spells them and as redis-py sends them."""
+    parts = urlsplit(url)
+    found = [parts.password or ""]
+    found += [value for name, _, value in (pair.partition("=")
+                                           for pair in parts.query.split("&"))
+              if unquote(name) == "password"]
+    return [text for secret in found if secret
+            for text in dict.fromkeys((secret, unquote(secret)))]
 
 
 class RedisRunStore(RunStore):
@@ -65,7 +87,7 @@ class RedisRunStore(RunStore):
         self._redis: Any = Redis.from_url(url)
         self._ttl = max(1, int(max_age))
         self._url = masked(url)
-        self._password = urlsplit(url).password
+        self._secrets = _secrets(url)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -87,8 +109,8 @@ class RedisRunStore(RunStore):
             yield
         except (RedisError, OSError) as error:
             detail = str(error)
-            if self._password:
-                detail = detail.replace(self._password, "***")
+            for secret in self._secrets:
+                detail = detail.replace(secret, "***")
             logger.warning("run history at %s: %s failed: %s: %s", self._url, operation,
                            type(error).__name__, detail)
             raise RunStoreError(type(error).__name__, detail) from None
