@@ -26,6 +26,8 @@ import mcp_types
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.transforms import Namespace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel
 from support.views import answer, renamed
 
@@ -97,9 +99,11 @@ class Hooks:
         self.authorized.clear()
 
 
-def flow_server(security: SecurityConfig | None = None, prefix: str = "") -> FlowServer:
+def flow_server(security: SecurityConfig | None = None, prefix: str = "",
+                meter_provider: MeterProvider | None = None) -> FlowServer:
     return FlowServer(catalogue(prefix), security=security or SecurityConfig(),
-                      serving=ServingConfig(run_history=RunHistory(output_limit=LIMIT)))
+                      serving=ServingConfig(run_history=RunHistory(output_limit=LIMIT),
+                                            meter_provider=meter_provider))
 
 
 @dataclass
@@ -292,6 +296,28 @@ async def test_without_hooks_a_link_reads_as_written(
         record = json.loads((await client.read_resource(f"{served.runs}/{run_id}"))[0].text)
     assert json.loads(whole) == {"data": "x" * 3 * LIMIT}
     assert record["output_sha256"] == hashlib.sha256(whole.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("compose", COMPOSITIONS)
+async def test_run_reads_are_counted_under_the_runs_budget_name(
+        compose: Callable[[FlowServer], Served]) -> None:
+    hooks, reader = Hooks(), InMemoryMetricReader()
+    served = compose(flow_server(hooks.security(),
+                                 meter_provider=MeterProvider(metric_readers=[reader])))
+    async with Client(served.target) as client:
+        run_id = (await run_flow(client, served, "small", 10)).meta["chainweaver"]["run_id"]
+        await client.read_resource(f"{served.runs}/{run_id}")
+        await answer(lambda: client.session.read_resource(f"{served.runs}/{NEVER_ID}"))
+        hooks.who = None
+        await answer(lambda: client.session.read_resource(f"{served.runs}/{run_id}"))
+    data = reader.get_metrics_data()
+    reads = {(point.attributes["outcome"], point.attributes["name"]): point.value
+             for resource in data.resource_metrics for scope in resource.scope_metrics
+             for metric in scope.metrics if metric.name == "chainweaver.requests"
+             for point in metric.data.data_points
+             if point.attributes["kind"] == "resource"}
+    assert reads == {("ok", "chainweaver://runs"): 1, ("not_found", "chainweaver://runs"): 1,
+                     ("refused", "chainweaver://runs"): 1}
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -112,9 +112,12 @@ class MountedGate(GateHooks):
         async def resolved() -> ExposedFlow | None:
             return exposed
 
+        # A run read no resource of this server answers (an unknown id, another
+        # caller's run) never reaches this server's own chain, which counts what it
+        # serves: counted here, as when it stands alone.
         return await self.gate.guard_target(kind, name, resolved, context, call_next,
-                                            authenticated=caller, mounted=True,
-                                            runs_root=root)
+                                            authenticated=caller,
+                                            mounted=meta is not None, runs_root=root)
 
     async def _caller_for(self, kind: RequestKind, name: str) -> CallerIdentity | None:
         """The caller the gate would admit the request as (None: it would refuse it);

@@ -279,13 +279,16 @@ class SecurityGate(GateHooks):
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
     ) -> Any:
         held = admission.current()
+        server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         if held is not None and held.admits(self.owner, kind)[0]:
             # A parent's MountedGate ran this gate: counted here, under this server's
-            # own names (the parent's carry its namespace).
-            return await self.serving.count(held.of(self.owner), context, call_next)
+            # own names (the parent's carry its namespace; this server's own transforms
+            # may still move its run resources).
+            own = RUNS_URI if self.serving.observe is None or kind != "resource" \
+                or server is None else await runs_root(server.transforms)
+            return await self.serving.count(held.of(self.owner), context, call_next, own)
         if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
-        server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         renamed = server if server is not None and server.transforms else None
         # Looked up as the caller when the answer depends on who asks: a transform's
         # lookup goes through the provider (the caller's view), a run URI names one of
@@ -316,6 +319,8 @@ class SecurityGate(GateHooks):
         every later hook and the audit, exactly like a name that never existed.
         ``runs_root``: where the request's client reaches the run resources (a read
         there is a run read, whatever run it names; see :mod:`.composition`).
+        ``mounted``: run by a parent's :class:`MountedGate` for a request this server's
+        own chain serves, and counts, under its own names.
         """
         held = admission.current()
         # Admitted already: this request runs inside one the gate admitted (a tool that

@@ -54,14 +54,14 @@ class AdmittedServing:
         return await self._served(record, context, call_next)
 
     async def count(self, record: Admission | None, context: MiddlewareContext,
-                    call_next: Any) -> Any:
+                    call_next: Any, runs_root: str = RUNS_URI) -> Any:
         """Serve a request admitted already, counted as this server's, under the name
         it has in this server's own chain (a parent's MountedGate admitted it under the
-        parent's, namespaced one)."""
+        parent's, namespaced one), where its run resources are at ``runs_root``."""
         if self.observe is None or record is None:
             return await call_next(context)
         own = record.but(name=local_name(record.kind, context.message, record.name),
-                         runs_root=RUNS_URI)
+                         runs_root=runs_root)
         return await self.observe(own, context, lambda: call_next(context))
 
     async def _served(self, record: Admission, context: MiddlewareContext,
