@@ -247,7 +247,7 @@ class FlowServer:
             # the task runner as a tool: refused rather than half-working.
             raise ExposureConfigError("a FlowServer with tasks= cannot be mounted yet; serve "
                                       "it on its own")
-        parent.add_middleware(MountedGate(self._gate))
+        parent.add_middleware(MountedGate(self._gate, self._fastmcp, namespace))
         parent.mount(self._fastmcp, namespace=namespace)
         if self._exposure.expose_schemas or self._exposure.expose_prompts:
             MountedCompletions.install(parent, namespace, self._provider.complete)

@@ -317,7 +317,10 @@ class FlowProvider(Provider):
         self, uri: str, version: VersionSpec | None = None
     ) -> Resource | None:
         if self.run_resources is not None and is_run_uri(uri):
-            return await self.run_resources.resource(uri, self.view())
+            run = await self.run_resources.resource(uri, self.view())
+            if run is not None:  # known as this server's under any composition
+                stamp_owner(run, self.owner)
+            return run
         if not self.exposure.expose_schemas:
             return None
         if uri == INDEX_URI:

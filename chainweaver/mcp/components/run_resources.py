@@ -208,16 +208,19 @@ class RunResources:
             return _refusing(uri, error)
         if record is None or not view.allows(self.live.flow(record.flow)):
             return None  # exactly as for a run id that never existed
+        # The run's flow, for the gate under a composition (see gate.composition.flow_of).
         if address.kind == "record":
             return RunResource.build(lambda: self._record(record.run_id), uri=uri,
                                      name="chainweaver_run", mime_type=MIME_TYPE,
-                                     title=f"Run {record.run_id}")
+                                     title=f"Run {record.run_id}",
+                                     meta={"chainweaver": {"run_flow": record.flow}})
         if not record.output_stored:
             return None
         return RunResource.build(lambda: self._output(uri, address, record), uri=uri,
                                  name="chainweaver_run_output", mime_type=OUTPUT_MIME,
                                  title=f"Output of run {record.run_id}",
-                                 meta={"chainweaver": {"size": record.output_size}})
+                                 meta={"chainweaver": {"size": record.output_size,
+                                                       "run_flow": record.flow}})
 
     async def _listing(self, address: RunAddress, view: View) -> ResourceResult:
         def keep(record: RunRecord) -> bool:

@@ -26,6 +26,7 @@ from mcp_types import INVALID_PARAMS
 from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity, RequestKind
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure, LiveExposure
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver
 
 
@@ -77,6 +78,10 @@ class Admission:
     it (``decided``). ``owner`` is the owner mark of the gate that admitted it;
     ``observers`` watch the steps of the run an admitted ``tools/call`` starts
     (telemetry's spans); ``run`` is where that run's tool notes what the audit needs.
+    ``runs_root`` is where this request's client reaches the run resources: the
+    server's own ``chainweaver://runs``, or where a composition (a ``Namespace``,
+    ``mount_into``) puts them; a run URI the request reads, and any link it writes,
+    is there.
     """
 
     request: object
@@ -94,6 +99,7 @@ class Admission:
     observers: tuple[RunObserver, ...] = ()  # told about the admitted run's steps
     page: ListPage | None = field(default=None, compare=False)
     run: RunNote | None = field(default=None, compare=False)  # an admitted call's run
+    runs_root: str = RUNS_URI
 
     def but(self, **changes: Any) -> Admission:
         """This record with ``changes``: a new record (this one never changes).

@@ -74,14 +74,15 @@ class BodyTooLarge(MCPError):
     """-32602: a prompt or read above the cap (the gate audits it as a refusal)."""
 
 
-def oversize(kind: RequestKind, name: str, result: Any, limit: int | None
-             ) -> BodyTooLarge | None:
+def oversize(kind: RequestKind, name: str, result: Any, limit: int | None,
+             runs_root: str = RUNS_URI) -> BodyTooLarge | None:
     """The -32602 error for a body above ``limit`` (None: no operator cap) or too large
-    to send in one message (None: within both)."""
+    to send in one message (None: within both); ``runs_root``: where the request's
+    client reaches the run resources."""
     if kind not in CAPPED_KINDS:
         return None
     what = "prompt" if kind == "prompt" else "resource"
-    ranged = kind == "resource" and name.startswith(RUNS_URI + "/") and "/output" in name
+    ranged = kind == "resource" and name.startswith(runs_root + "/") and "/output" in name
     parts = body_parts(kind, result)
     if limit is not None:
         size = sum(_length(part) for part in parts)

@@ -11,7 +11,10 @@ Two compositions are supported:
   tool into ``isError`` results and logs them with a traceback).
 
 Both find "their" components by the owner mark every component of a FlowServer
-carries in ``_meta.chainweaver.server``, whatever name transforms gave it.
+carries in ``_meta.chainweaver.server``, whatever name transforms gave it, and both
+know where their clients reach the run resources (:func:`runs_root`): every URI
+there is a run read, admitted as one whatever run it names, and a large output's link
+is written there.
 
 Anything else that routes a request into the server without its own transport
 (a bare ``FastMCP.mount()``) is refused, loudly, by the gate itself.
@@ -19,15 +22,19 @@ Anything else that routes a request into the server without its own transport
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastmcp import FastMCP
+from fastmcp.resources import Resource, TextResource
 from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.transforms import Transform
+from pydantic import AnyUrl
 
 from chainweaver.mcp.gate.hooks import RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 
 # Key of the gate in the lifespan state of the FastMCP server a FlowServer builds.
 GATE_STATE_KEY = "chainweaver_security_gate"
@@ -87,13 +94,55 @@ def owned_meta(component: Any, owner: str) -> Mapping[str, Any] | None:
     return meta
 
 
+def owned_by_another(component: Any, owner: str) -> bool:
+    """Whether another FlowServer than ``owner``'s published the component."""
+    meta = (getattr(component, "meta", None) or {}).get("chainweaver")
+    return isinstance(meta, Mapping) and meta.get("server") not in (None, owner)
+
+
 def flow_of(exposure: Exposure, meta: Mapping[str, Any]) -> ExposedFlow | None:
-    """The exposed flow a component's metadata names (None: the index, the guide...)."""
+    """The exposed flow a component's metadata names (None: the index, the guide...);
+    for a run resource, its run's flow as exposed now (``run_flow``: a run of an
+    older version reads while its flow is in the caller's view)."""
+    run_flow = meta.get("run_flow")
+    if isinstance(run_flow, str):
+        return exposure.flow(run_flow)
     flow_name = meta.get("flow")
     exposed = exposure.flow(flow_name) if isinstance(flow_name, str) else None
     if exposed is None or exposed.flow.version != meta.get("version"):
         return None
     return exposed
+
+
+# Where clients reach chainweaver://runs, per chain of transforms (the transforms
+# themselves kept, so an id is never reused while its entry stands); a few chains per
+# server, so the oldest is dropped past a bound only a misuse would reach.
+_ROOTS: dict[tuple[int, ...], tuple[tuple[Transform, ...], str]] = {}
+MAX_ROOTS = 256
+
+
+async def runs_root(transforms: Sequence[Transform]) -> str:
+    """Where clients reach ``chainweaver://runs`` through ``transforms``, applied in
+    the order FastMCP lists a resource through them (a ``Namespace("shop")`` gives
+    ``chainweaver://shop/runs``); the server's own root when they publish none.
+
+    Worked out with the transforms' own listing, once per chain of transforms.
+    """
+    if not transforms:
+        return RUNS_URI
+    key = tuple(id(transform) for transform in transforms)
+    known = _ROOTS.get(key)
+    if known is not None:
+        return known[1]
+    listed: Sequence[Resource] = [TextResource(uri=AnyUrl(RUNS_URI),
+                                               name="chainweaver_runs", text="")]
+    for transform in transforms:
+        listed = await transform.list_resources(listed)
+    root = str(listed[0].uri) if len(listed) == 1 else RUNS_URI
+    if len(_ROOTS) >= MAX_ROOTS:
+        _ROOTS.pop(next(iter(_ROOTS)))
+    _ROOTS[key] = (tuple(transforms), root)
+    return root
 
 
 def named_target(context: MiddlewareContext) -> tuple[RequestKind, str] | None:

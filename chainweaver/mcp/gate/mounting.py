@@ -1,8 +1,10 @@
 """Mounting a FlowServer into another FastMCP server (:meth:`FlowServer.mount_into`).
 
 :class:`MountedGate` runs the server's security gate in the parent's middleware chain,
-so a refusal keeps its JSON-RPC shape; :class:`MountedCompletions` answers the
-parent's completions for every FlowServer mounted there, then the parent's own handler.
+so a refusal keeps its JSON-RPC shape, and every request for the server, run reads
+included, is admitted exactly as when it stands alone; :class:`MountedCompletions`
+answers the parent's completions for every FlowServer mounted there, then the parent's
+own handler.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import MiddlewareContext
+from fastmcp.server.transforms import Namespace, Transform
 
 from chainweaver.mcp.fastmcp_seams import completion_handler
 from chainweaver.mcp.gate import admission, log_level
@@ -24,25 +27,42 @@ from chainweaver.mcp.gate.composition import (
     GateHooks,
     find_component,
     flow_of,
+    owned_by_another,
     owned_meta,
+    runs_root,
 )
 from chainweaver.mcp.gate.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.requests import completion_target, gate_for
 from chainweaver.mcp.gate.security import GateRefused, SecurityGate
 from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
 
 class MountedGate(GateHooks):
     """A mounted FlowServer's gate, run in the parent server's middleware chain.
 
     A request is this server's when the component its name resolves to on the parent
-    (with every parent transform applied) carries this server's owner mark.
+    (with every parent transform applied) carries this server's owner mark, or when it
+    reads a URI where the parent's clients reach this server's run resources and no
+    other FlowServer's resource answers it: a run read is admitted as one whatever run
+    it names, so another caller's run answers exactly like one that never existed.
+    ``server`` is the mounted FastMCP, ``namespace`` the one ``mount_into`` gave it.
     """
 
-    def __init__(self, gate: SecurityGate) -> None:
+    def __init__(self, gate: SecurityGate, server: FastMCP, namespace: str | None = None
+                 ) -> None:
         self.gate = gate
         self.pin = gate.pin  # the mounted server's snapshot, pinned in the parent's chain
+        self.server = server
+        self.namespace: tuple[Transform, ...] = (Namespace(namespace),) if namespace else ()
+
+    async def runs_root(self, parent: FastMCP) -> str:
+        """Where the parent's clients reach this server's run resources: through its
+        own transforms, the mount's namespace, then the parent's transforms (the order
+        FastMCP lists them in)."""
+        return await runs_root([*self.server.transforms, *self.namespace,
+                                *parent.transforms])
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         params = context.message
@@ -67,29 +87,37 @@ class MountedGate(GateHooks):
     async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
                      call_next: Any, otherwise: Any = None) -> Any:
         parent = context.fastmcp_context.fastmcp if context.fastmcp_context else None
-        if parent is None or not self.gate.active:
+        if parent is None:
             return await (otherwise or call_next)(context)  # nothing to guard
         # Whose request is it? Only a component this caller may see can be this
         # server's: the caller is authenticated first (nothing audited yet), and the
         # name resolved in its view. A flow hidden from it is then, like a name that
-        # never existed, the parent's to answer.
+        # never existed, the parent's to answer. A run read is this server's whatever
+        # run it names, unless another FlowServer's run answers it.
         caller = await self._caller_for(kind, name)
         probe = self._probe(caller, kind, name)
         with admission.admitted(probe):
             component = await find_component(parent, kind, name)
         meta = owned_meta(component, self.gate.owner)
-        if meta is None:
+        root = RUNS_URI if kind == "prompt" else await self.runs_root(parent)
+        run_read = kind == "resource" and is_run_uri(name, root) \
+            and not owned_by_another(component, self.gate.owner)
+        if meta is None and not run_read:
             # Not this server's, for this caller: served as the gate decided, so no
             # later lookup finds a flow of this server under the name either.
             with admission.admitted(probe.but(decided=True)):
                 return await (otherwise or call_next)(context)
-        exposed = flow_of(self.gate.exposure, meta)
+        exposed = flow_of(self.gate.exposure, meta) if meta is not None else None
 
         async def resolved() -> ExposedFlow | None:
             return exposed
 
+        # A run read no resource of this server answers (an unknown id, another
+        # caller's run) never reaches this server's own chain, which counts what it
+        # serves: counted here, as when it stands alone.
         return await self.gate.guard_target(kind, name, resolved, context, call_next,
-                                            authenticated=caller, mounted=True)
+                                            authenticated=caller,
+                                            mounted=meta is not None, runs_root=root)
 
     async def _caller_for(self, kind: RequestKind, name: str) -> CallerIdentity | None:
         """The caller the gate would admit the request as (None: it would refuse it);

@@ -35,19 +35,22 @@ UNPUBLISHED = "(unpublished)"
 _METHOD_KINDS = frozenset({"list", "subscription", "task"})
 
 
-def budget_name(gate: GateContext, exposure: Exposure | LiveExposure) -> str:
+def budget_name(gate: GateContext, exposure: Exposure | LiveExposure,
+                runs_root: str = RUNS_URI) -> str:
     """The name a request counts under with ``per_name`` budgets (see the module doc).
 
     ``gate`` is the request as the caller may know it: ``flow_name`` is None unless
     the name reaches an exposed flow inside the caller's view. A flow outside the view
     counts exactly like a name that never existed, so budgets tell a caller nothing
-    about flows it cannot see.
+    about flows it cannot see. ``runs_root``: where the request's client reaches the
+    run resources (a composition may put them elsewhere than ``chainweaver://runs``).
     """
-    return budget_name_of(gate.kind, gate.name, gate.flow_name is not None, exposure)
+    return budget_name_of(gate.kind, gate.name, gate.flow_name is not None, exposure,
+                          runs_root)
 
 
 def budget_name_of(kind: RequestKind, name: str, reaches_flow: bool,
-                   exposure: Exposure | LiveExposure) -> str:
+                   exposure: Exposure | LiveExposure, runs_root: str = RUNS_URI) -> str:
     """:func:`budget_name` of a ``kind`` request for ``name``; ``reaches_flow``: the
     name reaches an exposed flow inside the caller's view."""
     if kind in _METHOD_KINDS:
@@ -55,8 +58,9 @@ def budget_name_of(kind: RequestKind, name: str, reaches_flow: bool,
     if kind == "completion":
         # The reference names a prompt or a template: any string the client likes.
         return "completion/complete"
-    if kind == "resource" and is_run_uri(name):
-        # Every run resource, the caller's own or not: one budget, whatever the id.
+    if kind == "resource" and is_run_uri(name, runs_root):
+        # Every run resource, the caller's own or not: one budget, whatever the id, and
+        # wherever a composition lets clients reach it.
         return RUNS_URI
     if reaches_flow:
         return name  # resolved to one published tool, schema resource or prompt

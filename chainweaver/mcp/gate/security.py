@@ -46,6 +46,7 @@ from chainweaver.mcp.gate.composition import (
     flow_of,
     owned_meta,
     reached_directly,
+    runs_root,
 )
 from chainweaver.mcp.gate.hooks import (
     GATE_REFUSED,
@@ -69,7 +70,7 @@ from chainweaver.mcp.gate.requests import (
 from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
-from chainweaver.mcp.publish.run_uris import is_run_uri
+from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
 logger = logging.getLogger("chainweaver.mcp.gate.security")
 
@@ -104,7 +105,7 @@ class SecurityGate(GateHooks):
 
     def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "",
                  views: Views | None = None, *,
-                 refusals: Callable[[GateContext, Exposure], None] | None = None,
+                 refusals: Callable[[GateContext, Exposure, str], None] | None = None,
                  observe: Observe | None = None, watch_run: WatchRun | None = None,
                  body_limit: int | None = None, pin: PinRequest | None = None) -> None:
         self.exposure = exposure
@@ -196,11 +197,12 @@ class SecurityGate(GateHooks):
 
     def _record(self, held: Admission | None, caller: CallerIdentity, kind: RequestKind,
                 name: str, target: ExposedFlow | None, *, gate: GateContext | None = None,
-                decided: bool = True, view: View | None = None, run: RunNote | None = None
-                ) -> Admission:
+                decided: bool = True, view: View | None = None, run: RunNote | None = None,
+                runs_root: str = RUNS_URI) -> Admission:
         """The admission of a request of ``caller`` this gate decided (``decided``
         False: while it resolves the request's name); ``gate``: the request as the audit
-        hook saw it, for a call's approval audits."""
+        hook saw it, for a call's approval audits; ``runs_root``: where its client
+        reaches the run resources."""
         approvals: Callable[[str, str], Awaitable[None]] | None = None
         if kind == "tool" and decided and self.audit_hook is not None and gate is not None:
             async def audit(step_id: str, answer: str) -> None:
@@ -217,7 +219,7 @@ class SecurityGate(GateHooks):
                         view=view or self.views.of(self.exposure, caller), owner=self.owner,
                         kind=kind, name=name, target=target, decided=decided,
                         audit_approval=approvals, outer=outer, observers=observers,
-                        run=run)
+                        run=run, runs_root=runs_root)
 
     async def _run_admitted(self, record: Admission, context: MiddlewareContext,
                             call_next: Any, gate: GateContext, started: float,
@@ -262,14 +264,14 @@ class SecurityGate(GateHooks):
         """The exposed flow a request for ``name`` on ``server`` (None: no transform
         renames its names) reaches, if any (for a run URI: the flow of that run, when
         the current caller started it)."""
-        if kind == "resource" and self.run_target is not None and is_run_uri(name):
-            return await self.run_target(name)
         if server is None:
+            if kind == "resource" and self.run_target is not None and is_run_uri(name):
+                return await self.run_target(name)
             return self.published_target(kind, name)
         # A transform added to server.fastmcp (a Namespace, a rename) changes the names
         # clients use: find the component the name resolves to, and its flow from the
-        # metadata every component of this server carries, so per-flow authorization
-        # follows the flow, whatever its name.
+        # metadata every component of this server carries (a run's resource: its
+        # run's), so per-flow authorization follows the flow, whatever its name.
         meta = owned_meta(await find_component(server, kind, name), self.owner)
         return None if meta is None else flow_of(self.exposure, meta)
 
@@ -277,28 +279,36 @@ class SecurityGate(GateHooks):
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
     ) -> Any:
         held = admission.current()
+        server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         if held is not None and held.admits(self.owner, kind)[0]:
             # A parent's MountedGate ran this gate: counted here, under this server's
-            # own names (the parent's carry its namespace).
-            return await self.serving.count(held.of(self.owner), context, call_next)
+            # own names (the parent's carry its namespace; this server's own transforms
+            # may still move its run resources).
+            own = RUNS_URI if self.serving.observe is None or kind != "resource" \
+                or server is None else await runs_root(server.transforms)
+            return await self.serving.count(held.of(self.owner), context, call_next, own)
         if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
-        server = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         renamed = server if server is not None and server.transforms else None
         # Looked up as the caller when the answer depends on who asks: a transform's
         # lookup goes through the provider (the caller's view), a run URI names one of
         # the caller's own runs.
         if renamed is None and not (kind == "resource" and is_run_uri(name)):
             return await self.guard_target(kind, name, None, context, call_next)
+        # A transform may move the run resources (a Namespace does): a read there is a
+        # run read, and a call's large output is linked there.
+        root = RUNS_URI if renamed is None or kind == "prompt" \
+            else await runs_root(renamed.transforms)
         return await self.guard_target(kind, name,
                                        lambda: self.target_in(renamed, kind, name),
-                                       context, call_next)
+                                       context, call_next, runs_root=root)
 
     async def guard_target(
         self, kind: RequestKind, name: str,
         resolve: Callable[[], Awaitable[ExposedFlow | None]] | None,
         context: MiddlewareContext, call_next: Any,
         authenticated: CallerIdentity | None = None, mounted: bool = False,
+        runs_root: str = RUNS_URI,
     ) -> Any:
         """Admit one request: authenticate, resolve its flow in *that caller's* view,
         rate-limit, authorize, audit; then serve it as the caller.
@@ -307,6 +317,10 @@ class SecurityGate(GateHooks):
         is known, as that caller (see :meth:`_resolve`; None: the flow the published
         name belongs to, whoever asks); a flow outside the caller's view is ``None`` to
         every later hook and the audit, exactly like a name that never existed.
+        ``runs_root``: where the request's client reaches the run resources (a read
+        there is a run read, whatever run it names; see :mod:`.composition`).
+        ``mounted``: run by a parent's :class:`MountedGate` for a request this server's
+        own chain serves, and counts, under its own names.
         """
         held = admission.current()
         # Admitted already: this request runs inside one the gate admitted (a tool that
@@ -319,7 +333,8 @@ class SecurityGate(GateHooks):
             view = self.views.of(self.exposure, token_caller)
             exposed = await self._resolve(held, token_caller, kind, name, resolve, view)
             return await self.serving.serve(self._record(
-                held, token_caller, kind, name, exposed, view=view), context, call_next)
+                held, token_caller, kind, name, exposed, view=view, runs_root=runs_root),
+                context, call_next, count=not mounted)
         headers = get_http_headers(include_all=True)
         gate = gate_for(kind, name, None, headers)
         caller: CallerIdentity | None = admitted
@@ -331,10 +346,11 @@ class SecurityGate(GateHooks):
             exposed = await self._resolve(held, caller, kind, name, resolve, view)
             gate = gate_for(kind, name, exposed, headers)
             if admitted is None:
-                await self._limit(gate, caller)
+                await self._limit(gate, caller, runs_root)
             await self._authorize(gate, caller)
         except GateRefused as refused:
-            await self._audit(gate, refused.caller, "denied", refused.reason)
+            await self._audit(gate, refused.caller, "denied", refused.reason,
+                              runs_root=runs_root)
             raise refusal_error(refused.reason) from None
         if admitted is None:
             admission.learn_caller(caller)
@@ -344,7 +360,7 @@ class SecurityGate(GateHooks):
         # Where the run a call starts notes what its audit needs (see RunNote).
         note = RunNote() if kind == "tool" else None
         record = self._record(held, caller, kind, name, exposed, gate=gate, view=view,
-                              run=note)
+                              run=note, runs_root=runs_root)
         result = await self._run_admitted(record, context, call_next, gate, started,
                                           count=not mounted)
         try:
@@ -413,12 +429,14 @@ class SecurityGate(GateHooks):
             raise GateRefused("authenticator_error")
         return identity
 
-    async def _limit(self, gate: GateContext, caller: CallerIdentity) -> None:
+    async def _limit(self, gate: GateContext, caller: CallerIdentity,
+                     runs_root: str = RUNS_URI) -> None:
         limiter = self.rate_limiter
         if limiter is not None:
             allowed = await self._call_hook(
                 # The budget name, never a caller-chosen name that is not published.
-                lambda g: limiter.acquire(caller, budget_name(g, self.exposure)), gate,
+                lambda g: limiter.acquire(caller, budget_name(g, self.exposure, runs_root)),
+                gate,
                 "rate_limiter_error", caller,
             )
             if allowed is not True:
@@ -462,9 +480,9 @@ class SecurityGate(GateHooks):
                      error_type: str | None = None, result_sha256: str | None = None,
                      result_length: int | None = None,
                      phase: Literal["approval"] | None = None, step_id: str | None = None,
-                     task_id: str | None = None) -> None:
+                     task_id: str | None = None, runs_root: str = RUNS_URI) -> None:
         if decision == "denied" and reason != BODY_TOO_LARGE and self.refusals is not None:
-            self.refusals(gate, self.exposure)
+            self.refusals(gate, self.exposure, runs_root)
         if self.audit_hook is None:
             return
         event = AuditEvent(

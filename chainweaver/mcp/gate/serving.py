@@ -18,6 +18,7 @@ from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.body_cap import oversize
 from chainweaver.mcp.gate.requests import local_name
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 
 # Serves an admitted request counted and timed: (record, context, serve).
 Observe = Callable[[Admission, MiddlewareContext, Callable[[], Awaitable[Any]]],
@@ -53,13 +54,14 @@ class AdmittedServing:
         return await self._served(record, context, call_next)
 
     async def count(self, record: Admission | None, context: MiddlewareContext,
-                    call_next: Any) -> Any:
+                    call_next: Any, runs_root: str = RUNS_URI) -> Any:
         """Serve a request admitted already, counted as this server's, under the name
         it has in this server's own chain (a parent's MountedGate admitted it under the
-        parent's, namespaced one)."""
+        parent's, namespaced one), where its run resources are at ``runs_root``."""
         if self.observe is None or record is None:
             return await call_next(context)
-        own = record.but(name=local_name(record.kind, context.message, record.name))
+        own = record.but(name=local_name(record.kind, context.message, record.name),
+                         runs_root=runs_root)
         return await self.observe(own, context, lambda: call_next(context))
 
     async def _served(self, record: Admission, context: MiddlewareContext,
@@ -72,7 +74,8 @@ class AdmittedServing:
         if record.page is not None:
             record.page.check()
         if record.owner == self.owner and record.kind is not None:
-            too_large = oversize(record.kind, record.name, result, self.body_limit)
+            too_large = oversize(record.kind, record.name, result, self.body_limit,
+                                 record.runs_root)
             if too_large is not None:
                 raise too_large
         return result

@@ -44,6 +44,7 @@ from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.hooks import GATE_REFUSED, GateContext
 from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name, budget_name_of
 from chainweaver.mcp.publish.exposure import Exposure
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver
 
 __all__ = ["OUTCOMES", "UNPUBLISHED", "RequestMetrics", "ServerMetrics", "StepCounter"]
@@ -82,10 +83,12 @@ class ServerMetrics:
         self.steps = meter.create_counter("chainweaver.steps", unit="{step}",
                                           description="Finished steps by tool and status")
 
-    def refused(self, gate: GateContext, exposure: Exposure) -> None:
-        """A request the gate refused (never served, so not timed)."""
+    def refused(self, gate: GateContext, exposure: Exposure, runs_root: str = RUNS_URI
+                ) -> None:
+        """A request the gate refused (never served, so not timed); ``runs_root``:
+        where its client reaches the run resources."""
         self.requests.add(1, {"kind": str(gate.kind), "outcome": "refused",
-                              "name": budget_name(gate, exposure)})
+                              "name": budget_name(gate, exposure, runs_root)})
 
     def run_finished(self, tool: str, status: str, seconds: float) -> None:
         labels = {"tool": tool, "status": status if status in RUN_STATUSES else "failed"}
@@ -139,7 +142,7 @@ class RequestMetrics:
         # Counted as the budgets count it, under the name this server publishes (see
         # AdmittedServing.count).
         name = budget_name_of(record.kind, record.name, record.target is not None,
-                              self.exposure)
+                              self.exposure, record.runs_root)
         started = time.perf_counter()
         outcome = "ok"
         try:

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 from fastmcp.tools.base import ToolResult
 from mcp_types import ResourceLink, TextContent
 
+from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, sent_size
-from chainweaver.mcp.publish.run_uris import output_uri
+from chainweaver.mcp.publish.run_uris import RUNS_URI, output_uri
 from chainweaver.mcp.runs.records import (
     FINISHED,
     RunRecord,
@@ -320,7 +321,7 @@ def link_result(record: RunRecord, data: bytes, why: str, has_schema: bool) -> T
     is not in the result). For a flow with an output schema it is an ``isError``
     result: a success would have to carry structured content that fits the schema,
     and a preview never does."""
-    uri = output_uri(record.run_id)
+    uri = output_link(record.run_id)
     preview = data[:PREVIEW_BYTES].decode("utf-8", "ignore")
     size = len(data)
     said = (f"The output of flow {record.tool!r} {why}; read it from {uri} "
@@ -331,6 +332,15 @@ def link_result(record: RunRecord, data: bytes, why: str, has_schema: bool) -> T
                         size=size, description="The whole output of the run, as JSON.")
     return ToolResult(content=[TextContent(type="text", text=text), link],
                       is_error=has_schema)
+
+
+def output_link(run_id: str) -> str:
+    """The URI of a run's output as the client of the request being served reads it:
+    where its composition (a ``Namespace``, ``mount_into``) lets it reach the run
+    resources, as the gate admitted the request. Every link and ``_meta`` URI to an
+    output is written here."""
+    held = admission.current()
+    return output_uri(run_id, held.runs_root if held is not None else RUNS_URI)
 
 
 def unsendable(tool: str, size: int, *, output: bool = True, now: bool = False
@@ -362,7 +372,7 @@ def output_meta(record: RunRecord) -> dict[str, Any] | None:
     """``_meta.chainweaver.output`` of a result whose output travels as a link."""
     if not record.output_stored:
         return None
-    return {"uri": output_uri(record.run_id), "size": record.output_size,
+    return {"uri": output_link(record.run_id), "size": record.output_size,
             "sha256": record.output_sha256, "mime_type": record.output_mime}
 
 

@@ -63,6 +63,7 @@ from chainweaver.mcp.fastmcp_seams import check_task_request, running_docket
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.approval import SharedMark, declared_elicitation
 from chainweaver.mcp.runs.recording import RunRecorder, run_start
 from chainweaver.mcp.runs.step_names import ALL_VISIBLE
@@ -192,6 +193,11 @@ class FlowTasksExtension(TasksExtension):
             payload["grant"] = grant
         run = run_start(None, caller_id)
         payload["run"] = run.run_id  # every leg of the task continues this run's record
+        held = admission.current()
+        if held is not None and held.runs_root != RUNS_URI:
+            # Where this client reads the run resources (a Namespace on the server): the
+            # legs link a large output there.
+            payload["runs_root"] = held.runs_root
         created = await create_task(await self.registered_runner(), payload, context)
         await mark_queued(self.docket, get_task_scope(), created.task_id)
         run.task_id = created.task_id

@@ -44,6 +44,7 @@ from chainweaver.mcp.gate.hooks import (
 from chainweaver.mcp.gate.requests import payload_text
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.approval import ApprovalInTask
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.recording import run_start
@@ -152,9 +153,11 @@ class FlowTaskRunner(FastMCPTool):
         # The leg runs as the caller that created the task, as far as its view goes: the
         # exposure, the view and the names a run shows are judged as for that caller.
         caller = task_caller(arguments)
-        if caller is None:
+        root = arguments.get("runs_root")
+        root = root if isinstance(root, str) else RUNS_URI  # where its client reads runs
+        if caller is None and root == RUNS_URI:
             return await self._run_leg(arguments, ctx, execution, docket)
-        with admission.admitted(Admission(execution, caller=caller)):
+        with admission.admitted(Admission(execution, caller=caller, runs_root=root)):
             return await self._run_leg(arguments, ctx, execution, docket)
 
     async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
