@@ -6,7 +6,7 @@ hand or by its serializer) and returns the ChainWeaver flow-file mapping and a
 :class:`Finding` for every field it cannot express: nothing is dropped silently. Fields at
 their reference defaults need nothing. :class:`MigrationError` means the content is not a
 reference flow at all. Reading, validating and writing files is
-:mod:`chainweaver.migrate_cli`; docs/migrating.md describes both packages side by side.
+:mod:`chainweaver.cli.migrate`; docs/migrating.md describes both packages side by side.
 """
 
 from __future__ import annotations

@@ -25,12 +25,11 @@ from typing import Any, Union, cast
 
 from pydantic import BaseModel
 
-from .cli_run import describe_error, step_table
 from .executor import FlowExecutor
 from .files import load_flow_file
 from .flows import Flow
 from .registry import FlowRegistry
-from .results import ExecutionResult, StepRecord
+from .results import ExecutionResult, StepRecord, describe_error, step_table
 from .run_events import ALWAYS_APPROVE, ApprovalHook
 from .safety import ToolSafetyContract
 from .tools import Tool

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from support.cli import run
 
-from chainweaver.cli_errors import EXIT_INVALID, EXIT_MISSING
+from chainweaver.cli.errors import EXIT_INVALID, EXIT_MISSING
 
 SECRET = "s3cret-pw"
 

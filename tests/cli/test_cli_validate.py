@@ -15,7 +15,7 @@ from support.cli import run
 from support.procs import STARTUP_TIMEOUT
 
 from chainweaver.cli import main
-from chainweaver.cli_locate import field_tokens, line_of
+from chainweaver.cli.locate import field_tokens, line_of
 
 pytestmark = pytest.mark.usefixtures("in_repository")
 

@@ -223,6 +223,6 @@ def test_the_plugin_runs_the_documented_example_without_the_mcp_extra(tmp_path: 
 def test_the_plugin_leaves_chainweaver_to_the_normal_importer() -> None:
     # pytest would load every module of a plugin's distribution with its assertion
     # rewriter, which cannot run `python -m chainweaver` through runpy.
-    import chainweaver.cli_run
+    import chainweaver.cli.run
 
-    assert type(chainweaver.cli_run.__loader__).__name__ != "AssertionRewritingHook"
+    assert type(chainweaver.cli.run.__loader__).__name__ != "AssertionRewritingHook"

@@ -19,18 +19,42 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from .cli_build import load_executor
-from .cli_errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, CommandError
-from .cli_options import PROG
-from .errors import ChainWeaverError, FlowNotFoundError
-from .executor import FlowExecutor
-from .results import ErrorInfo, ExecutionResult, StepRecord
-from .run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, approval_request
+from ..errors import ChainWeaverError, FlowNotFoundError
+from ..executor import FlowExecutor
+from ..results import ErrorInfo, ExecutionResult, StepRecord, describe_error, step_table
+from ..run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, approval_request
+from .errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, CommandError
+from .loading import load_executor
+from .options import add_flow_sources
+from .output import PROG, json_text
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell shows for Ctrl-C
 
 
-def run_command(args: argparse.Namespace) -> int:
+def add_parser(subparsers: Any) -> None:
+    command = subparsers.add_parser(
+        "run", help="run one flow and print its result",
+        description="Load the tools and flow files as serve does, run FLOW once on the "
+                    "given input, print its output (JSON) on stdout and a table of its "
+                    "steps on stderr. Exit codes: 0 the flow succeeded, 1 it failed, 2 "
+                    "a usage or loading error.")
+    command.add_argument("flow", metavar="FLOW", help="the name of the flow to run")
+    add_flow_sources(command)
+    given = command.add_argument_group("input (default: {})")
+    one = given.add_mutually_exclusive_group()
+    one.add_argument("--input", metavar="JSON", help="the flow input as a JSON object")
+    one.add_argument("--input-file", metavar="FILE",
+                     help="read the JSON input from FILE ('-': standard input)")
+    command.add_argument("--version", dest="flow_version", metavar="VERSION",
+                         help="run this version of FLOW (default: the latest)")
+    command.add_argument("--json", action="store_true",
+                         help="print one JSON document (output, error and steps) on stdout "
+                              "and no table")
+    command.add_argument("-y", "--yes", action="store_true",
+                         help="approve steps that require approval without asking")
+
+
+def run(args: argparse.Namespace) -> int:
     """Run ``args.flow`` once and report it; returns the exit code."""
     flow_input = read_input(args.input, args.input_file)
     try:
@@ -49,11 +73,11 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     if args.json:
-        print(json.dumps(result_document(result), indent=2), flush=True)
+        print(json_text(result_document(result)), flush=True)
     else:
         print(step_table(result), file=sys.stderr, flush=True)
         if result.success:
-            print(json.dumps(jsonable(result.final_output), indent=2), flush=True)
+            print(json_text(jsonable(result.final_output)), flush=True)
         else:
             print(f"{PROG}: flow {result.flow_name} {result.flow_version} failed: "
                   f"{describe_error(result.error)}", file=sys.stderr, flush=True)
@@ -147,67 +171,6 @@ def ask_on_terminal(request: ApprovalRequest) -> bool:
 def jsonable(value: Any) -> Any:
     """``value`` as JSON can hold it (dates as text; anything else by its ``str``)."""
     return to_jsonable_python(value, fallback=str)
-
-
-def describe_error(error: ErrorInfo | None) -> str:
-    """``at step 'x' (tool 't'), field 'f': Type: message``."""
-    if error is None:
-        return "no error recorded"
-    where = []
-    if error.step_id is not None:
-        tool = f" (tool {error.tool_name!r})" if error.tool_name not in (None,
-                                                                          error.step_id) else ""
-        where.append(f"at step {error.step_id!r}{tool}")
-    if error.field is not None:
-        where.append(f"field {error.field!r}")
-    prefix = ", ".join(where)
-    return f"{prefix + ': ' if prefix else ''}{_typed(error)}"
-
-
-def _typed(error: ErrorInfo) -> str:
-    """The message, led by the error type unless it names it already."""
-    return error.message if error.type in error.message else f"{error.type}: {error.message}"
-
-
-def _rows(records: list[StepRecord], prefix: str = "") -> list[tuple[StepRecord, str]]:
-    """Each record with its path; a sub-flow's steps follow their step (``outer/inner``)."""
-    rows = []
-    for record in records:
-        path = prefix + (record.step_id or record.tool_name)
-        rows.append((record, path))
-        rows.extend(_rows(record.steps or [], path + "/"))
-    return rows
-
-
-def duration(ms: float) -> str:
-    if ms < 10:
-        return f"{ms:.2f} ms"
-    return f"{ms:.1f} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
-
-
-def step_table(result: ExecutionResult) -> str:
-    """The steps as aligned columns: id, status, attempts, duration, and an error
-    column when a step has one."""
-    rows = _rows(result.steps)
-    if not rows:
-        return "no step ran"
-    errors = any(record.error is not None for record, _ in rows)
-    table = [["STEP", "STATUS", "ATTEMPTS", "DURATION", *(["ERROR"] if errors else [])]]
-    for record, path in rows:
-        status = record.status + (f" (fallback {record.fallback})" if record.fallback else "")
-        cells = [path, status, str(record.attempts), duration(record.duration_ms)]
-        table.append(cells + [_short(record.error)] if errors else cells)
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths,
-                                                                   strict=False)),
-                                row[-1]]).rstrip() for row in table)
-
-
-def _short(error: ErrorInfo | None) -> str:
-    if error is None:
-        return "-"
-    where = f"field {error.field!r}: " if error.field else ""
-    return where + _typed(error)
 
 
 def record_document(record: StepRecord) -> dict[str, Any]:

@@ -1,40 +1,44 @@
-"""What a ``chainweaver`` command loads before it serves or reports: tools modules (with
-import failures named by file and line), flow files, token and instructions files,
-and the FlowServer they make. Every problem is a :class:`CommandError` with its exit code.
+"""What ``serve``, ``inspect`` and ``worker`` build before they serve or report: the
+FlowServer that the tools, the flow files and every server flag make (token, key and
+instructions files read, access, tasks, run history and shared governance set up), and
+the errors loading them raises as one :class:`CommandError` with its exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
-import os
 import re
 import sys
-import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from enum import Enum
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NamedTuple
 
-from .cli_errors import (
-    EXIT_INVALID,
-    EXIT_MISSING,
-    EXIT_USAGE,
-    CommandError,
-)
-from .cli_flows import governance_settings
-from .cli_runs import run_history_settings
-from .errors import DuplicateToolError
-from .executor import FlowExecutor
-from .files import find_flow_files, load_flows_by_file
-from .flows import Flow, FlowLifecycle
-from .registry import FlowRegistry
-from .safety import SideEffectLevel
-from .tools import Tool
+from ..errors import ChainWeaverError
+from ..flows import FlowLifecycle
+from ..governance.state import GovernanceSettings
+from ..safety import SideEffectLevel
+from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_USAGE, CommandError
+from .loading import load_executor
+from .output import PROG
+
+
+@contextmanager
+def loading_errors() -> Iterator[None]:
+    """Around loading and building: what tools modules print goes to stderr (stdout is
+    only for MCP or the report); a missing file or module exits 2, an invalid flow file,
+    tool set or server policy 1."""
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    except CommandError:
+        raise
+    except (FileNotFoundError, ModuleNotFoundError) as error:
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ChainWeaverError as error:  # flow files, duplicate flows, server policy
+        raise CommandError(EXIT_INVALID, str(error)) from None
 
 
 def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) -> list[str] | None:
@@ -51,155 +55,6 @@ def _values(raw: list[str] | None, flag: str, enum: type[Enum] | None = None) ->
                 raise CommandError(EXIT_INVALID, f"{flag}: {value!r} is not one of "
                                    f"{', '.join(choices)}")
     return values
-
-
-# ------------------------------------------------------------------ tools modules
-
-
-def _import_tools_module(spec: str) -> ModuleType:
-    """Import ``spec``: a path to a .py file, or a dotted module name."""
-    if spec.endswith(".py") or "/" in spec or os.sep in spec:
-        return _import_file(Path(spec), spec)
-    try:
-        return importlib.import_module(spec)
-    except ModuleNotFoundError as error:
-        if error.name and (spec == error.name or spec.startswith(f"{error.name}.")):
-            raise CommandError(EXIT_MISSING, f"--tools {spec}: no module named "
-                               f"{error.name!r}") from None
-        raise _import_failed(spec, error, _module_file(spec)) from None
-    except (Exception, SystemExit) as error:  # the module's own code failed
-        raise _import_failed(spec, error, _module_file(spec)) from None
-
-
-def _module_file(spec: str) -> str | None:
-    """Where a dotted module lives, found without running it again."""
-    try:
-        found = importlib.util.find_spec(spec)
-    except (ImportError, ValueError):
-        return None
-    return found.origin if found is not None else None
-
-
-def _import_failed(spec: str, error: BaseException, module_file: str | None = None
-                   ) -> CommandError:
-    """One line naming where the import failed: the line of the tools module that was
-    running, and the place the exception came from when that is elsewhere."""
-    where = _failure_location(error, module_file)
-    message = str(error.msg) if isinstance(error, SyntaxError) else str(error)
-    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    return CommandError(EXIT_MISSING, f"--tools {spec}: importing it failed"
-                        f"{f' at {where}' if where else ''}: {text}")
-
-
-def _failure_location(error: BaseException, module_file: str | None) -> str:
-    """``file:line`` of the failure, for a person to open in an editor."""
-    frames = [(frame.f_code.co_filename, line) for frame, line in
-              traceback.walk_tb(error.__traceback__)]
-    if isinstance(error, SyntaxError) and error.filename:
-        frames.append((error.filename, error.lineno or 0))  # the file that did not parse
-    frames = [(name, line) for name, line in frames if not _is_import_machinery(name)]
-    if not frames:
-        return ""
-    origin = frames[-1]
-    here = next((f for f in reversed(frames) if module_file and _same_file(f[0], module_file)),
-                None)
-    if here is None or here == origin:
-        return f"{_shown(origin[0])}:{origin[1]}"
-    return f"{_shown(here[0])}:{here[1]} (raised at {_shown(origin[0])}:{origin[1]})"
-
-
-def _shown(filename: str) -> str:
-    """A path relative to the current directory when it is inside it, as typed."""
-    try:
-        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
-    except (OSError, ValueError):
-        return filename
-
-
-def _is_import_machinery(filename: str) -> bool:
-    return filename.startswith("<frozen ") or filename == __file__
-
-
-def _same_file(first: str, second: str) -> bool:
-    try:
-        return Path(first).resolve() == Path(second).resolve()
-    except OSError:
-        return first == second
-
-
-def _import_file(path: Path, spec: str) -> ModuleType:
-    """Import a file as the module named after it, with its directory on sys.path so it
-    can import its neighbours and flow files can reference its models."""
-    if not path.is_file():
-        raise CommandError(EXIT_MISSING, f"--tools {spec}: no such file")
-    name = path.stem
-    loaded = sys.modules.get(name)
-    if loaded is not None:
-        loaded_file = getattr(loaded, "__file__", None)
-        if loaded_file and Path(loaded_file).resolve() == path.resolve():
-            return loaded
-        raise CommandError(EXIT_MISSING, f"--tools {spec}: a different module named "
-                           f"{name!r} is already imported; rename the file")
-    directory = str(path.resolve().parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise CommandError(EXIT_MISSING, f"--tools {spec}: cannot be imported as a module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # pydantic resolves postponed annotations through it
-    try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as error:  # SystemExit too: sys.exit() while importing
-        del sys.modules[name]
-        raise _import_failed(spec, error, str(path)) from None
-    return module
-
-
-def register_tools(executor: FlowExecutor, specs: Sequence[str]) -> None:
-    """Register every public module-level Tool of each module."""
-    owners: dict[str, str] = {}
-    for spec in specs:
-        module = _import_tools_module(spec)
-        found = [v for k, v in vars(module).items()
-                 if isinstance(v, Tool) and not k.startswith("_")]
-        if not found:
-            raise CommandError(EXIT_MISSING, f"--tools {spec}: the module defines no "
-                               "chainweaver Tool objects")
-        for found_tool in found:
-            if executor.tools.get(found_tool.name) is found_tool:
-                continue  # the same object, re-exported by another module
-            try:
-                executor.register_tool(found_tool)
-            except DuplicateToolError:
-                raise CommandError(EXIT_INVALID, f"--tools {spec}: a different tool named "
-                                   f"{found_tool.name!r} already came from "
-                                   f"{owners[found_tool.name]}") from None
-            owners[found_tool.name] = spec
-
-
-# ------------------------------------------------------------------ building
-
-
-def import_from_cwd() -> None:
-    """Put the current directory on ``sys.path``, as ``python -m`` does: tools modules
-    and the models flow files reference import from where the command runs."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
-def load_executor(paths: Sequence[str], tools: Sequence[str]
-                  ) -> tuple[FlowExecutor, dict[Path, Flow]]:
-    """What every command that runs or serves flows loads: the tools of ``tools``
-    modules and the flow files under ``paths`` (checked against those tools), all
-    registered on a new executor. Also returns the flows by file."""
-    import_from_cwd()
-    executor = FlowExecutor(FlowRegistry())
-    register_tools(executor, tools)
-    loaded = load_flows_by_file(find_flow_files(paths), tools=executor.tools)
-    for flow in loaded.values():
-        executor.registry.register_flow(flow)
-    return executor, loaded
 
 
 @contextmanager
@@ -220,11 +75,21 @@ class Built(NamedTuple):
     tools: int
     metrics: Any = None  # the metrics reader --metrics-port serves (serve only)
 
+    def report(self) -> list[str]:
+        """What was loaded, and which flows are exposed or excluded (with why)."""
+        report = self.server.exposure_report()
+        exposed = [entry.flow_name for entry in report if entry.exposed]
+        lines = [f"{PROG}: loaded {self.files} flow file(s) and {self.tools} tool(s)",
+                 f"{PROG}: exposed {len(exposed)} of {len(report)} flows: "
+                 f"{', '.join(exposed) or 'none'}"]
+        return lines + [f"{PROG}: excluded {e.flow_name} v{e.version}: {e.reason}"
+                        for e in report if not e.exposed]
+
 
 def build_server(args: argparse.Namespace) -> Built:
     """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
     try:
-        from .mcp import ExposurePolicy, FlowServer, PromptPolicy, SecurityConfig, ServingConfig
+        from ..mcp import ExposurePolicy, FlowServer, PromptPolicy, SecurityConfig, ServingConfig
     except ImportError as error:
         raise CommandError(EXIT_MISSING, str(error)) from None
 
@@ -279,7 +144,7 @@ def _metrics(args: argparse.Namespace) -> tuple[Any, Any]:
     """``serve --metrics-port``: an SDK meter provider and the reader a scrape reads."""
     if args.command != "serve" or args.metrics_port is None:
         return None, None
-    from .mcp.runs.prometheus import metrics_pipeline
+    from ..mcp.runs.prometheus import metrics_pipeline
 
     try:
         return metrics_pipeline()
@@ -291,7 +156,7 @@ def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> No
     """``serve --watch``: reload the flow files as they change, while serving."""
     if args.command != "serve" or not args.watch:
         return
-    from .watch import FlowFileWatcher
+    from ..watch import FlowFileWatcher
 
     logger = logging.getLogger("chainweaver.watch")
     if not logger.handlers:  # reloads and bad edits are reported on stderr
@@ -306,7 +171,7 @@ def _watch(args: argparse.Namespace, server: Any, loaded: dict[Path, Any]) -> No
 
 def _task_settings(args: argparse.Namespace) -> Any:
     """FlowServer's ``tasks`` (a TaskSettings) from --tasks and the --task-* flags."""
-    from .mcp import TaskSettings
+    from ..mcp import TaskSettings
 
     if args.tasks is None:
         if args.task_concurrency is not None or args.task_redelivery is not None:
@@ -394,7 +259,6 @@ def load_token_file(path: str) -> Any:
     return StaticTokenVerifier(tokens=tokens)
 
 
-
 class Access(NamedTuple):
     security: dict[str, Any]  # SecurityConfig settings
     serving: dict[str, Any]  # ServingConfig settings
@@ -402,8 +266,8 @@ class Access(NamedTuple):
 
 def access_settings(args: argparse.Namespace) -> Access:
     """The --auth-*, --visible-claim, --rate-*, --audit-log and --*-as-tools settings."""
-    from .mcp import FixedWindowRateLimiter, visible_claim
-    from .mcp.gate.audit_log import JsonlAuditLog
+    from ..mcp import FixedWindowRateLimiter, visible_claim
+    from ..mcp.gate.audit_log import JsonlAuditLog
 
     jwt = [flag for flag, value in (("--auth-jwks-uri", args.auth_jwks_uri),
                                     ("--auth-public-key", args.auth_public_key))
@@ -444,7 +308,7 @@ def access_settings(args: argparse.Namespace) -> Access:
             security["rate_limiter"] = FixedWindowRateLimiter(args.rate_limit, window)
         else:
             try:
-                from .mcp.gate.rate_limit import RedisRateLimiter
+                from ..mcp.gate.rate_limit import RedisRateLimiter
 
                 security["rate_limiter"] = RedisRateLimiter(args.rate_limit_redis,
                                                             args.rate_limit, window)
@@ -477,3 +341,48 @@ def _public_key(path: str) -> str:
         raise CommandError(EXIT_INVALID, f"--auth-public-key {path}: not a PEM public "
                            "key") from None
     return text
+
+
+def governance_settings(args: argparse.Namespace) -> Any:
+    """``ServingConfig(governance=...)`` from the flags (None without --governance)."""
+    if args.governance is None:
+        if args.governance_prefix or args.governance_stop_after:
+            raise CommandError(EXIT_USAGE, "--governance-prefix and "
+                               "--governance-stop-after need --governance")
+        return None
+    logger = logging.getLogger("chainweaver.governance")
+    if args.command != "inspect" and not logger.handlers:  # applies and outages
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("chainweaver: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    options: dict[str, Any] = {"url": args.governance}
+    if args.governance_prefix:
+        options["prefix"] = args.governance_prefix
+    if args.governance_stop_after is not None:
+        options["stop_serving_after"] = args.governance_stop_after
+    return GovernanceSettings(**options)
+
+
+HISTORY_FLAGS = (("--run-history-max-runs", "run_history_max_runs", "max_runs"),
+                 ("--run-history-max-age", "run_history_max_age", "max_age"),
+                 ("--output-limit", "output_limit", "output_limit"))
+
+
+def run_history_settings(args: argparse.Namespace) -> Any:
+    """The ``RunHistory`` the flags ask for (None: no --run-history). A bound without
+    --run-history is refused: without a history, runs keep no record and outputs are
+    sent whole."""
+    given = {field: getattr(args, name) for _, name, field in HISTORY_FLAGS
+             if getattr(args, name, None) is not None}
+    url = getattr(args, "run_history", None)
+    if url is None:
+        if given:
+            flags = [flag for flag, name, _ in HISTORY_FLAGS
+                     if getattr(args, name, None) is not None]
+            raise CommandError(EXIT_USAGE, f"{', '.join(flags)} need"
+                               f"{'s' if len(flags) == 1 else ''} --run-history URL")
+        return None
+    from ..mcp.config import RunHistory
+
+    return RunHistory(store=url, **given)

@@ -7,7 +7,7 @@ Both take ``--governance URL`` (default: ``$CHAINWEAVER_GOVERNANCE``) and ``--pr
 A change returns once Redis holds it (and, with ``--wait``, once every live process has
 applied it); ``status`` shows the decisions, what each live replica and worker applied
 and when, and the last changes with who made them. ``serve`` and ``worker`` follow the
-same state with ``--governance URL`` (:func:`add_governance_options`).
+same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
 """
 
 from __future__ import annotations
@@ -15,23 +15,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import json
-import logging
 import os
 import sys
 import time
 from typing import Any
 
-from .cli_errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
-from .errors import ChainWeaverError
-from .governance.state import (
+from ..errors import ChainWeaverError
+from ..governance.state import (
     GovernanceSettings,
     UnreadableEntry,
     check_version,
     masked_reason,
     masked_url,
 )
-from .governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
+from ..governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
+from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
+from .output import json_text, table
 
 ENV_URL = "CHAINWEAVER_GOVERNANCE"
 VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
@@ -39,43 +38,8 @@ VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
 EXIT_NOT_APPLIED = 1  # --wait ran out before every live process applied the change
 
 
-def add_governance_options(parser: argparse.ArgumentParser) -> None:
-    """``serve`` / ``worker`` (and ``inspect``, which ignores them): follow the state."""
-    group = parser.add_argument_group("shared governance (needs the tasks extra)")
-    group.add_argument("--governance", metavar="URL",
-                       help="follow the governance state operators share on this Redis "
-                            "(redis://HOST:PORT/DB; see chainweaver flows)")
-    group.add_argument("--governance-prefix", metavar="PREFIX",
-                       help="its Redis key prefix (default: chainweaver:governance)")
-    group.add_argument("--governance-stop-after", type=float, metavar="SECONDS",
-                       help="serve no flow while the state could not be confirmed for "
-                            "longer than this (default: keep serving the last state)")
-
-
-def governance_settings(args: argparse.Namespace) -> Any:
-    """``ServingConfig(governance=...)`` from the flags (None without --governance)."""
-    if args.governance is None:
-        if args.governance_prefix or args.governance_stop_after:
-            raise CommandError(EXIT_USAGE, "--governance-prefix and "
-                               "--governance-stop-after need --governance")
-        return None
-    logger = logging.getLogger("chainweaver.governance")
-    if args.command != "inspect" and not logger.handlers:  # applies and outages
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("chainweaver: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-    options: dict[str, Any] = {"url": args.governance}
-    if args.governance_prefix:
-        options["prefix"] = args.governance_prefix
-    if args.governance_stop_after is not None:
-        options["stop_serving_after"] = args.governance_stop_after
-    return GovernanceSettings(**options)
-
-
-def add_flows_command(commands: Any) -> None:
-    """``chainweaver flows ...``."""
-    flows = commands.add_parser(
+def add_parser(subparsers: Any) -> None:
+    flows = subparsers.add_parser(
         "flows", help="govern flows on every replica and worker (shared on Redis)",
         description="Change or show the governance state every replica and worker "
                     "started with --governance applies.")
@@ -107,7 +71,7 @@ def _connection(parser: argparse.ArgumentParser) -> None:
                                                        "chainweaver:governance)")
 
 
-def flows_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``chainweaver flows ACTION``; the exit code."""
     if not args.governance:
         raise CommandError(EXIT_USAGE, f"flows needs --governance redis://HOST:PORT/DB "
@@ -249,12 +213,12 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
     live = _live(heartbeats)
     readable = {name: d for name, d in state.decisions.items() if d.withheld is None}
     if args.json:
-        print(json.dumps({
+        print(json_text({
             "version": state.version,
             "decisions": {name: d.to_dict() for name, d in readable.items()},
             "unreadable": state.unreadable,
             "processes": {p: {**r, "live": p in live} for p, r in heartbeats.items()},
-            "changes": changes}, indent=2), flush=True)
+            "changes": changes}), flush=True)
         return EXIT_OK
     print(f"shared version {state.version}")
     rows: list[tuple[str, ...]] = [("FLOW", "VERSIONS", "DECISION")]
@@ -265,7 +229,7 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
         if decision.all is not None:
             rows.append((name, "all", decision.all))
         rows.extend((name, version, action) for version, action in decision.versions.items())
-    print("\n".join(_table(rows)) if len(rows) > 1 else "no decisions")
+    print("\n".join(table(rows)) if len(rows) > 1 else "no decisions")
     print()
     print(_processes(heartbeats, live))
     if changes:
@@ -311,8 +275,8 @@ def _processes(heartbeats: dict[str, dict[str, Any]], live: dict[str, Any]) -> s
         for name, why in sorted((record.get("not_applied") or {}).items()):
             notes.append(f"{process}: could not apply the decision on {name} ({why}); "
                          f"withheld")
-    table = "\n".join(_table(rows)) if len(rows) > 1 else "no process has reported"
-    return "\n".join([table, *notes])
+    shown = "\n".join(table(rows)) if len(rows) > 1 else "no process has reported"
+    return "\n".join([shown, *notes])
 
 
 def _float(value: object) -> float | None:
@@ -326,12 +290,6 @@ def _when(at: float | None) -> str:
     if at is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
 
 
 def _os_user() -> str:

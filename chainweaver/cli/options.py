@@ -1,5 +1,6 @@
-"""The ``chainweaver`` command line's arguments: the parser, its option groups, and the
-argument types that check values as they are read (see :mod:`chainweaver.cli`)."""
+"""The options ``chainweaver`` commands share: where flows and tools come from (PATH...
+and --tools), every server setting that ``serve``, ``inspect`` and ``worker`` take, and the
+argument types that check values as they are read."""
 
 from __future__ import annotations
 
@@ -8,17 +9,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__
-from .cli_errors import EXIT_USAGE, CommandError
-from .cli_flows import add_flows_command, add_governance_options
-from .cli_runs import add_run_history_options, add_runs_command
-from .errors import ChainWeaverError
-from .migrate_cli import add_migrate_command
-
-PROG = "chainweaver"
+from ..errors import ChainWeaverError
+from .errors import EXIT_USAGE, CommandError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def server_options() -> argparse.ArgumentParser:
+    """The options of a command that loads and judges flows as a server would (``serve``,
+    ``inspect`` and ``worker``): a parent parser for ``add_parser(parents=[...])``."""
     common = argparse.ArgumentParser(add_help=False)
     add_flow_sources(common)
     common.add_argument("--expose-schemas", action="store_true",
@@ -54,42 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_access_options(common)
     _add_watch_options(common)
     _add_task_options(common)
-    add_run_history_options(common)
-    add_governance_options(common)
-
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("serve", parents=[common], help="serve flows over MCP",
-                        description="Serve the flows the policy allows over MCP.")
-    inspect = commands.add_parser(
-        "inspect", parents=[common], help="show what serve would publish",
-        description="Print the exposure decision and exit. Takes every serve option "
-                    "and checks it as serve does, but serves nothing.")
-    inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
-    inspect.add_argument("--prompts", action="store_true",
-                         help="also show each published prompt as clients receive it: its "
-                              "arguments and its messages with placeholder values")
-    inspect.add_argument("--graph", metavar="FLOW",
-                         help="print FLOW's steps as a Mermaid flowchart instead (with "
-                              "--json: its steps, edges and conditions as JSON)")
-    inspect.add_argument("--strict", action="store_true",
-                         help="exit with 1 when any flow is excluded as invalid")
-    commands.add_parser(
-        "worker", parents=[common], help="run flows for background tasks (needs --tasks)",
-        description="Run the flows of background tasks that any server replica on the same "
-                    "Redis queue (--tasks redis://...) created. Loads flows and tools as "
-                    "serve does; serves no MCP transport.")
-    commands.add_parser("schema", help="print the JSON Schema of flow files",
-                        description="Print the JSON Schema that flow files follow, for "
-                                    "editors and CI checks.")
-    add_run_command(commands)
-    add_validate_command(commands)
-    add_migrate_command(commands)
-    add_flows_command(commands)
-    add_runs_command(commands)
-    return parser
+    _add_run_history_options(common)
+    _add_governance_options(common)
+    return common
 
 
 def add_flow_sources(parser: argparse.ArgumentParser, *, tools_required: bool = True
@@ -102,44 +66,6 @@ def add_flow_sources(parser: argparse.ArgumentParser, *, tools_required: bool = 
                         metavar="MODULE", default=None if tools_required else [],
                         help="a module (package.module) or a .py file whose Tool objects "
                              "are registered; repeatable")
-
-
-def add_run_command(commands: Any) -> None:
-    """``chainweaver run FLOW PATH... --tools MODULE``."""
-    run = commands.add_parser(
-        "run", help="run one flow and print its result",
-        description="Load the tools and flow files as serve does, run FLOW once on the "
-                    "given input, print its output (JSON) on stdout and a table of its "
-                    "steps on stderr. Exit codes: 0 the flow succeeded, 1 it failed, 2 "
-                    "a usage or loading error.")
-    run.add_argument("flow", metavar="FLOW", help="the name of the flow to run")
-    add_flow_sources(run)
-    given = run.add_argument_group("input (default: {})")
-    one = given.add_mutually_exclusive_group()
-    one.add_argument("--input", metavar="JSON", help="the flow input as a JSON object")
-    one.add_argument("--input-file", metavar="FILE",
-                     help="read the JSON input from FILE ('-': standard input)")
-    run.add_argument("--version", dest="flow_version", metavar="VERSION",
-                     help="run this version of FLOW (default: the latest)")
-    run.add_argument("--json", action="store_true",
-                     help="print one JSON document (output, error and steps) on stdout "
-                          "and no table")
-    run.add_argument("-y", "--yes", action="store_true",
-                     help="approve steps that require approval without asking")
-
-
-def add_validate_command(commands: Any) -> None:
-    """``chainweaver validate PATH... [--tools MODULE]``."""
-    validate = commands.add_parser(
-        "validate", help="check flow files and report every problem",
-        description="Check every flow file under PATH as serve would load and judge it, "
-                    "and report every problem with its file, line and flow. With --tools, "
-                    "the steps are also checked against the tools: tools and fields exist, "
-                    "sub-flows, retries and the data flow. Exit codes: 0 no problem, 1 "
-                    "problems found, 2 a usage or loading error.")
-    add_flow_sources(validate, tools_required=False)
-    validate.add_argument("--format", choices=("text", "json"), default="text",
-                          help="text (default: one line per problem) or json")
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -271,6 +197,35 @@ def _add_access_options(parser: argparse.ArgumentParser) -> None:
                        help="also publish prompts as tools (list_prompts, get_prompt)")
 
 
+def _add_run_history_options(parser: argparse.ArgumentParser) -> None:
+    """``serve``'s flags for ``ServingConfig(run_history=RunHistory(...))``."""
+    group = parser.add_argument_group("run history (docs/run-history.md)")
+    group.add_argument("--run-history", metavar="URL",
+                       help="keep a record of every run: memory:// or redis://... (replicas "
+                            "share it); runs readable as chainweaver://runs/... resources")
+    group.add_argument("--run-history-max-runs", type=int, metavar="N",
+                       help="keep at most N runs (default: 10000; memory: the caller "
+                            "holding the most gives up its oldest)")
+    group.add_argument("--run-history-max-age", type=float, metavar="SECONDS",
+                       help="forget runs older than this (default: 604800, 7 days)")
+    group.add_argument("--output-limit", type=int, metavar="BYTES",
+                       help="larger outputs travel as a resource link (default: 65536)")
+
+
+def _add_governance_options(parser: argparse.ArgumentParser) -> None:
+    """``serve`` / ``worker`` (and ``inspect``, which ignores them): follow the governance
+    state operators change with ``chainweaver flows``."""
+    group = parser.add_argument_group("shared governance (needs the tasks extra)")
+    group.add_argument("--governance", metavar="URL",
+                       help="follow the governance state operators share on this Redis "
+                            "(redis://HOST:PORT/DB; see chainweaver flows)")
+    group.add_argument("--governance-prefix", metavar="PREFIX",
+                       help="its Redis key prefix (default: chainweaver:governance)")
+    group.add_argument("--governance-stop-after", type=float, metavar="SECONDS",
+                       help="serve no flow while the state could not be confirmed for "
+                            "longer than this (default: keep serving the last state)")
+
+
 HTTP_DEFAULTS: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "stateless": False,
                                  "allowed_host": None, "allowed_origin": None,
                                  "auth_token_file": None}
@@ -324,7 +279,7 @@ def _header_value(setting: str) -> Any:
     """argparse type for --allowed-host / --allowed-origin, checked by ServingConfig."""
     def check(text: str) -> str:
         try:
-            from .mcp import ServingConfig
+            from ..mcp import ServingConfig
         except ImportError:
             return text  # reported by build_server, with the install hint
         try:

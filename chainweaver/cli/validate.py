@@ -19,16 +19,32 @@ from collections.abc import Sequence
 from contextlib import redirect_stdout
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from .cli_build import import_from_cwd, register_tools
-from .cli_errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, CommandError
-from .cli_locate import line_of
-from .errors import FlowFileError
-from .executor import FlowExecutor
-from .files import find_flow_files, flow_from_data, read_flow_data
-from .flows import Flow
-from .registry import FlowRegistry
-from .schemas import model_json_schema
+from ..errors import FlowFileError
+from ..executor import FlowExecutor
+from ..files import find_flow_files, flow_from_data, read_flow_data
+from ..flows import Flow
+from ..registry import FlowRegistry
+from ..schemas import model_json_schema
+from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, CommandError
+from .loading import import_from_cwd, register_tools
+from .locate import line_of
+from .options import add_flow_sources
+from .output import json_text
+
+
+def add_parser(subparsers: Any) -> None:
+    validate = subparsers.add_parser(
+        "validate", help="check flow files and report every problem",
+        description="Check every flow file under PATH as serve would load and judge it, "
+                    "and report every problem with its file, line and flow. With --tools, "
+                    "the steps are also checked against the tools: tools and fields exist, "
+                    "sub-flows, retries and the data flow. Exit codes: 0 no problem, 1 "
+                    "problems found, 2 a usage or loading error.")
+    add_flow_sources(validate, tools_required=False)
+    validate.add_argument("--format", choices=("text", "json"), default="text",
+                          help="text (default: one line per problem) or json")
 
 
 @dataclass(frozen=True)
@@ -138,9 +154,9 @@ class Validation:
     def report(self, files: int, output_format: str) -> str:
         self.findings.sort(key=lambda f: (f.file, f.line or 0))  # stable: check order kept
         if output_format == "json":
-            return json.dumps({"files": files, "flows": len(self.flows),
-                               "tools_checked": self.executor is not None,
-                               "problems": [asdict(f) for f in self.findings]}, indent=2)
+            return json_text({"files": files, "flows": len(self.flows),
+                              "tools_checked": self.executor is not None,
+                              "problems": [asdict(f) for f in self.findings]})
         lines = [finding.text() for finding in self.findings]
         bad = len({finding.file for finding in self.findings})
         if self.findings:
@@ -152,7 +168,7 @@ class Validation:
         return "\n".join(lines)
 
 
-def validate_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Check the flow files under ``args.paths``; exit 1 when any has a problem."""
     import_from_cwd()
     try:

@@ -1,10 +1,9 @@
 """``chainweaver runs``: the run history an operator reads (list, show; filter by flow,
-status and caller; ``--json`` for scripts), and ``serve``'s run-history flags."""
+status and caller; ``--json`` for scripts). ``serve`` keeps it with ``--run-history``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -12,7 +11,8 @@ from typing import Any
 
 import anyio
 
-from .cli_errors import EXIT_OK, EXIT_USAGE, CommandError
+from .errors import EXIT_OK, EXIT_USAGE, CommandError
+from .output import PROG, json_text, table
 
 EXIT_NOT_FOUND = 1  # show: no such run (unknown, another prefix, or expired)
 EXIT_STORE = 3  # the store could not be reached or read
@@ -20,48 +20,8 @@ FOREVER = 100 * 365 * 86400.0
 STATUSES = ("running", "waiting_approval", "completed", "failed", "cancelled")
 
 
-def add_run_history_options(parser: argparse.ArgumentParser) -> None:
-    """``serve``'s flags for ``ServingConfig(run_history=RunHistory(...))``."""
-    group = parser.add_argument_group("run history (docs/run-history.md)")
-    group.add_argument("--run-history", metavar="URL",
-                       help="keep a record of every run: memory:// or redis://... (replicas "
-                            "share it); runs readable as chainweaver://runs/... resources")
-    group.add_argument("--run-history-max-runs", type=int, metavar="N",
-                       help="keep at most N runs (default: 10000; memory: the caller "
-                            "holding the most gives up its oldest)")
-    group.add_argument("--run-history-max-age", type=float, metavar="SECONDS",
-                       help="forget runs older than this (default: 604800, 7 days)")
-    group.add_argument("--output-limit", type=int, metavar="BYTES",
-                       help="larger outputs travel as a resource link (default: 65536)")
-
-
-HISTORY_FLAGS = (("--run-history-max-runs", "run_history_max_runs", "max_runs"),
-                 ("--run-history-max-age", "run_history_max_age", "max_age"),
-                 ("--output-limit", "output_limit", "output_limit"))
-
-
-def run_history_settings(args: argparse.Namespace) -> Any:
-    """The ``RunHistory`` the flags ask for (None: no --run-history). A bound without
-    --run-history is refused: without a history, runs keep no record and outputs are
-    sent whole."""
-    given = {field: getattr(args, name) for _, name, field in HISTORY_FLAGS
-             if getattr(args, name, None) is not None}
-    url = getattr(args, "run_history", None)
-    if url is None:
-        if given:
-            flags = [flag for flag, name, _ in HISTORY_FLAGS
-                     if getattr(args, name, None) is not None]
-            raise CommandError(EXIT_USAGE, f"{', '.join(flags)} need"
-                               f"{'s' if len(flags) == 1 else ''} --run-history URL")
-        return None
-    from .mcp.config import RunHistory
-
-    return RunHistory(store=url, **given)
-
-
-def add_runs_command(commands: Any) -> None:
-    """``chainweaver runs list|show``."""
-    runs = commands.add_parser(
+def add_parser(subparsers: Any) -> None:
+    runs = subparsers.add_parser(
         "runs", help="read the run history servers keep (--run-history redis://...)",
         description="List or show the runs that servers started with --run-history "
                     "recorded (never argument or output values). Exit codes: 0 success, "
@@ -84,14 +44,14 @@ def add_runs_command(commands: Any) -> None:
     listing.add_argument("--cursor", help="continue after the page that printed it")
 
 
-def runs_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if not args.store.startswith(("redis://", "rediss://")):
         raise CommandError(EXIT_USAGE, "--store must be a redis:// URL: a memory:// history lives "
                               "only inside its server")
     if args.runs_command == "list":
         _check_list(args)
-    from .mcp.runs.records import RunStoreError
-    from .mcp.runs.redis_records import masked
+    from ..mcp.runs.records import RunStoreError
+    from ..mcp.runs.redis_records import masked
 
     try:
         store = _store(args)
@@ -107,7 +67,7 @@ def runs_command(args: argparse.Namespace) -> int:
 
 
 def _check_list(args: argparse.Namespace) -> None:
-    from .mcp.runs.records import parse_cursor
+    from ..mcp.runs.records import parse_cursor
 
     if args.limit < 1:
         raise CommandError(EXIT_USAGE, "--limit must be at least 1")
@@ -120,7 +80,7 @@ def _check_list(args: argparse.Namespace) -> None:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from .mcp.runs.redis_records import RedisRunStore
+    from ..mcp.runs.redis_records import RedisRunStore
 
     # Redis expires records as the servers' --run-history-max-age says: no age here.
     return RedisRunStore(args.store, prefix=args.prefix, max_age=FOREVER)
@@ -153,7 +113,7 @@ async def _show(args: argparse.Namespace, store: Any) -> int:
                            f"{args.prefix} (unknown, or expired)")
     data = record.to_dict()
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json_text(data))
         return EXIT_OK
     for key, value in data.items():
         if key not in ("steps", "approvals"):
@@ -171,7 +131,7 @@ async def _show(args: argparse.Namespace, store: Any) -> int:
 
 
 async def _list(args: argparse.Namespace, store: Any) -> int:
-    from .mcp.runs.records import RunQuery
+    from ..mcp.runs.records import RunQuery
 
     try:
         records, cursor = await store.page(RunQuery(
@@ -180,19 +140,17 @@ async def _list(args: argparse.Namespace, store: Any) -> int:
     finally:
         await store.close()
     if args.json:
-        print(json.dumps({"runs": [record.to_dict() for record in records],
-                          "next_cursor": cursor}, indent=2))
+        print(json_text({"runs": [record.to_dict() for record in records],
+                          "next_cursor": cursor}))
         return EXIT_OK
     rows = [("RUN", "STARTED", "STATUS", "FLOW", "VERSION", "CALLER", "ERROR")]
     rows += [(shown(r.run_id), _when(r.started_at), shown(r.status), shown(r.flow),
               shown(r.version), shown(r.caller), shown(r.error_type or "-"))
              for r in records]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows if records else []:
-        print("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)),
-                         row[-1]]))
+    for line in table(rows) if records else []:
+        print(line)
     if not records:
-        print("chainweaver: no runs match", file=sys.stderr)
+        print(f"{PROG}: no runs match", file=sys.stderr)
     if cursor is not None:
-        print(f"chainweaver: more runs: --cursor {cursor}", file=sys.stderr)
+        print(f"{PROG}: more runs: --cursor {cursor}", file=sys.stderr)
     return EXIT_OK

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import FlowFileError
-from .files import YAML_INSTALL_HINT, flow_from_data, read_flow_data
-from .migrate import Finding, MigrationError, convert
+from ..errors import FlowFileError
+from ..files import YAML_INSTALL_HINT, flow_from_data, read_flow_data
+from ..migrate import Finding, MigrationError, convert
+from .errors import EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+EXIT_PROBLEMS = 1  # a field left out, or a file not written
 SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -41,9 +42,8 @@ class Outcome:
     error: str | None = None  # why nothing could be written
 
 
-def add_migrate_command(commands: Any) -> None:
-    """Add ``migrate`` to the ``chainweaver`` sub-commands."""
-    migrate = commands.add_parser(
+def add_parser(subparsers: Any) -> None:
+    migrate = subparsers.add_parser(
         "migrate", help="convert reference-package (chainweaver 0.14) flow files",
         description="Convert flow files of the reference package (chainweaver 0.14 on "
                     "PyPI: Flow and DAGFlow, YAML or JSON) into ChainWeaver flow files. "
@@ -145,7 +145,7 @@ def _yaml(data: dict[str, Any]) -> str:
                               default_flow_style=False, width=4096))
 
 
-def migrate_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``chainweaver migrate``; the exit status."""
     out: Path = args.out
     try:

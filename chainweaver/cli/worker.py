@@ -1,0 +1,64 @@
+"""``chainweaver worker PATH... --tools MODULE --tasks redis://...``: run the flows of
+background tasks that server replicas put on a shared Redis queue (docs/tasks.md).
+
+A worker loads tools and flow files and takes the options ``serve`` takes, but serves
+no MCP transport: it runs tasks until interrupted, logging each one on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from .building import build_server, loading_errors
+from .errors import EXIT_OK, EXIT_USAGE, CommandError, redacted
+from .options import http_defaults, server_options
+from .output import PROG
+
+
+def add_parser(subparsers: Any) -> None:
+    subparsers.add_parser(
+        "worker", parents=[server_options()],
+        help="run flows for background tasks (needs --tasks)",
+        description="Run the flows of background tasks that any server replica on the same "
+                    "Redis queue (--tasks redis://...) created. Loads flows and tools as "
+                    "serve does; serves no MCP transport.")
+
+
+def run(args: argparse.Namespace) -> int:
+    http_defaults(args)
+    _check_worker(args)
+    with loading_errors():
+        built = build_server(args)
+    summary = [*built.report(), f"{PROG}: running task flows from {redacted(args.tasks)}"]
+    print("\n".join(summary), file=sys.stderr, flush=True)
+    return run_worker(built.server, args)
+
+
+def _check_worker(args: argparse.Namespace) -> None:
+    """Refuse a worker that could not work, before anything is loaded or printed."""
+    if not args.tasks or args.tasks.startswith("memory://"):
+        raise CommandError(EXIT_USAGE, "worker needs --tasks redis://HOST:PORT/DB: a worker "
+                           "runs tasks that server replicas put on a shared Redis queue")
+    if args.watch:
+        # A worker serves no clients and keeps the flows it loaded: restart workers to
+        # pick up edited flow files (docs/tasks.md).
+        raise CommandError(EXIT_USAGE, "worker does not take --watch: restart workers "
+                           "after editing flow files")
+
+
+def run_worker(server: Any, args: argparse.Namespace) -> int:
+    """Run task flows until interrupted, logging each task it picks up, resumes and ends
+    to stderr (``--log-level``, INFO by default)."""
+    worker_log = logging.getLogger("chainweaver.worker")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    worker_log.addHandler(handler)
+    worker_log.setLevel((args.log_level or "info").upper())
+    try:
+        server.run_worker()
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
