@@ -213,6 +213,10 @@ async def test_the_spill_shares_its_count_and_forgets_outputs_past_their_age(
     assert spill.keep(record("b1", "bob"), b"b")  # expired ones make room first
     assert not spill.keep(record("big", "bob"), b"x" * (10**6 + 1))
     assert await spill.get("a1") is None and await spill.output("b1") == b"b"
+    assert spill.keep(record("b1", "bob"), b"again")  # the same run again: replaced
+    assert await spill.output("b1") == b"again"
+    await spill.delete("b1")
+    assert await spill.get("b1") is None
 
 
 # ------------------------------------------------------- dropped from a store

@@ -52,6 +52,8 @@ class SpillStore(RunStore):
         with self._lock:
             now = time.monotonic()
             self._expire(now)
+            if record.run_id in self._kept:  # kept again (a run that went on): replaced
+                self._drop(record.run_id)
             victims = self._making_room(record.caller, len(data), now)
             if victims is None:
                 return False
