@@ -127,7 +127,10 @@ class FlowServer:
         owner = secrets.token_hex(8)
         keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
         self._run_log = run_log = open_run_log(serving.run_history)
-        outputs = run_log or output_spill()
+        # Without a history, outputs too large to send are kept in this process: a task
+        # on a shared backend may run in another, whose spill no client could read.
+        outputs = run_log or output_spill(task_links=task_settings is None
+                                          or task_settings.url.startswith("memory://"))
         self._provider = FlowProvider(self._exposure, executor,
                                       error_detail=security.error_detail,
                                       flow_timeout=serving.flow_timeout, owner=owner,

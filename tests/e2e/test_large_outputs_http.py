@@ -22,6 +22,7 @@ from mcp import MCPError
 from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES
+from chainweaver.mcp.gate.hooks import bounded_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -71,6 +72,9 @@ async def read_back(client: Client, uri: str, size: int) -> bytes:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("flow", "size", "ch"), [
     ("blob", 900_000, "x"), ("blob", 900_000, '"'), ("typed_blob", 900_000, "x"),
+    # 900 KB and 800 KB of UTF-8; at 2026-07-28 the SDK's HTTP transport escapes each
+    # character outside ASCII (\uXXXX, twice beyond the BMP): 1.8 and 2.4 MB as sent.
+    ("blob", 300_000, "中"), ("blob", 200_000, "😀"),
     ("blob", int(1.1 * MB), "x"), ("blob", 5 * MB, "x"), ("blob", 50 * MB, "x")])
 async def test_every_size_reaches_the_client_and_reads_back_as_audited(
         served: Served, mode: str, flow: str, size: int, ch: str) -> None:
@@ -93,6 +97,27 @@ async def test_every_size_reaches_the_client_and_reads_back_as_audited(
             assert f"of at most {MAX_RANGE_BYTES} bytes" in whole.value.error.message
         data = await read_back(client, output["uri"], output["size"])
         assert hashlib.sha256(data).hexdigest() == audited["result_sha256"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("query", ["offset=" + "9" * 5000, "length=" + "1" * 5000])
+async def test_range_numbers_past_pythons_digit_limit_are_invalid_params(
+        served: Served, mode: str, query: str) -> None:
+    # int() refuses text of more than 4,300 digits: once -32603 (and code 0 with
+    # Python's text at 2025-11-25), now the documented -32602, read and audited.
+    async with Client(StreamableHttpTransport(served.url), mode=mode) as client:
+        result = await client.call_tool("blob", {"n": 2 * MB}, raise_on_error=False)
+        uri = f"{result.meta['chainweaver']['output']['uri']}?{query}"
+        with pytest.raises(MCPError) as caught:
+            await client.read_resource(uri)
+        assert (await client.read_resource(uri.split("?")[0] + "?offset=0"))[0].blob
+    name = query.split("=")[0]
+    low, high = (0, 2**53) if name == "offset" else (1, MAX_RANGE_BYTES)
+    assert caught.value.error.code == -32602
+    assert caught.value.error.message == (f"Invalid run resource URI {uri!r}: {name} must "
+                                          f"be a whole number from {low} to {high}")
+    assert [e["outcome"] for e in served.audited()
+            if e["kind"] == "resource" and e["name"] == bounded_text(uri)] == ["error"]
 
 
 async def test_escaping_can_make_a_whole_read_too_large_and_an_open_range_reads_one_message(

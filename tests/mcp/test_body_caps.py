@@ -116,3 +116,22 @@ async def test_an_index_and_guide_too_large_to_send_are_refused_naming_the_paged
 def test_a_bad_cap_fails_when_the_config_is_built(value: object) -> None:
     with pytest.raises(ExposureConfigError, match="max_body_bytes"):
         ServingConfig(max_body_bytes=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_tools_only_list_too_large_to_send_is_an_error_naming_the_limit(
+        mode: str) -> None:
+    # resources_as_tools lists every resource in one tool result, unpaged: 4,000 flows
+    # take about 2 MB. The result says so, naming the paged protocol list.
+    server = catalogue(4_000)
+    tools_only = FlowServer(server.executor, expose_schemas=True,
+                            serving=ServingConfig(resources_as_tools=True))
+    async with Client(tools_only.fastmcp, mode=mode) as client:
+        result = await client.session.call_tool("list_resources", {})
+    assert result.is_error and len(result.content[0].text) < 1024
+    assert result.content[0].text.startswith("The tool result 'list_resources' would take ")
+    assert result.content[0].text.endswith(
+        f"above the {MESSAGE_BUDGET} bytes one MCP message carries to a standard client; "
+        "resources/list lists them in pages")

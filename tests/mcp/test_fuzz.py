@@ -341,11 +341,12 @@ def test_memory_tools_call_answers_hostile_arguments(memory: Any, params: dict) 
     assert recorder.bad == []
 
 
-@pytest.mark.parametrize("echoed", ["\0" * 170_000, '"' * 600_000])
+@pytest.mark.parametrize("echoed", ["\0" * 170_000, '"' * 600_000, "😀" * 90_000])
 def test_an_echo_too_large_to_send_is_a_link_the_oracle_accepts(memory: Any,
                                                               echoed: str) -> None:
     # The draw that once failed CI by chance, made on purpose: 170,000 NULs echoed back
-    # escape to more than one message could carry.
+    # escape to more than one message could carry (and so do 90,000 emoji, twelve
+    # bytes each as the 2026-07-28 HTTP transport sends them).
     portal, client, _ = memory
     params = {"name": "price_quote", "arguments": {"sku": echoed, "quantity": 1}}
     answer = portal.call(send, client, "tools/call", params)

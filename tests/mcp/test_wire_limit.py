@@ -196,6 +196,10 @@ async def test_an_output_no_store_can_keep_is_an_error_naming_the_limit() -> Non
         kept = await client.session.call_tool("untyped", {"n": 4000})
         assert kept.content[1].type == "resource_link"
         result = await client.session.call_tool("untyped", {"n": 9000})
+        run = json.loads((await client.read_resource(
+            f"chainweaver://runs/{result.meta['chainweaver']['run_id']}"))[0].text)
+    # The flow ran to its end; what it made could not be delivered.
+    assert (run["status"], run["error_type"]) == ("failed", "OutputTooLarge")
     assert result.is_error and len(result.content) == 1
     assert result.content[0].text == (
         f"The result of flow 'untyped' is 9012 bytes, above the {MESSAGE_BUDGET} bytes one "

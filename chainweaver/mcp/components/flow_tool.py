@@ -338,7 +338,9 @@ class FlowTool(FastMCPTool):
             call.part = "run records"
             tool_result = await recorder.outgoing(
                 tool_result, has_schema=self.output_schema is not None)
-        return await self._ended(recorder, tool_result, result, approval, meta=meta)
+        # A success is an error here only when its output could not be sent or kept.
+        return await self._ended(recorder, tool_result, result, approval, meta=meta,
+                                 error_type="OutputTooLarge")
 
     def _unexpected(self, error: Exception, part: str) -> ToolResult:
         """The isError result for an exception nothing expected: the flow and the part

@@ -255,7 +255,9 @@ class RunResources:
                                            int(length) if length else None,
                                            caller=admission.caller().id)
         if data is None:
-            data = b""  # dropped since it was found: an empty read, never a false one
+            # Dropped (retention, or the spill's bounds) while its record is kept, or
+            # since it was found: exactly like an output that never existed.
+            raise invalid_request(f"Resource not found: {uri!r}")
         # A range may cut a character in two: ranges are bytes (a blob); all of it, text.
         content: str | bytes = data if ranged else data.decode("utf-8")
         return ResourceResult([ResourceContent(content, mime_type=OUTPUT_MIME, meta={

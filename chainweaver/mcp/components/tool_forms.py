@@ -23,6 +23,7 @@ from fastmcp.utilities.versions import VersionSpec
 
 from chainweaver.errors import ExposureConfigError
 from chainweaver.mcp.components.mistakes import caller_mistake, mistake_result
+from chainweaver.mcp.gate.body_cap import is_output_uri, sent_size, too_large_to_send
 from chainweaver.mcp.gate.malformed import malformed_prompt_request
 from chainweaver.mcp.publish.exposure import Exposure
 
@@ -84,8 +85,18 @@ class AnsweringMistakes(Transform):
         return Tool.from_tool(tool, transform_fn=guard)
 
 
+async def _list_resources(**arguments: Any) -> ToolResult:
+    return _fitting("tool result", "list_resources", await forward(**arguments))
+
+
+async def _list_prompts(**arguments: Any) -> ToolResult:
+    return _fitting("tool result", "list_prompts", await forward(**arguments))
+
+
 async def _read_resource(**arguments: Any) -> ToolResult:
-    return await _answered(arguments)
+    uri = arguments.get("uri")
+    return _fitting("resource", uri if isinstance(uri, str) else "",
+                    await _answered(arguments))
 
 
 async def _get_prompt(**arguments: Any) -> ToolResult:
@@ -96,7 +107,9 @@ async def _get_prompt(**arguments: Any) -> ToolResult:
         {"name": arguments.get("name"), **({"arguments": given} if given else {})})
     if problem is not None:
         raise mistake_result(problem)
-    return await _answered(arguments)
+    name = arguments.get("name")
+    return _fitting("prompt", name if isinstance(name, str) else "",
+                    await _answered(arguments))
 
 
 async def _answered(arguments: dict[str, Any]) -> ToolResult:
@@ -111,4 +124,19 @@ async def _answered(arguments: dict[str, Any]) -> ToolResult:
         raise mistake_result(answer) from None
 
 
-_GUARDS: dict[str, Guard] = {"read_resource": _read_resource, "get_prompt": _get_prompt}
+def _fitting(what: str, name: str, result: ToolResult) -> ToolResult:
+    """``result``, unless it could not reach a client in one message: a tool form wraps
+    what it reads as JSON in its text, escaped again, so a read or a render that fits
+    may not fit as a tool's result. Then the caller is told so, as for the read (see
+    :mod:`chainweaver.mcp.gate.body_cap`)."""
+    texts = [getattr(block, "text", "") for block in result.content]
+    size = sent_size(texts * 2 if result.structured_content is not None else texts)
+    if size is None:
+        return result
+    raise mistake_result(too_large_to_send(what, name, size, is_output_uri(name))
+                         .error.message)
+
+
+_GUARDS: dict[str, Guard] = {"list_resources": _list_resources,
+                             "read_resource": _read_resource,
+                             "list_prompts": _list_prompts, "get_prompt": _get_prompt}

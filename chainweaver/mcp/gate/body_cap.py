@@ -4,10 +4,13 @@ read (``ServingConfig.max_body_bytes``), and the wire limit every result stays u
 The gate (:mod:`.security`) measures the body an admitted prompt or read produced
 before it leaves the server. Two bounds apply: the operator's cap, on the body itself
 (text as UTF-8, blobs as their bytes), and :data:`WIRE_LIMIT`, on the body as it is
-sent (text JSON-escaped, blobs base64-encoded): a standard MCP client cannot receive a
-larger message. Above either the request gets -32602 naming the bound (never the
-content), and the gate audits it as refused (``body_too_large``). A run's output is read
-in byte ranges of at most :data:`MAX_RANGE_BYTES`, which always fit.
+sent (text JSON-escaped as the most expansive transport sends it, blobs
+base64-encoded): a standard MCP client cannot receive a larger message. Above either
+the request gets -32602 naming the bound (never the content), and the gate audits it
+as refused (``body_too_large``). A run's output is read in byte ranges of at most
+:data:`MAX_RANGE_BYTES`, which always fit. Flow tool results are kept under it where
+they are made (:mod:`chainweaver.mcp.runs.recording`), tool forms of reads and renders
+in :mod:`chainweaver.mcp.components.tool_forms`.
 """
 
 from __future__ import annotations
@@ -40,20 +43,29 @@ def sent_size(parts: Sequence[str | bytes]) -> int | None:
     """The bytes ``parts`` take inside one message (text as a JSON string, blobs as
     base64) when that is above :data:`MESSAGE_BUDGET`; None when within it.
 
-    Cheap for what surely fits: JSON escapes a character to at most 6 bytes, so only
-    a result above a sixth of the budget is encoded to be measured.
+    Text is measured as the 2026-07-28 streamable HTTP transport of the MCP SDK sends
+    it, the most expansive one: every character outside ASCII escaped (``\\uXXXX``,
+    twice that beyond the Basic Multilingual Plane), where stdio and the 2025-11-25
+    transport send UTF-8. Cheap for what surely fits: an ASCII character takes at most
+    6 bytes as sent and any other at most 12 (``str.isascii`` costs nothing), so only
+    a result above a sixth (or a twelfth) of the budget is encoded to be measured.
     """
-    bound = sum(6 * len(part) + 2 if isinstance(part, str) else 2 * len(part) + 2
-                for part in parts)
+    bound = sum(_bound(part) for part in parts)
     if bound <= MESSAGE_BUDGET:
         return None
     size = sum(_sent(part) for part in parts)
     return size if size > MESSAGE_BUDGET else None
 
 
+def _bound(part: str | bytes) -> int:
+    if isinstance(part, str):
+        return (6 if part.isascii() else 12) * len(part) + 2
+    return 2 * len(part) + 2
+
+
 def _sent(part: str | bytes) -> int:
     if isinstance(part, str):
-        return len(json.dumps(part, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        return len(json.dumps(part))  # ASCII only: its length is its size in bytes
     return 4 * ((len(part) + 2) // 3) + 2
 
 
@@ -82,7 +94,7 @@ def oversize(kind: RequestKind, name: str, result: Any, limit: int | None,
     if kind not in CAPPED_KINDS:
         return None
     what = "prompt" if kind == "prompt" else "resource"
-    ranged = kind == "resource" and name.startswith(runs_root + "/") and "/output" in name
+    ranged = kind == "resource" and is_output_uri(name, runs_root)
     parts = body_parts(kind, result)
     if limit is not None:
         size = sum(_length(part) for part in parts)
@@ -100,9 +112,17 @@ def oversize(kind: RequestKind, name: str, result: Any, limit: int | None,
     return too_large_to_send(what, name, sent, ranged)
 
 
+def is_output_uri(uri: str, runs_root: str = RUNS_URI) -> bool:
+    """Whether ``uri`` names a run's output (which reads in ranges), where the request's
+    client reaches the run resources (``runs_root``)."""
+    return uri.startswith(runs_root + "/") and "/output" in uri
+
+
 # Where a reader finds what a catalogue-wide body holds, in pages, when it is too large.
 _PAGED = {("resource", INDEX_URI): "; resources/list lists the flows in pages",
-          ("prompt", GUIDE_PROMPT_NAME): "; tools/list lists the flows in pages"}
+          ("prompt", GUIDE_PROMPT_NAME): "; tools/list lists the flows in pages",
+          ("tool result", "list_resources"): "; resources/list lists them in pages",
+          ("tool result", "list_prompts"): "; prompts/list lists them in pages"}
 
 
 def too_large_to_send(what: str, name: str, size: int, ranged: bool) -> BodyTooLarge:

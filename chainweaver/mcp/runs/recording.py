@@ -11,6 +11,7 @@ client was told.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from chainweaver.mcp.runs.records import (
     RunStoreError,
     new_run_id,
 )
+from chainweaver.mcp.runs.spill import SpillStore
 from chainweaver.mcp.runs.step_names import StepNames, step_entry
 from chainweaver.run_events import RunObserver
 
@@ -74,14 +76,17 @@ class RunLog:
     status change (``updated``: the change notifier's, set by FlowServer).
 
     ``records`` False: no run history, only the outputs too large to send in one
-    message, each kept with the record of its run (see :func:`output_spill`).
+    message, each kept with the record of its run in the server's output spill (a
+    :class:`~.spill.SpillStore`). ``task_links`` False: a background task's output
+    is not linked from here (a spill that another process's task worker cannot reach).
     """
 
     def __init__(self, settings: RunHistory, store: RunStore, *,
-                 records: bool = True) -> None:
+                 records: bool = True, task_links: bool = True) -> None:
         self.settings = settings
         self.store = store
         self.records = records
+        self.task_links = task_links
         self.updated: Callable[[RunRecord], Awaitable[None]] | None = None
 
     async def save(self, record: RunRecord, *, new: bool = False,
@@ -288,14 +293,20 @@ class RunRecorder(RunObserver):
         keeps = getattr(log.store, "max_output_bytes", None)
         if keeps is not None and len(data) > keeps:
             return unsendable(record.tool, len(data))
+        if not log.records and record.task_id is not None and not log.task_links:
+            # A worker's spill is in its own process: no replica could read the link.
+            return unsendable(record.tool, len(data), unlinked=True)
         record.output_sha256 = note.output_sha256 = hashlib.sha256(data).hexdigest()
         record.output_size = note.output_length = len(data)
         record.output_mime, record.output_stored = OUTPUT_MIME, True
-        if not log.records:
+        if isinstance(log.store, SpillStore):
             # Only this run's output is kept, with just enough of its record to answer
             # its caller alone, while its flow is in that caller's view.
             record.status, record.ended_at = "completed", time.time()
-            await log.save(record, new=True, changed=False)
+            if not log.store.keep(dataclasses.replace(record), data):
+                record.output_stored = False
+                return unsendable(record.tool, len(data))
+            return link_result(record, data, why, has_schema)
         try:
             await log.store.put_output(record.run_id, data)
         except Exception as error:  # the store failed (it logged the detail)
@@ -343,15 +354,23 @@ def output_link(run_id: str) -> str:
     return output_uri(run_id, held.runs_root if held is not None else RUNS_URI)
 
 
-def unsendable(tool: str, size: int, *, output: bool = True, now: bool = False
-               ) -> ToolResult:
+def unsendable(tool: str, size: int, *, output: bool = True, now: bool = False,
+               unlinked: bool = False) -> ToolResult:
     """The last resort: an ``isError`` result for a result of ``size`` bytes that no
     client could receive in one message: an output no store can keep for reading in
-    ranges (``output``; ``now``: the store failed, it may keep it later), or an error
-    message of that size."""
-    kept = ("; this server cannot keep it for reading in ranges right now, try again "
-            "later" if now else "; this server cannot keep it for reading in ranges"
-            ) if output else ""
+    ranges (``output``; ``now``: the store failed, it may keep it later;
+    ``unlinked``: a background task's, with no run history its readers share), or an
+    error message of that size."""
+    if unlinked:
+        kept = ("; a background task's output that large is kept for reading in ranges "
+                "only with a run history every server process shares (run_history on "
+                "Redis)")
+    elif output:
+        kept = ("; this server cannot keep it for reading in ranges right now, try "
+                "again later" if now else "; this server cannot keep it for reading in "
+                "ranges")
+    else:
+        kept = ""
     text = (f"The result of flow {tool!r} is {size} bytes, above the {MESSAGE_BUDGET} "
             f"bytes one MCP message carries to a standard client{kept}.")
     return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)

@@ -9,6 +9,12 @@ from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.publish.run_uris import RUNS_URI, run_uri
 from chainweaver.mcp.runs.recording import RunLog
 from chainweaver.mcp.runs.records import MemoryRunStore, RunRecord, RunStore
+from chainweaver.mcp.runs.spill import (
+    SPILL_MAX_AGE,
+    SPILL_MAX_BYTES,
+    SPILL_MAX_OUTPUTS,
+    SpillStore,
+)
 
 if TYPE_CHECKING:
     from chainweaver.mcp.components.provider import FlowProvider
@@ -26,15 +32,14 @@ def open_run_log(settings: RunHistory | None) -> RunLog | None:
                                        prefix=settings.prefix))
 
 
-# Without a run history: only outputs too large to send in one message are kept, with
-# the record of their run, for their callers to read in ranges (docs/run-history.md).
-SPILL = RunHistory(max_runs=1_000, max_age=3600.0, max_output_bytes=256 * 2**20)
-
-
-def output_spill() -> RunLog:
-    """Where a server without a run history keeps outputs too large to send."""
-    return RunLog(SPILL, MemoryRunStore(SPILL.max_runs, SPILL.max_age,
-                                        SPILL.max_output_bytes), records=False)
+def output_spill(*, task_links: bool = True) -> RunLog:
+    """Where a server without a run history keeps outputs too large to send: its output
+    spill (:mod:`.spill`). ``task_links`` False: its background tasks may run in
+    other processes (a shared task backend), whose spills no client reaches."""
+    spill = RunHistory(max_runs=SPILL_MAX_OUTPUTS, max_age=SPILL_MAX_AGE,
+                       max_output_bytes=SPILL_MAX_BYTES)
+    return RunLog(spill, SpillStore(SPILL_MAX_OUTPUTS, SPILL_MAX_AGE, SPILL_MAX_BYTES),
+                  records=False, task_links=task_links)
 
 
 def connect_run_log(log: RunLog, gate: SecurityGate, provider: FlowProvider,

@@ -8,6 +8,7 @@ running it as one step, ``subflow#<index>``, with nothing inside it named.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -89,9 +90,37 @@ def run_meta(result: ExecutionResult, error_detail: str = "full",
     attempts and duration (a sub-flow's steps nested under ``steps``); the error type of
     a failed or skipped step too, never its text, and not even the type when
     ``error_detail`` is ``"generic"``. Steps are named as ``names`` says: a sub-flow the
-    caller cannot see is one step, ``subflow#<index>``, with no steps nested."""
-    return {"chainweaver": {"flow": result.flow_name, "version": result.flow_version,
-                            "steps": _step_meta(result.steps, error_detail, names)}}
+    caller cannot see is one step, ``subflow#<index>``, with no steps nested.
+
+    A run with too many steps to describe within :data:`STEPS_BUDGET` (hundreds) says
+    how many it had (``steps_omitted``) instead: with the output, the result must fit
+    one message (see :mod:`chainweaver.mcp.gate.body_cap`)."""
+    steps = _step_meta(result.steps, error_detail, names)
+    meta: dict[str, Any] = {"flow": result.flow_name, "version": result.flow_version}
+    if _bound(steps) > STEPS_BUDGET and len(json.dumps(steps)) > STEPS_BUDGET:
+        meta["steps_omitted"] = len(steps)
+    else:
+        meta["steps"] = steps
+    return {"chainweaver": meta}
+
+
+# At most this much of a result's message (as sent) describes its steps: the rest of
+# what one message carries, beside the output's MESSAGE_BUDGET, is the envelope's.
+STEPS_BUDGET = 16 * 1024
+
+
+def _bound(steps: list[dict[str, Any]]) -> int:
+    """No fewer than the bytes ``steps`` take as JSON, escaped as any transport sends
+    them (an entry's keys, status and numbers take under 192): cheap, so that only a
+    run with very many steps, or very long step ids, is measured."""
+    size = 2 + 192 * len(steps)
+    for entry in steps:
+        size += 12 * (len(entry["id"]) + len(entry.get("error", ""))
+                      + len(entry.get("fallback", "")))
+        nested = entry.get("steps")
+        if nested:
+            size += _bound(nested)
+    return size
 
 
 def step_names(view: View, snapshot: Exposure, exposed: ExposedFlow) -> StepNames:
