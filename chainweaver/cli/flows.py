@@ -30,7 +30,7 @@ from ..governance.state import (
 )
 from ..governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
 from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
-from .output import json_text, table
+from .output import json_text, printed, shown, table, when
 
 ENV_URL = "CHAINWEAVER_GOVERNANCE"
 VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
@@ -159,8 +159,8 @@ async def _wait(store: Any, flow: str, version: int, seconds: float) -> int:
         print(f"not applied by {len(behind)} of {len(expected)} live process(es):",
               file=sys.stderr)
         for process, why in behind.items():
-            print(f"  {process}: {why}", file=sys.stderr)
-    unreadable = [p for p, r in heartbeats.items() if UNREADABLE_HEARTBEAT in r]
+            print(f"  {shown(process)}: {why}", file=sys.stderr)
+    unreadable = [shown(p) for p, r in heartbeats.items() if UNREADABLE_HEARTBEAT in r]
     if unreadable:
         print(f"  (heartbeats that cannot be read, not counted: {', '.join(unreadable)})",
               file=sys.stderr)
@@ -177,15 +177,15 @@ def _why_behind(record: dict[str, Any] | None, live: bool, flow: str, version: i
     applied = _number(record.get("version"))
     unreadable = record.get("unreadable")
     if isinstance(unreadable, dict) and flow in unreadable:
-        return f"{unreadable[flow]}"
+        return printed(unreadable[flow])
     not_applied = record.get("not_applied")
     if isinstance(not_applied, dict) and flow in not_applied:
-        return f"at version {applied}; could not apply {flow} ({not_applied[flow]})"
+        return f"at version {applied}; could not apply {flow} ({printed(not_applied[flow])})"
     if applied >= version:
         return None
     if isinstance(not_applied, dict) and not_applied:
-        return (f"at version {applied}; version {record.get('pending')} read but not "
-                f"applied: could not apply {', '.join(sorted(not_applied))}")
+        return (f"at version {applied}; version {shown(record.get('pending'))} read but "
+                f"not applied: could not apply {', '.join(map(shown, sorted(not_applied)))}")
     return f"at version {applied}"
 
 
@@ -222,13 +222,16 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"shared version {state.version}")
     rows: list[tuple[str, ...]] = [("FLOW", "VERSIONS", "DECISION")]
+    # Everything below was read back from Redis: names, reasons and audit text are
+    # printed as literals when they hold anything a terminal would act on.
     for name, decision in sorted(state.decisions.items()):
         if decision.withheld is not None:
             why = decision.withheld.removeprefix("withheld by shared governance: ")
-            rows.append((name, "-", f"NOT SERVED: {why}"))
+            rows.append((shown(name), "-", f"NOT SERVED: {printed(why)}"))
         if decision.all is not None:
-            rows.append((name, "all", decision.all))
-        rows.extend((name, version, action) for version, action in decision.versions.items())
+            rows.append((shown(name), "all", decision.all))
+        rows.extend((shown(name), shown(version), action)
+                    for version, action in decision.versions.items())
     print("\n".join(table(rows)) if len(rows) > 1 else "no decisions")
     print()
     print(_processes(heartbeats, live))
@@ -236,10 +239,11 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
         print()
         for change in changes:
             which = change.get("flow_version") or "all versions"
-            reason = f" ({change['reason']})" if change.get("reason") else ""
-            print(f"{change.get('version', '?'):>6} {_when(_float(change.get('at')))} "
-                  f"{change.get('by', '?')}: {change.get('name', '?')} {which} -> "
-                  f"{change.get('action', '?')}{reason}")
+            reason = f" ({printed(change['reason'])})" if change.get("reason") else ""
+            print(f"{shown(change.get('version', '?')):>6} "
+                  f"{when(_float(change.get('at')), millis=True)} "
+                  f"{shown(change.get('by', '?'))}: {shown(change.get('name', '?'))} "
+                  f"{printed(which)} -> {shown(change.get('action', '?'))}{reason}")
     return EXIT_OK
 
 
@@ -251,32 +255,38 @@ def _processes(heartbeats: dict[str, dict[str, Any]], live: dict[str, Any]) -> s
     now = time.time()
     for process, record in heartbeats.items():
         if UNREADABLE_HEARTBEAT in record:
-            rows.append((process, "?", "?", "-", "-",
+            rows.append((shown(process), "?", "?", "-", "-",
                          f"heartbeat unreadable ({record[UNREADABLE_HEARTBEAT]})", "-"))
             continue
         outage = record.get("last_outage")
-        applied = str(record.get("version"))
+        applied = shown(record.get("version"))
         if record.get("pending") is not None:
-            applied += f" (read {record['pending']})"
+            applied += f" (read {shown(record['pending'])})"
         try:
             last_outage = "-" if not outage else (
-                f"{outage['to'] - outage['from']:.1f}s, ended {_when(outage['to'])}")
-        except (KeyError, TypeError):
+                f"{outage['to'] - outage['from']:.1f}s, ended "
+                f"{when(outage['to'], millis=True)}")
+        except (KeyError, TypeError, ValueError):
             last_outage = "?"
-        rows.append((process, str(record.get("role", "?")), applied,
-                     _when(_float(record.get("applied_at"))),
+        rows.append((shown(process), shown(record.get("role", "?")), applied,
+                     when(_float(record.get("applied_at")), millis=True),
                      f"{now - seen(record):.1f}s ago",
-                     str(record.get("state", "?")) if process in live else "gone",
+                     shown(record.get("state", "?")) if process in live else "gone",
                      last_outage))
         if process not in live:
             continue
-        for name, why in sorted((record.get("unreadable") or {}).items()):
-            notes.append(f"{process}: {name} is {why}")
-        for name, why in sorted((record.get("not_applied") or {}).items()):
-            notes.append(f"{process}: could not apply the decision on {name} ({why}); "
-                         f"withheld")
-    shown = "\n".join(table(rows)) if len(rows) > 1 else "no process has reported"
-    return "\n".join([shown, *notes])
+        for name, why in _entries(record.get("unreadable")):
+            notes.append(f"{shown(process)}: {shown(name)} is {printed(why)}")
+        for name, why in _entries(record.get("not_applied")):
+            notes.append(f"{shown(process)}: could not apply the decision on {shown(name)} "
+                         f"({printed(why)}); withheld")
+    listed = "\n".join(table(rows)) if len(rows) > 1 else "no process has reported"
+    return "\n".join([listed, *notes])
+
+
+def _entries(value: object) -> list[tuple[str, object]]:
+    """A heartbeat's ``{flow: why}`` map as sorted pairs (none when it is not a map)."""
+    return sorted((str(k), v) for k, v in value.items()) if isinstance(value, dict) else []
 
 
 def _float(value: object) -> float | None:
@@ -284,12 +294,6 @@ def _float(value: object) -> float | None:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-
-
-def _when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
 
 
 def _os_user() -> str:

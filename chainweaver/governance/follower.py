@@ -45,6 +45,8 @@ from .store import GovernanceStateError, GovernanceStore
 logger = logging.getLogger("chainweaver.governance")
 
 RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0, 2.0)  # seconds between reconnect attempts
+UNREADABLE_STATE = ("withheld by shared governance: the shared state cannot be read "
+                    "and this process has applied none")
 
 
 def iso(at: float) -> str:
@@ -89,6 +91,8 @@ class SharedGovernance:
                 raise
             except Exception as error:  # connection refused, reset, timed out, ...
                 self._lost(error)
+                if self.confirmed is None and _unreadable(error):
+                    self._withhold_all(error)
             finally:
                 await _quietly_close(store)
             if ready is not None:
@@ -175,9 +179,10 @@ class SharedGovernance:
         self.outage_since = time.time()
         store = masked_url(self.settings.url)
         why = masked_reason(error, self.settings.url)
-        if isinstance(error, GovernanceStateError) or (
-                _from_redis(error) and not _connection_error(error)):
+        if _unreadable(error):
             # e.g. the counter is not a number, a key of the wrong type (WRONGTYPE)
+            if self.confirmed is None:
+                return  # no state applied to keep serving: _withhold_all says so
             logger.error("shared governance: the state at %s cannot be read (%s); "
                          "serving the last applied state (version %d) until it can",
                          store, why, self.version)
@@ -189,6 +194,17 @@ class SharedGovernance:
             logger.error("shared governance: following the state at %s failed (%s); "
                          "serving the last applied state (version %d)", store, why,
                          self.version, exc_info=error)
+
+    def _withhold_all(self, error: Exception) -> None:
+        """Redis answers, but with a state this process cannot read, and it has applied
+        none: what governance withdrew is unknown, so serve no flow until it can read
+        it (a process that applied a state keeps serving that one, as in an outage)."""
+        if self.overlay.suspended:
+            return
+        self.overlay.suspend(UNREADABLE_STATE)
+        logger.error("shared governance: the state at %s cannot be read (%s) and this "
+                     "process has applied none; serving no flow until it can",
+                     masked_url(self.settings.url), masked_reason(error, self.settings.url))
 
     def _check_stale(self) -> None:
         """Stop serving flows once the state went unconfirmed for too long (opt-in)."""
@@ -224,6 +240,13 @@ class SharedGovernance:
 
 def _from_redis(error: BaseException) -> bool:
     return type(error).__module__.startswith("redis")
+
+
+def _unreadable(error: BaseException) -> bool:
+    """Redis answered, with a state that cannot be read (a counter that is not a
+    number, a key of the wrong type), as opposed to not answering."""
+    return isinstance(error, GovernanceStateError) or (
+        _from_redis(error) and not _connection_error(error))
 
 
 def _connection_error(error: BaseException) -> bool:
