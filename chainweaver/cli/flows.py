@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from ..errors import ChainWeaverError
+from ..extras import needs_extra
 from ..governance.state import (
     GovernanceSettings,
     UnreadableEntry,
@@ -30,7 +31,7 @@ from ..governance.state import (
 )
 from ..governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
 from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
-from .output import json_text, table
+from .output import PROG, json_text, table
 
 ENV_URL = "CHAINWEAVER_GOVERNANCE"
 VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
@@ -86,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     where = masked_url(settings.url)
     try:
         store = GovernanceStore(settings.url, settings.prefix)
-    except ImportError as error:
-        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ImportError:
+        raise CommandError(EXIT_MISSING, needs_extra(f"{PROG} flows", "tasks")) from None
     except ValueError as error:  # a URL redis-py cannot read
         raise CommandError(EXIT_USAGE, f"--governance {where}: "
                            f"{masked_reason(error, settings.url)}") from None

@@ -28,7 +28,7 @@ from ..flows import Flow
 from ..registry import FlowRegistry
 from ..schemas import model_json_schema
 from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, CommandError
-from .loading import import_from_cwd, register_tools
+from .loading import register_tools
 from .locate import line_of
 from .options import add_flow_sources
 from .output import json_text
@@ -170,7 +170,6 @@ class Validation:
 
 def run(args: argparse.Namespace) -> int:
     """Check the flow files under ``args.paths``; exit 1 when any has a problem."""
-    import_from_cwd()
     try:
         with redirect_stdout(sys.stderr):  # tools modules may print while importing
             executor = _tools(args.tools)
