@@ -9,8 +9,8 @@ A change is refused for a name that no live process reports in its heartbeat, no
 entry holds and no flow file under ``PATH...`` defines (with a "did you mean"), unless
 ``--force``. It returns once Redis holds it (and, with ``--wait``, once every live
 process has applied it); ``status`` shows the decisions, what each live replica and
-worker applied and when, and the last changes with who made them. ``serve`` and ``worker`` follow the
-same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
+worker applied and when, and the last changes with who made them. ``serve`` and
+``worker`` follow the same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 from ..errors import ChainWeaverError, FlowFileError
-from ..files import find_flow_files, read_flow_data
 from ..extras import needs_extra
+from ..files import find_flow_files, read_flow_data
 from ..governance.state import (
     GovernanceSettings,
     UnreadableEntry,
