@@ -10,6 +10,8 @@ run a flow once, validate flow files, and govern and follow flows being served.
     chainweaver schema
     chainweaver flows archive|activate|deprecate|withdraw|status ...
     chainweaver runs list|show ... --store redis://...
+    chainweaver install claude-desktop|cursor|vscode|json PATH... --tools MODULE [options]
+    chainweaver dev PATH... --tools MODULE [options]
 
 Everything (tools, flow files, policy, token and instructions files, the exposure
 decision) is loaded and checked before anything is served, so a bad file never starts a

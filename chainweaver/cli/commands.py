@@ -12,7 +12,19 @@ import argparse
 from typing import Any, Protocol
 
 from ..extras import version_report
-from . import flows, inspect, migrate, run, runs, schema, serve, validate, worker
+from . import (
+    dev,
+    flows,
+    inspect,
+    install,
+    migrate,
+    run,
+    runs,
+    schema,
+    serve,
+    validate,
+    worker,
+)
 from .loading import import_from_cwd
 from .output import PROG
 
@@ -36,6 +48,8 @@ COMMANDS: dict[str, Command] = {
     "migrate": migrate,
     "flows": flows,
     "runs": runs,
+    "install": install,
+    "dev": dev,
 }
 
 

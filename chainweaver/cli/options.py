@@ -319,3 +319,6 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
     return port
+
+
+port_number = _port  # the same check for other commands' port options
