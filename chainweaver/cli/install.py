@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     done = put_entry(document, client.section, args.name, new)
     write_json(target, document, private=bool(env) and not target.exists())
     print(f"{PROG}: {done} server {args.name!r} in {client.title}'s configuration "
-          f"{target}: {client.then}", file=sys.stderr, flush=True)
+          f"{shown_path(target)}: {client.then}", file=sys.stderr, flush=True)
     return EXIT_OK
 
 
@@ -123,6 +123,19 @@ def config_path(args: argparse.Namespace) -> Path:
                            f"folder {folder} does not exist: is it installed, and has it "
                            "run once? (--config FILE writes another file)")
     return folder / file
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as a person reads it: the shortest of its absolute form, its form
+    relative to the current folder and its ``~/...`` form (the last two when it is
+    inside those folders)."""
+    forms = [str(path)]
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            forms.append(prefix + str(path.relative_to(base)))
+        except ValueError:
+            continue
+    return min(forms, key=len)
 
 
 def app_config_dir(app: str) -> Path:

@@ -81,8 +81,8 @@ async def test_claude_desktop_gets_an_mcp_servers_entry_beside_its_other_servers
                          "SHOP_REGION=eu")
     assert (code, out) == (0, "")
     assert err.splitlines()[-1] == (
-        f"chainweaver: added server 'support-desk' in Claude Desktop's configuration "
-        f"{config}: restart Claude Desktop to start it")
+        "chainweaver: added server 'support-desk' in Claude Desktop's configuration "
+        "~/.config/Claude/claude_desktop_config.json: restart Claude Desktop to start it")
     document = read(config)
     assert document["globalShortcut"] == "Ctrl+Space"
     assert document["mcpServers"]["files"] == {"command": "npx",

@@ -6,6 +6,7 @@ comes up during the wait is used. While serving, the task queue's outage lines n
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -19,6 +20,8 @@ from support.procs import STARTUP_TIMEOUT, free_port
 from support.shared_governance import RestartableRedis
 
 from chainweaver.mcp import FlowServer
+
+pytestmark = pytest.mark.tasks  # the Redis client, and the task queue
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = str(ROOT / "tests" / "servers" / "task_flows")
@@ -155,3 +158,15 @@ def test_while_serving_the_queues_outage_lines_name_it(capsys: pytest.CaptureFix
         "in 0:00:01...)",
         "chainweaver: the task queue at redis://ops:***@10.9.8.7:6379/0 is unreachable "
         "(Redis is unavailable, sleeping for 1 second...)"]
+
+
+def test_the_documented_example_is_what_a_worker_prints() -> None:
+    text = (ROOT / "docs" / "cli.md").read_text().split("### Redis stores at start-up")[1]
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
+    command, *expected = block.splitlines()
+    assert command.startswith("$ chainweaver worker ")
+    done = subprocess.run(["bash", "-c", command[2:]], cwd=ROOT, capture_output=True,
+                          text=True, timeout=STARTUP_TIMEOUT,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
+                                                     f"{os.pathsep}{os.environ['PATH']}"})
+    assert (done.stderr + done.stdout).splitlines() == expected
