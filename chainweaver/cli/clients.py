@@ -68,7 +68,7 @@ def _option(action: argparse.Action, flag: str, value: Any) -> list[str]:
     values = value if isinstance(value, list) else [value]
     shown = []
     for item in values:
-        text = str(item) if not isinstance(item, float) else f"{item:g}"
+        text = str(int(item)) if isinstance(item, float) and item.is_integer() else str(item)
         if action.dest in PATH_OPTIONS or (action.dest == "tools" and _is_file(text)):
             text = str(Path(text).absolute())
         shown += [flag, text]
@@ -86,9 +86,8 @@ def python_executable() -> str:
     return os.path.abspath(sys.executable)
 
 
-def server_environment(args: argparse.Namespace) -> dict[str, str]:
-    """``--env-file`` then ``--env`` values, plus ``PYTHONPATH`` when modules were
-    imported from the current folder (and no PYTHONPATH was given)."""
+def given_environment(args: argparse.Namespace) -> dict[str, str]:
+    """``--env-file`` then ``--env`` values (checked before anything is loaded)."""
     env: dict[str, str] = {}
     if args.env_file is not None:
         env.update(read_env_file(args.env_file))
@@ -97,9 +96,15 @@ def server_environment(args: argparse.Namespace) -> dict[str, str]:
         if not sep or not key.strip():
             raise CommandError(EXIT_USAGE, f"--env {item!r}: not KEY=VALUE")
         env[key.strip()] = value
-    if "PYTHONPATH" not in env and imports_from_cwd(args.tools):
-        env["PYTHONPATH"] = os.getcwd()
     return env
+
+
+def server_environment(given: dict[str, str], tools: list[str]) -> dict[str, str]:
+    """``given``, plus ``PYTHONPATH`` when the tools or models loaded came from the
+    current folder (and no PYTHONPATH was given). Call it once the flows are loaded."""
+    if "PYTHONPATH" not in given and imports_from_cwd(tools):
+        return {**given, "PYTHONPATH": os.getcwd()}
+    return given
 
 
 def read_env_file(path: str) -> dict[str, str]:

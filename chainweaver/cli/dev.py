@@ -18,7 +18,12 @@ import sys
 from typing import Any
 
 from .building import build_server, loading_errors
-from .clients import add_client_options, serve_command, server_environment
+from .clients import (
+    add_client_options,
+    given_environment,
+    serve_command,
+    server_environment,
+)
 from .errors import EXIT_MISSING, EXIT_OK, CommandError
 from .options import http_defaults, port_number, server_options
 from .output import PROG
@@ -49,6 +54,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     command = serve_command(args)
+    given = given_environment(args)
     http_defaults(args)
     with loading_errors():
         built = build_server(args)
@@ -57,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(EXIT_MISSING, f"dev needs Node.js: npx is not on PATH (the MCP "
                            f"Inspector is the npm package {INSPECTOR}); without it, run "
                            f"{PROG} serve and connect any MCP client")
-    env = server_environment(args)
+    env = server_environment(given, args.tools)
     inspector = INSPECTOR + (f"@{args.inspector_version}" if args.inspector_version else "")
     argv = [npx, "--yes", inspector]
     for key, value in env.items():

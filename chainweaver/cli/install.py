@@ -25,6 +25,7 @@ from .building import build_server, loading_errors
 from .clients import (
     add_client_options,
     entry,
+    given_environment,
     put_entry,
     read_config,
     serve_command,
@@ -85,10 +86,11 @@ def run(args: argparse.Namespace) -> int:
     target = None if args.client == "json" else config_path(args)
     # Refused before anything is loaded: a file that is not a configuration stays as is.
     document = {} if target is None else read_config(target, client.section)
+    given = given_environment(args)
     http_defaults(args)
     with loading_errors():
         built = build_server(args)
-    env = server_environment(args)
+    env = server_environment(given, args.tools)
     print("\n".join(built.report()), file=sys.stderr, flush=True)
     new = entry(command, env, vscode=args.client == "vscode")
     if target is None:
