@@ -84,15 +84,12 @@ class ServerMetrics:
         self.requests = meter.create_counter(
             "chainweaver.requests", unit="{request}",
             description="MCP requests by kind, outcome and published name")
-        self.request_duration = meter.create_histogram(
-            "chainweaver.request.duration", unit="s",
-            description="Time to answer an MCP request",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        self.request_duration = _duration_histogram(
+            meter, "chainweaver.request.duration", "Time to answer an MCP request")
         self.runs = meter.create_counter("chainweaver.runs", unit="{run}",
                                          description="Flow runs by tool and status")
-        self.run_duration = meter.create_histogram(
-            "chainweaver.run.duration", unit="s", description="Flow run time",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        self.run_duration = _duration_histogram(meter, "chainweaver.run.duration",
+                                                "Flow run time")
         self.steps = meter.create_counter("chainweaver.steps", unit="{step}",
                                           description="Finished steps by tool and status")
 
@@ -107,6 +104,16 @@ class ServerMetrics:
         labels = {"tool": tool, "status": status if status in RUN_STATUSES else "failed"}
         self.runs.add(1, labels)
         self.run_duration.record(seconds, labels)
+
+
+def _duration_histogram(meter: Any, name: str, description: str) -> Any:
+    """A histogram in seconds advising :data:`DURATION_BUCKETS`; a meter of an API older
+    than the advisory (1.23) gets the histogram without it."""
+    try:
+        return meter.create_histogram(name, unit="s", description=description,
+                                      explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+    except TypeError:
+        return meter.create_histogram(name, unit="s", description=description)
 
 
 class StepCounter(RunObserver):
