@@ -1,26 +1,32 @@
 """``chainweaver flows``: operators' governance commands against the shared state.
 
-    chainweaver flows archive|activate|deprecate|withdraw NAME [--version V] [--wait S]
+    chainweaver flows archive|activate|deprecate|withdraw NAME [PATH...] [--version V]
+        [--wait S] [--force]
     chainweaver flows status [--json]
 
 Both take ``--governance URL`` (default: ``$CHAINWEAVER_GOVERNANCE``) and ``--prefix``.
-A change returns once Redis holds it (and, with ``--wait``, once every live process has
-applied it); ``status`` shows the decisions, what each live replica and worker applied
-and when, and the last changes with who made them. ``serve`` and ``worker`` follow the
-same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
+A change is refused for a name that no live process reports in its heartbeat, no shared
+entry holds and no flow file under ``PATH...`` defines (with a "did you mean"), unless
+``--force``. It returns once Redis holds it (and, with ``--wait``, once every live
+process has applied it); ``status`` shows the decisions, what each live replica and
+worker applied and when, and the last changes with who made them. ``serve`` and
+``worker`` follow the same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import os
 import sys
 import time
 from typing import Any
 
-from ..errors import ChainWeaverError
+from ..errors import ChainWeaverError, FlowFileError
+from ..extras import needs_extra
+from ..files import find_flow_files, read_flow_data
 from ..governance.state import (
     GovernanceSettings,
     UnreadableEntry,
@@ -30,7 +36,7 @@ from ..governance.state import (
 )
 from ..governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
 from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
-from .output import json_text, printed, shown, table, when
+from .output import PROG, json_text, printed, shown, table, when
 
 ENV_URL = "CHAINWEAVER_GOVERNANCE"
 VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
@@ -55,6 +61,12 @@ def add_parser(subparsers: Any) -> None:
         change.add_argument("--wait", type=float, metavar="SECONDS",
                             help="wait until every live process applied the change; exit "
                                  "1 if one has not after SECONDS")
+        change.add_argument("paths", nargs="*", metavar="PATH",
+                            help="flow files or directories: the names they define are "
+                                 "known too, even with no process running them")
+        change.add_argument("--force", action="store_true",
+                            help="decide on NAME even when no live process, shared entry "
+                                 "or given flow file knows it")
         _connection(change)
     status = actions.add_parser("status", help="the shared state and what each process "
                                                "applied")
@@ -86,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     where = masked_url(settings.url)
     try:
         store = GovernanceStore(settings.url, settings.prefix)
-    except ImportError as error:
-        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ImportError:
+        raise CommandError(EXIT_MISSING, needs_extra(f"{PROG} flows", "tasks")) from None
     except ValueError as error:  # a URL redis-py cannot read
         raise CommandError(EXIT_USAGE, f"--governance {where}: "
                            f"{masked_reason(error, settings.url)}") from None
@@ -116,6 +128,8 @@ async def _flows(store: Any, args: argparse.Namespace) -> int:
 
 async def _change(store: Any, args: argparse.Namespace) -> int:
     action = VERBS[args.flows_command]
+    if not args.force:
+        await _check_known(store, args.flow, _file_names(args.paths))
     try:
         change = await store.change(args.flow, args.flow_version, action,
                                     by=args.by or _os_user(), reason=args.reason)
@@ -133,6 +147,46 @@ async def _change(store: Any, args: argparse.Namespace) -> int:
     if args.wait is None:
         return EXIT_OK
     return await _wait(store, args.flow, change.version, args.wait)
+
+
+async def _check_known(store: Any, name: str, in_files: set[str]) -> None:
+    """Refuse a decision on a name no live process reports, no shared entry holds and no
+    given flow file defines: a typo would otherwise be applied, and reported applied,
+    while the flow meant goes on being served."""
+    heartbeats = await store.heartbeats()
+    live = _live(heartbeats)
+    known = set(in_files)
+    for record in live.values():
+        flows = record.get("flows")
+        if isinstance(flows, list):
+            known |= {flow for flow in flows if isinstance(flow, str)}
+    state = await store.read()
+    known |= set(state.decisions) | set(state.unreadable)
+    if name in known:
+        return
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    raise CommandError(EXIT_INVALID, f"no flow named {name!r} is known{hint}: no live "
+                       f"process reports it ({len(live)} live), no shared entry holds it "
+                       "and no given flow file defines it; give the flow files that "
+                       "define it, or --force")
+
+
+def _file_names(paths: list[str]) -> set[str]:
+    """The flow names the files under ``paths`` define (read, not built: no tools)."""
+    if not paths:
+        return set()
+    try:
+        files = find_flow_files(paths)
+        datas = [read_flow_data(path) for path in files]
+    except FileNotFoundError as error:
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ModuleNotFoundError as error:  # PyYAML, for a YAML file
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    except FlowFileError as error:
+        raise CommandError(EXIT_INVALID, str(error)) from None
+    return {data["name"] for data in datas
+            if isinstance(data, dict) and isinstance(data.get("name"), str)}
 
 
 async def _wait(store: Any, flow: str, version: int, seconds: float) -> int:

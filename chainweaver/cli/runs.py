@@ -8,9 +8,8 @@ import logging
 import sys
 from typing import Any
 
-import anyio
-
-from .errors import EXIT_OK, EXIT_USAGE, CommandError
+from ..extras import needs_extra
+from .errors import EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
 from .output import PROG, json_text, shown, table, when
 
 EXIT_NOT_FOUND = 1  # show: no such run (unknown, another prefix, or expired)
@@ -47,10 +46,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.store.startswith(("redis://", "rediss://")):
         raise CommandError(EXIT_USAGE, "--store must be a redis:// URL: a memory:// history lives "
                               "only inside its server")
+    try:
+        import anyio
+
+        from ..mcp.runs.records import RunStoreError
+        from ..mcp.runs.redis_records import masked
+    except ImportError:
+        raise CommandError(EXIT_MISSING, needs_extra("chainweaver runs", "mcp", "tasks")
+                           ) from None
     if args.runs_command == "list":
         _check_list(args)
-    from ..mcp.runs.records import RunStoreError
-    from ..mcp.runs.redis_records import masked
 
     try:
         store = _store(args)

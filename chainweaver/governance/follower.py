@@ -7,7 +7,8 @@
 - every ``confirm_interval`` seconds, compares the shared version counter with the
   version applied, and reads the state when they differ (a missed message is caught);
 - every ``heartbeat_interval`` seconds, and after each apply, records what it applied
-  and when (``chainweaver flows status``).
+  and when, and the flow names it defines (``chainweaver flows status``; ``flows
+  archive`` refuses a name no live process, entry or flow file knows).
 
 ``ready`` (an event given to :meth:`SharedGovernance.run`) is set once the first
 attempt to read the state ended: applied, or Redis could not be reached. A server waits
@@ -231,7 +232,9 @@ class SharedGovernance:
                 "pending": None if overlay.complete else overlay.state.version,
                 "not_applied": dict(overlay.failed),
                 # entries this process cannot read: their flows are withheld
-                "unreadable": overlay.state.unreadable}
+                "unreadable": overlay.state.unreadable,
+                # the flows it defines: `chainweaver flows` refuses names nobody knows
+                "flows": overlay.known_names()}
 
     async def _heartbeat(self, store: GovernanceStore) -> None:
         self._beat = time.monotonic()

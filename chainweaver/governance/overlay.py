@@ -105,6 +105,12 @@ class GovernanceOverlay:
                 self.applied_version = self.state.version
             return changed
 
+    def known_names(self) -> list[str]:
+        """Every flow name this process defines, sorted: those in its registry and those
+        a decision withdrew from it (their definitions are kept here)."""
+        with self._lock:
+            return sorted(set(self.registry.names()) | set(self._base))
+
     def decision(self, name: str) -> Decision | None:
         """The decision governing ``name`` now (suspended: withheld)."""
         return self._suspended_as if self.suspended else self.state.decisions.get(name)

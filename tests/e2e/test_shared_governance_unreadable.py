@@ -210,7 +210,9 @@ async def test_wait_fails_naming_a_process_that_cannot_read_the_entry(
 async def test_wait_with_no_live_process_confirms_nothing(
         redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = f"test:{uuid.uuid4().hex}"
-    code = await cli("flows", "archive", "order_status", "--wait", "0.3",
+    # --force: no process knows the name either (refused without it, see
+    # test_shared_governance_redis.py); here the wait is what is tested.
+    code = await cli("flows", "archive", "order_status", "--wait", "0.3", "--force",
                      "--governance", redis_url, "--prefix", prefix)
     assert code == 1
     assert "no live process reported" in capsys.readouterr().err
