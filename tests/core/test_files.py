@@ -268,7 +268,7 @@ documents = valid_documents | mutated() | st.dictionaries(
     st.sampled_from([*VALID, "query", "other"]), json_values, max_size=5)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents | json_values)
 def test_inline_model_accepts_exactly_what_json_schema_accepts(document: object) -> None:
     try:
