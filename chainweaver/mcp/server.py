@@ -28,8 +28,10 @@ from chainweaver.mcp.config import (
     ServingConfig,
     check_bool,
 )
-from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
+from chainweaver.mcp.discovery import ServerCards
+from chainweaver.mcp.fastmcp_seams import add_sdk_middleware, install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
+from chainweaver.mcp.gate.cache_hints import CacheHints, CachePolicy
 from chainweaver.mcp.gate.composition import gate_lifespan
 from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
@@ -38,6 +40,7 @@ from chainweaver.mcp.gate.views import Views, check_visible
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
+from chainweaver.mcp.publish.card import ServerIdentity
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
@@ -193,6 +196,19 @@ class FlowServer:
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
         connect_run_log(outputs, self._gate, self._provider, self._notifier)
+        # Answers are the same for every caller only without views, tokens and hooks.
+        cache = CachePolicy(serving.cache_ttl, shared=not (
+            views.active or security.auth or security.authenticator or security.authorizer),
+            hold=self._shared.follower.sure_for if self._shared is not None else None)
+        if cache.ttl > 0 or cache.shared:
+            # Off (no TTL, answers per caller): the SDK's own hints say just that.
+            add_sdk_middleware(self._fastmcp, CacheHints(cache, self._exposure),
+                               "2026-07-28 answers say ttlMs 0 and cacheScope private")
+        self._cards = ServerCards(
+            ServerIdentity.of(name, serving.registry_name, version or __version__,
+                              instructions),
+            self._exposure, views, self._gate, self._provider.card_primitives,
+            security.auth, cache)
         self._watcher: FlowFileWatcher | None = None
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.
@@ -282,6 +298,34 @@ class FlowServer:
         with ``[argument]`` placeholders (what ``chainweaver inspect`` shows)."""
         return prompt_templates(self._exposure)
 
+    def server_card(self, url: str = "http://127.0.0.1:8000/mcp") -> dict[str, Any]:
+        """The server card an anonymous caller gets (its remote at ``url``): what that
+        caller's lists show, nothing else. Over streamable HTTP each caller gets its
+        own at ``<endpoint>/server-card`` (``docs/discovery.md``)."""
+        return self._cards.anonymous_card(url)
+
+    def registry_entry(self, url: str | None = None,
+                       pypi: tuple[str, str] | None = None) -> dict[str, Any]:
+        """The MCP registry ``server.json``: a remote at ``url`` and/or a PyPI package
+        ``(name, version)``, naming what an anonymous caller may list."""
+        return self._cards.registry_entry(url, pypi)
+
+    def http_app(self, host: str = "127.0.0.1", port: int = 8000, *, path: str = "/mcp",
+                 stateless: bool = False) -> Any:
+        """The streamable-HTTP ASGI app :meth:`serve_async` runs for a bind to
+        ``host``:``port`` (its Host/Origin rules), with the server card beside ``path``:
+        for an ASGI server of your own, or ``httpx.ASGITransport`` in tests."""
+        self._cards.install(self._fastmcp, path)
+        return self._fastmcp.http_app(
+            path=path, transport="streamable-http", stateless_http=stateless,
+            host_origin_protection=False, middleware=[self._guard(host, port).middleware()])
+
+    def _guard(self, host: str, port: int) -> HostOriginRules:
+        # ServingConfig normalised both to tuples (or None) when it was built.
+        hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
+        origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
+        return HostOriginRules.for_bind(host, port, hosts, origins)
+
     def exposure_report(self) -> list[FlowExposure]:
         """One entry per registered flow name: exposed or not, and why (and, under a
         file watcher, ``stale`` when the flow's file holds an edit that is not served)."""
@@ -343,10 +387,8 @@ class FlowServer:
             finally:
                 flush_stray_stdout()
         elif transport == "streamable-http":
-            # ServingConfig normalised both to tuples (or None) when it was built.
-            hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
-            origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
-            guard = HostOriginRules.for_bind(host, port, hosts, origins)
+            guard = self._guard(host, port)
+            self._cards.install(self._fastmcp, path)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
                 self._gate.keeps_sessions = False  # no session to keep a log level for
