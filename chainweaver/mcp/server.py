@@ -202,7 +202,7 @@ class FlowServer:
             hold=self._shared.follower.sure_for if self._shared is not None else None)
         if cache.ttl > 0 or cache.shared:
             # Off (no TTL, answers per caller): the SDK's own hints say just that.
-            add_sdk_middleware(self._fastmcp, CacheHints(cache, self._exposure),
+            add_sdk_middleware(self._fastmcp, CacheHints(cache),
                                "2026-07-28 answers say ttlMs 0 and cacheScope private")
         self._cards = ServerCards(
             ServerIdentity.of(name, serving.registry_name, version or __version__,

@@ -11,9 +11,11 @@ else. Here:
   so does every run-record read, always. The templates list and ``server/discover``
   describe the server, not a view: always ``"public"``.
 - ``ttlMs`` is ``ServingConfig(cache_ttl=...)`` (default 0: stale at once), never
-  longer than the served state is sure to hold: 0 when the snapshot was replaced while
-  the request was served, and, under shared governance with ``stop_serving_after``,
-  no later than the moment this process would stop serving for want of confirmation.
+  longer than the served state is sure to hold: under shared governance with
+  ``stop_serving_after``, no later than the moment this process would stop serving
+  for want of confirmation. It never depends on the snapshot a request was served
+  from: a TTL cut short by a change would tell a caller that something outside its
+  view changed.
 
 A cached list never lets a client reach a flow governance withdrew: calls, reads and
 renders are admitted against the snapshot current when they arrive. 2025-11-25
@@ -30,7 +32,6 @@ from typing import Any, Literal
 from mcp_types.methods import CACHEABLE_METHODS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from chainweaver.mcp.publish.exposure import LiveExposure
 from chainweaver.mcp.publish.run_uris import is_run_uri
 
 Scope = Literal["public", "private"]
@@ -48,9 +49,9 @@ class CachePolicy:
     shared: bool = False
     hold: Callable[[], float | None] | None = None
 
-    def ttl_ms(self, superseded: bool = False) -> int:
-        """The TTL to send now; 0 for an answer from a snapshot already replaced."""
-        if self.ttl <= 0 or superseded:
+    def ttl_ms(self) -> int:
+        """The TTL to send now (the same for every caller and every view)."""
+        if self.ttl <= 0:
             return 0
         seconds = self.ttl
         held = self.hold() if self.hold is not None else None
@@ -78,19 +79,17 @@ class CacheHints:
     """MCP SDK server middleware setting ``ttlMs``/``cacheScope`` on 2026-07-28 answers
     of the cacheable methods (installed through ``fastmcp_seams.add_sdk_middleware``)."""
 
-    def __init__(self, policy: CachePolicy, live: LiveExposure) -> None:
+    def __init__(self, policy: CachePolicy) -> None:
         self.policy = policy
-        self.live = live
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
         method = ctx.method
         if method not in CACHEABLE_METHODS or ctx.protocol_version not in \
                 MODERN_PROTOCOL_VERSIONS:
             return await call_next(ctx)
-        before = self.live.latest  # what the gate pins, a moment later
         result = await call_next(ctx)
         if not isinstance(result, dict) or result.get("resultType", "complete") != "complete":
             return result  # an interim answer carries no hints
-        result["ttlMs"] = self.policy.ttl_ms(superseded=self.live.latest is not before)
+        result["ttlMs"] = self.policy.ttl_ms()
         result["cacheScope"] = self.policy.scope(method, ctx.params)
         return result
