@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import secrets
 import threading
-import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -39,6 +38,7 @@ from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import Views, check_visible
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
+from chainweaver.mcp.moved_keywords import moved_keywords
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.card import ServerIdentity
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
@@ -97,7 +97,7 @@ class FlowServer:
         policy = _config("policy", policy, ExposurePolicy)
         security = _config("security", security, SecurityConfig)
         serving = _config("serving", serving, ServingConfig)
-        policy, security, serving, tasks = _moved_keywords(
+        policy, security, serving, tasks = moved_keywords(
             deprecated, policy, security, serving, tasks)
         if isinstance(prompts, (str, bytes)):
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
@@ -486,45 +486,3 @@ def _config(setting: str, value: C | None, kind: type[C]) -> C:
         raise ExposureConfigError(
             f"{setting} must be a {kind.__name__}, got {type(value).__name__}")
     return value
-
-
-# The keywords FlowServer took before they moved into the configuration objects (one
-# release with a DeprecationWarning): keyword -> (object, its field).
-MOVED_KEYWORDS = {
-    "name": ("serving", "name"), "version": ("serving", "version"),
-    "instructions": ("serving", "instructions"),
-    "approval_timeout": ("serving", "approval_timeout"),
-    "resources_as_tools": ("serving", "resources_as_tools"),
-    "prompts_as_tools": ("serving", "prompts_as_tools"),
-    "approval": ("policy", "approval"), "auth": ("security", "auth"),
-    "visible": ("security", "visible"),
-    "task_mode": ("tasks", "mode"), "task_settings": ("tasks", "TaskSettings"),
-}
-
-
-def _moved_keywords(given: dict[str, Any], policy: ExposurePolicy,
-                    security: SecurityConfig, serving: ServingConfig,
-                    tasks: str | TaskSettings | None
-                    ) -> tuple[ExposurePolicy, SecurityConfig, ServingConfig,
-                               str | TaskSettings | None]:
-    """Fold the keywords that moved into the configuration objects, warning once each."""
-    unknown = sorted(set(given) - set(MOVED_KEYWORDS))
-    if unknown:
-        raise TypeError(f"FlowServer() got unexpected keyword argument(s): "
-                        f"{', '.join(unknown)}")
-    configs: dict[str, Any] = {"policy": policy, "security": security, "serving": serving}
-    for keyword, value in given.items():
-        where, field = MOVED_KEYWORDS[keyword]
-        hint = (f"tasks={field}(...)" if field == "TaskSettings"
-                else f"tasks=TaskSettings(url=..., {field}=...)" if where == "tasks"
-                else f"{where}={type(configs[where]).__name__}({field}=...)")
-        warnings.warn(f"FlowServer({keyword}=...) is deprecated and will be removed in the "
-                      f"next release: use {hint}", DeprecationWarning, stacklevel=3)
-        if where != "tasks":
-            if keyword == "auth" and value is not None and security.auth is not None:
-                raise ExposureConfigError("auth is set twice: give it to FlowServer or to "
-                                          "SecurityConfig, not both")
-            configs[where] = dataclasses.replace(configs[where], **{field: value})
-    if "task_mode" in given or "task_settings" in given:
-        tasks = check_tasks(tasks, given.get("task_mode"), given.get("task_settings"))
-    return configs["policy"], configs["security"], configs["serving"], tasks
