@@ -206,7 +206,7 @@ FLOWS = st.lists(st.tuples(st.sampled_from((*TEAMS, None)), st.booleans(), st.bo
 CALLERS = st.lists(st.frozensets(st.sampled_from(TEAMS)), min_size=1, max_size=4)
 
 
-@settings(max_examples=20, deadline=None,
+@settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flows=FLOWS, callers=CALLERS, changed=st.integers(min_value=0, max_value=7))
 @pytest.mark.anyio
