@@ -113,7 +113,9 @@ class ServerCards:
         except GateRefused as refused:
             status = 429 if refused.reason == "rate_limited" else 403
             return JSONResponse({"error": refused.reason}, status_code=status, headers=_CORS)
-        url = str(request.url).removesuffix("/server-card").split("?", 1)[0]
+        # The endpoint the request reached (the card's own path and any query dropped).
+        url = str(request.url.replace(query="", fragment="")).rstrip("?").removesuffix(
+            CARD_SUFFIX)
         card, tag = self.card(caller, url)
         headers = {**_CORS, "ETag": tag, "Vary": "Authorization",
                    "Cache-Control": self.cache.cache_control()}
@@ -130,7 +132,12 @@ class ServerCards:
             if token is None:
                 caller = None  # the MCP endpoint would answer 401: nothing to list
             else:
-                verified = await self.auth.verify_token(token)
+                try:
+                    verified = await self.auth.verify_token(token)
+                except Exception as error:  # a verifier that fails refuses; never a 500
+                    logger.warning("server card: token verification raised %s",
+                                   type(error).__name__)
+                    verified = None
                 if verified is None:
                     raise _Unauthorized
                 caller = token_caller(verified)

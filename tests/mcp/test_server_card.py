@@ -112,6 +112,23 @@ async def test_each_caller_gets_its_own_views_card_and_nothing_else() -> None:
 
 
 @pytest.mark.anyio
+async def test_odd_requests_get_clear_answers_and_the_server_keeps_serving() -> None:
+    server = viewed_server()
+    sam = bearer("sam", ["search-team"])
+    async with asgi_client(server) as http:
+        basic = await http.get(CARD_PATH, headers={"Authorization": "Basic c2FtOnB3"})
+        junk_tag = await http.get(CARD_PATH, headers={**sam, "If-None-Match": 'W/"x", ,*x'})
+        posted = await http.post(CARD_PATH, headers=sam, content=b"{}")
+        query = await http.get(CARD_PATH + "?x=1", headers=sam)
+        fine = await http.get(CARD_PATH, headers=sam)
+    assert basic.status_code == 200 and not primitives(basic.json())["tools"]
+    assert junk_tag.status_code == 200
+    assert posted.status_code == 405
+    assert query.json()["remotes"] == fine.json()["remotes"]
+    assert tool_names(fine.json()) == SEARCH
+
+
+@pytest.mark.anyio
 async def test_an_opted_out_flow_is_never_named() -> None:
     server = FlowServer(opted_out_catalogue("product_search"), expose_schemas=True,
                         expose_prompts=True)
