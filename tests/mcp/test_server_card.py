@@ -128,6 +128,34 @@ async def test_odd_requests_get_clear_answers_and_the_server_keeps_serving() -> 
     assert tool_names(fine.json()) == SEARCH
 
 
+class OneEach:
+    """A rate limiter granting each caller one request per name."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def acquire(self, caller: CallerIdentity, name: str) -> bool:
+        allowed = (caller.id, name) not in self.seen
+        self.seen.append((caller.id, name))
+        return allowed
+
+
+@pytest.mark.anyio
+async def test_card_requests_are_rate_limited_and_audited_like_lists() -> None:
+    limiter, events = OneEach(), []
+    server = FlowServer(build_catalogue(), security=SecurityConfig(
+        rate_limiter=limiter, audit_hook=events.append))
+    async with asgi_client(server) as http:
+        first = await http.get(CARD_PATH)
+        second = await http.get(CARD_PATH)
+    assert first.status_code == 200
+    assert (second.status_code, second.json()) == (429, {"error": "rate_limited"})
+    assert limiter.seen == [("anonymous", "server-card")] * 2
+    assert [(e.kind, e.name, e.decision, e.reason) for e in events] == [
+        ("list", "server-card", "allowed", "ok"), ("list", "server-card", "denied",
+                                                   "rate_limited")]
+
+
 @pytest.mark.anyio
 async def test_an_opted_out_flow_is_never_named() -> None:
     server = FlowServer(opted_out_catalogue("product_search"), expose_schemas=True,
