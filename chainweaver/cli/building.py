@@ -127,6 +127,7 @@ def build_server(args: argparse.Namespace) -> Built:
                                   allowed_origins=args.allowed_origin,
                                   run_notifications=args.run_notifications,
                                   request_state_keys=state_keys, name=args.name,
+                                  registry_name=args.registry_name, cache_ttl=args.cache_ttl,
                                   instructions=instructions, **access.serving,
                                   governance=governance_settings(args),
                                   run_history=run_history_settings(args),

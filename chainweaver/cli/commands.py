@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from ..extras import version_report
 from . import (
+    card,
     dev,
     flows,
     inspect,
@@ -22,6 +23,7 @@ from . import (
     runs,
     schema,
     serve,
+    server_json,
     validate,
     worker,
 )
@@ -50,6 +52,8 @@ COMMANDS: dict[str, Command] = {
     "runs": runs,
     "install": install,
     "dev": dev,
+    "card": card,
+    "server-json": server_json,
 }
 
 

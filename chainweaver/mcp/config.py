@@ -31,6 +31,8 @@ PromptKind = Literal["invocation", "authored", "server", "guide"]
 PROMPT_KINDS: tuple[PromptKind, ...] = ("invocation", "authored", "server", "guide")
 # Generous: the index of 20,000 flows is about 8 MiB; one body above this is an abuse.
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+# A server's name in a server card and the MCP registry: namespace "/" name.
+REGISTRY_NAME = re.compile(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+")
 
 
 def check_bool(setting: str, value: object) -> bool:
@@ -291,6 +293,11 @@ class ServingConfig:
     OpenTelemetry ``MeterProvider``) receives the server's metrics; ``None``: the
     global one, a no-op until an application configures the SDK (``docs/mcp-server.md``,
     "Metrics").
+
+    ``registry_name`` (reverse-DNS, ``io.github.me/orders``) names the server in its
+    server card and registry entry (default ``chainweaver.local/<name>``). ``cache_ttl``
+    (seconds, default 0) is the longest a 2026-07-28 client may reuse a list or read
+    before asking again; ``0`` marks every answer stale at once (``docs/discovery.md``).
     """
 
     flow_timeout: float | None = None
@@ -311,6 +318,8 @@ class ServingConfig:
     governance: str | GovernanceSettings | None = None
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
     meter_provider: Any = None  # an opentelemetry.metrics.MeterProvider
+    registry_name: str | None = None
+    cache_ttl: float = 0.0
 
     def __post_init__(self) -> None:
         check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
@@ -324,6 +333,17 @@ class ServingConfig:
                                       f"{type(self.run_history).__name__}")
         check_text("name", self.name)
         check_text("version", self.version, optional=True)
+        if self.registry_name is not None and not (
+                isinstance(self.registry_name, str)
+                and REGISTRY_NAME.fullmatch(self.registry_name)):
+            raise ExposureConfigError(
+                f"registry_name must be a reverse-DNS name with one '/' "
+                f"(io.github.me/orders), got {self.registry_name!r}")
+        if (not isinstance(self.cache_ttl, (int, float)) or isinstance(self.cache_ttl, bool)
+                or not math.isfinite(self.cache_ttl) or self.cache_ttl < 0):
+            raise ExposureConfigError(f"cache_ttl must be a number of seconds >= 0, got "
+                                      f"{self.cache_ttl!r}")
+        object.__setattr__(self, "cache_ttl", float(self.cache_ttl))
         if self.instructions is not None and not isinstance(self.instructions, str):
             raise ExposureConfigError(f"instructions must be None or a string, got "
                                       f"{self.instructions!r}")
