@@ -81,8 +81,8 @@ def test_flows_wait_names_hostile_processes_as_literals(redis_url: str) -> None:
         {"seen": time.time() + 3600, "version": 0,
          "unreadable": {"report": f"unreadable{ESCAPE}"}}))
     raw.close()
-    done = chainweaver("flows", "archive", "report", "--wait", "0.2", "--governance",
-                       redis_url, "--prefix", prefix)
+    done = chainweaver("flows", "archive", "report", "--force", "--wait", "0.2",
+                       "--governance", redis_url, "--prefix", prefix)
     assert done.returncode == 1, done.stderr
     no_traceback_nor_escape(done)
     assert repr(f"evil{ESCAPE}") in done.stderr

@@ -32,6 +32,7 @@ from support.catalogue import EXCLUDED, build_catalogue
 from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp import GATE_REFUSED, FlowServer
+from chainweaver.mcp.gate.echo import bounded
 
 SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 sys.path.insert(0, str(SERVER_SCRIPT.parent))
@@ -395,7 +396,8 @@ def test_an_oversized_request_head_is_refused_by_http_and_serving_continues(
     session = LegacySession(servers["open"])
     body = session.post("resources/read", {"uri": uri}).text
     error = json.loads(body[body.index("{"):])["error"]
-    assert (error["code"], error["data"]) == (-32602, {"uri": uri})
+    # Echoed at most MAX_ECHO characters (a longer URI is cut, saying how long it was).
+    assert (error["code"], error["data"]) == (-32602, {"uri": bounded(uri)})
     served = modern_post(servers["open"], "tools/call",
                          {"name": "price_quote", "arguments": {"sku": "S"}})
     assert served.json()["result"]["structuredContent"] == {"sku": "S", "total_cents": 999}
