@@ -17,7 +17,7 @@ from fastmcp.server.auth import AuthProvider
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
 from chainweaver.governance.state import GovernanceSettings, check_governance
-from chainweaver.mcp.gate.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
+from chainweaver.mcp.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from chainweaver import FlowExecutor, FlowRegistry
 from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig
 from chainweaver.mcp.gate.audit_log import MAX_AUDIT_LINE_BYTES, JsonlAuditLog
-from chainweaver.mcp.gate.hooks import AUDIT_TEXT_LIMIT, MAX_AUDIT_EVENT_BYTES, bounded_text
+from chainweaver.mcp.hooks import AUDIT_TEXT_LIMIT, MAX_AUDIT_EVENT_BYTES, bounded_text
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig
-from chainweaver.mcp.gate.hooks import AuditEvent
+from chainweaver.mcp.hooks import AuditEvent
 from chainweaver.mcp.publish.exposure import Exposure
 
 MODES = ["auto", "legacy"]

@@ -429,7 +429,7 @@ async def test_legacy_input_required_is_never_returned() -> None:
 @pytest.mark.anyio
 async def test_approval_state_is_bound_to_flow_version_steps_caller_and_arguments() -> None:
     from chainweaver.mcp.gate.admission import Admission, admitted
-    from chainweaver.mcp.gate.hooks import CallerIdentity
+    from chainweaver.mcp.hooks import CallerIdentity
     from chainweaver.run_events import ApprovalRequest, CoveredStep
 
     def hook(settings: RunSettings, arguments: dict[str, Any] = ORDER) -> Approval:

@@ -27,7 +27,7 @@ from chainweaver.mcp import (
 )
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, WIRE_LIMIT
-from chainweaver.mcp.gate.hooks import bounded_text
+from chainweaver.mcp.hooks import bounded_text
 
 MODES = ["auto", "legacy"]
 

@@ -23,8 +23,8 @@ from fastmcp.server.dependencies import get_access_token
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
-from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity, RequestKind
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure, LiveExposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver

@@ -22,7 +22,7 @@ from typing import Any
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
-from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.hooks import RequestKind
 from chainweaver.mcp.publish.decision import GUIDE_PROMPT_NAME, INDEX_URI
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 

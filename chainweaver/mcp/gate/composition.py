@@ -32,7 +32,7 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 from fastmcp.server.transforms import Transform
 from pydantic import AnyUrl
 
-from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.hooks import RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 

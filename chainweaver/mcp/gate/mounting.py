@@ -31,10 +31,10 @@ from chainweaver.mcp.gate.composition import (
     owned_meta,
     runs_root,
 )
-from chainweaver.mcp.gate.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.requests import completion_target, gate_for
 from chainweaver.mcp.gate.security import GateRefused, SecurityGate
+from chainweaver.mcp.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext, RequestKind
+from chainweaver.mcp.hooks import CallerIdentity, GateContext, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow
 
 

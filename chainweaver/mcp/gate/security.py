@@ -48,16 +48,6 @@ from chainweaver.mcp.gate.composition import (
     reached_directly,
     runs_root,
 )
-from chainweaver.mcp.gate.hooks import (
-    GATE_REFUSED,
-    AuditEvent,
-    AuthorizationDecision,
-    CallerIdentity,
-    GateContext,
-    RequestKind,
-    approval_decision,
-    deliver_audit,
-)
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
 from chainweaver.mcp.gate.requests import (
@@ -69,6 +59,16 @@ from chainweaver.mcp.gate.requests import (
 )
 from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.hooks import (
+    GATE_REFUSED,
+    AuditEvent,
+    AuthorizationDecision,
+    CallerIdentity,
+    GateContext,
+    RequestKind,
+    approval_decision,
+    deliver_audit,
+)
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 

@@ -55,8 +55,8 @@ from chainweaver.mcp.fastmcp_seams import (
 )
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import admitted, caller_from_token, pinned
-from chainweaver.mcp.gate.hooks import CallerIdentity
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.hooks import CallerIdentity
 from chainweaver.mcp.live.cursors import paged_by_view
 from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
 

@@ -34,15 +34,15 @@ from pydantic import PrivateAttr
 from chainweaver.checkpoints import INTERRUPTED
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import Admission, RunNote
-from chainweaver.mcp.gate.hooks import (
+from chainweaver.mcp.gate.requests import payload_text
+from chainweaver.mcp.gate.views import Views
+from chainweaver.mcp.hooks import (
     AuditEvent,
     AuditHook,
     CallerIdentity,
     approval_decision,
     deliver_audit,
 )
-from chainweaver.mcp.gate.requests import payload_text
-from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.approval import ApprovalInTask
