@@ -10,7 +10,7 @@ import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
@@ -19,6 +19,7 @@ from mcp.server.request_state import RequestStateSecurity
 from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
+from chainweaver.mcp.components.cache import ComponentCache
 from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
@@ -41,17 +42,21 @@ from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
+from chainweaver.mcp.runs.recording import RunLog
 from chainweaver.mcp.runs.records import RunStore
-from chainweaver.mcp.runs.setup import connect_run_log, open_run_log, output_spill
 from chainweaver.mcp.runs.telemetry import FlowTelemetry
-from chainweaver.mcp.tasks.setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
+from chainweaver.mcp.tasks.setup import (
+    TaskSettings,
+    add_tasks,
+    approval_marks,
+    check_tasks,
+    flow_task_runner,
+    worker_lifespan,
+)
 from chainweaver.prompts import FlowPrompt
 from chainweaver.registry import RegistryState
 from chainweaver.tools import NAME_PATTERN
 from chainweaver.watch import FlowFileWatcher
-
-if TYPE_CHECKING:
-    from chainweaver.mcp.tasks.runner import FlowTaskRunner
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -126,34 +131,47 @@ class FlowServer:
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
         keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
-        self._run_log = run_log = open_run_log(serving.run_history)
-        # Without a history, outputs too large to send are kept in this process: a task
-        # on a shared backend may run in another, whose spill no client could read.
-        outputs = run_log or output_spill(task_links=task_settings is None
-                                          or task_settings.url.startswith("memory://"))
-        self._provider = FlowProvider(self._exposure, executor,
-                                      error_detail=security.error_detail,
-                                      flow_timeout=serving.flow_timeout, owner=owner,
-                                      runs=RunSettings.build(
-                                          policy.approval == "elicit", approval_timeout,
-                                          keys, serving.run_notifications),
-                                      views=views, run_log=run_log, outputs=outputs)
+        metrics = ServerMetrics(serving.meter_provider)
+        components = ComponentCache(owner)
+        # Runs on the loop after a swap: the provider's components of flows no longer
+        # published are dropped, and clients are told what changed in their view.
         self._notifier = ChangeNotifier(self._exposure,
                                         debounce=cast(float, serving.change_debounce),
-                                        on_rebuilt=self._provider.forget_unpublished,
+                                        on_rebuilt=components.forget_unpublished,
                                         views=views,
                                         callers_from_token=security.authenticator is None)
-        self._pins = SnapshotPins(self._exposure, self._notifier)
+        history = serving.run_history
+        self._run_log = run_log = RunLog.open(history, updated=self._notifier.run_updated) \
+            if history is not None else None
+        # Without a history, outputs too large to send are kept in this process: a task
+        # on a shared backend may run in another, whose spill no client could read.
+        outputs = run_log or RunLog.spill(task_links=task_settings is None
+                                          or task_settings.url.startswith("memory://"))
+        self._provider = FlowProvider(
+            self._exposure, executor, error_detail=security.error_detail,
+            flow_timeout=serving.flow_timeout, owner=owner,
+            runs=RunSettings.build(policy.approval == "elicit", approval_timeout, keys,
+                                   serving.run_notifications,
+                                   shared_nonces=approval_marks if task_settings else None),
+            views=views, run_log=run_log, outputs=outputs, components=components,
+            task_runner=flow_task_runner(security, metrics) if task_settings else None)
+        # Followed as long as anything serves: the FastMCP server (through its
+        # middleware) keeps the follower alive, the registry only refers to it weakly.
+        self._follower = follower = _Follower(
+            executor, policy, prompts, self._exposure, self._notifier,
+            tool_form_names(resources=resources_as_tools, prompts=prompts_as_tools))
+        self._pins = SnapshotPins(self._exposure, self._notifier, keep_alive=follower)
         # The gate reads the live reference like a snapshot: the request's pinned one.
         gated = cast(Exposure, self._exposure)
-        metrics = ServerMetrics(serving.meter_provider)
+        run_resources = self._provider.run_resources
         # The gate counts, times and caps what it serves, and watches each flow run's
         # steps for its spans: no middleware layers of their own (each costs a request).
         self._gate = SecurityGate(
             gated, security, owner=owner, views=views, refusals=metrics.refused,
             observe=RequestMetrics(metrics, gated).observe,
             watch_run=FlowTelemetry(gated, security.error_detail, metrics).watch,
-            body_limit=serving.max_body_bytes, pin=self._pins.serve)
+            body_limit=serving.max_body_bytes, pin=self._pins.serve,
+            run_target=run_resources.target if run_resources is not None else None)
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
@@ -179,10 +197,7 @@ class FlowServer:
         )
         self._tasks_url = task_settings.url if task_settings is not None else None
         if task_settings is not None:
-            add_tasks(self._fastmcp, self._provider, security, task_settings.url,
-                      task_settings)
-            # A task leg's run counts in chainweaver.runs and .steps like an inline one.
-            cast("FlowTaskRunner", self._provider.task_runner).count_runs(metrics)
+            add_tasks(self._fastmcp, self._provider, security, task_settings)
         if expose_schemas or expose_prompts or run_log is not None:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
@@ -192,15 +207,7 @@ class FlowServer:
             caller_known=security.authenticator is None))
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
-        connect_run_log(outputs, self._gate, self._provider, self._notifier)
         self._watcher: FlowFileWatcher | None = None
-        # Followed as long as anything serves: the FastMCP server (through its
-        # middleware) keeps the follower alive, the registry only refers to it weakly.
-        follower = _Follower(executor, policy, prompts, self._exposure, self._notifier,
-                             tool_form_names(resources=resources_as_tools,
-                                             prompts=prompts_as_tools))
-        self._pins.keep_alive = follower
-        self._follower = follower
         self._unsubscribe = executor.registry.subscribe(_weakly(follower))
         follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
@@ -306,7 +313,7 @@ class FlowServer:
             raise ExposureConfigError("run_worker needs tasks='redis://...': a worker runs "
                                       "tasks that other processes put on a shared queue")
         if self._shared is not None:
-            self._shared.follower.role = "worker"
+            self._shared.follower.as_worker()
         async with worker_lifespan(self._fastmcp):
             await anyio.sleep_forever()
 
@@ -349,7 +356,7 @@ class FlowServer:
             guard = HostOriginRules.for_bind(host, port, hosts, origins)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
-                self._gate.keeps_sessions = False  # no session to keep a log level for
+                self._gate.without_sessions()  # no session to keep a log level for
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
                 stateless_http=stateless, log_level=log_level,

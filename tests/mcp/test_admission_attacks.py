@@ -251,7 +251,7 @@ async def test_a_page_builds_nothing_of_another_view(mode: str) -> None:
     async with Client(server.fastmcp, mode=mode) as client:
         listed = {key: [n for page in await pages(client, method, key) for n in page]
                   for method, key in LISTS}
-    built = [key for key in server._provider._cache]
+    built = server._provider.components.keys()
     assert built and not any("blue" in name for _, name in built)
     assert not any("blue" in name for names in listed.values() for name in names)
     assert [n for n in listed["tools"]] == [f"red_{i}" for i in range(6)]

@@ -5,7 +5,7 @@ per-step progress and log messages, cancellation, and approval through elicitati
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastmcp import Client
@@ -21,7 +21,6 @@ from chainweaver.mcp.runs.approval import (
     Approval,
     ApprovalNonces,
     RunSettings,
-    arguments_digest,
 )
 
 ERAS = ["legacy", "auto"]  # 2025-11-25, 2026-07-28
@@ -432,12 +431,11 @@ async def test_approval_state_is_bound_to_flow_version_steps_caller_and_argument
     from chainweaver.mcp.hooks import CallerIdentity
     from chainweaver.run_events import ApprovalRequest, CoveredStep
 
+    class Outside:  # a call's context on no server: the process records used states
+        fastmcp = None
+
     def hook(settings: RunSettings, arguments: dict[str, Any] = ORDER) -> Approval:
-        approval = Approval.__new__(Approval)
-        approval._settings = settings
-        approval._in_task = None
-        approval._arguments = arguments_digest(arguments)
-        return approval
+        return Approval(cast(Any, Outside()), "pay", settings, arguments=arguments)
 
     def covering(version: str, *steps: str) -> ApprovalRequest:
         return ApprovalRequest("pay", version, tuple(

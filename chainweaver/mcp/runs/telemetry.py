@@ -72,7 +72,7 @@ class FlowTelemetry:
             watching += (counter,)
         started = time.perf_counter()
         try:
-            result = await serve(record.but(observers=(*record.observers, *watching)))
+            result = await serve(record.watched_by(watching))
         except BaseException as error:
             self._run_finished(counter, "cancelled" if isinstance(error, CancelledError)
                                else "failed", started)

@@ -33,7 +33,7 @@ from pydantic import PrivateAttr
 
 from chainweaver.checkpoints import INTERRUPTED
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import Admission, RunNote
+from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.requests import payload_text
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.hooks import (
@@ -132,16 +132,16 @@ class FlowTaskRunner(FastMCPTool):
     _metrics: ServerMetrics | None = PrivateAttr(default=None)
 
     @classmethod
-    def build(cls, provider: FlowProvider, audit: TaskAudit) -> FlowTaskRunner:
+    def build(cls, provider: FlowProvider, audit: TaskAudit,
+              metrics: ServerMetrics | None = None) -> FlowTaskRunner:
+        """The runner of ``provider``'s flows; ``metrics``: where its runs and steps are
+        counted (``chainweaver.runs`` and ``.steps``, like an inline run's)."""
         runner = cls(name=RUNNER_NAME, parameters={"type": "object"},
                      task_config=TaskConfig(mode="optional"))
         runner._provider = provider
         runner._audit = audit
+        runner._metrics = metrics
         return runner
-
-    def count_runs(self, metrics: ServerMetrics) -> None:
-        """Count the runs of task legs in ``chainweaver.runs`` and ``.steps``."""
-        self._metrics = metrics
 
     async def run(  # Docket injects the dependencies
         self,
@@ -157,7 +157,7 @@ class FlowTaskRunner(FastMCPTool):
         root = root if isinstance(root, str) else RUNS_URI  # where its client reads runs
         if caller is None and root == RUNS_URI:
             return await self._run_leg(arguments, ctx, execution, docket)
-        with admission.admitted(Admission(execution, caller=caller, runs_root=root)):
+        with admission.admitted(admission.task_leg(execution, caller, root)):
             return await self._run_leg(arguments, ctx, execution, docket)
 
     async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
@@ -187,8 +187,9 @@ class FlowTaskRunner(FastMCPTool):
         asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True),
                                 caller_id=caller_id)
         note = RunNote()
-        run = run_start(arguments.get("run"), caller_id or "anonymous", note, task_id)
-        run.deliveries = max(deliveries, 1)  # the run record says how often
+        # The run record says how often it was delivered.
+        run = run_start(arguments.get("run"), caller_id or "anonymous", note, task_id,
+                        deliveries=max(deliveries, 1))
         metrics = self._metrics
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:
