@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-import threading
 import warnings
-import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast
@@ -36,6 +34,7 @@ from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import Views, check_visible
+from chainweaver.mcp.live.following import RegistryFollower, weakly
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
@@ -54,7 +53,6 @@ from chainweaver.mcp.tasks.setup import (
     worker_lifespan,
 )
 from chainweaver.prompts import FlowPrompt
-from chainweaver.registry import RegistryState
 from chainweaver.tools import NAME_PATTERN
 from chainweaver.watch import FlowFileWatcher
 
@@ -157,9 +155,10 @@ class FlowServer:
             task_runner=flow_task_runner(security, metrics) if task_settings else None)
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.
-        self._follower = follower = _Follower(
+        tool_forms = tool_form_names(resources=resources_as_tools, prompts=prompts_as_tools)
+        self._follower = follower = RegistryFollower(
             executor, policy, prompts, self._exposure, self._notifier,
-            tool_form_names(resources=resources_as_tools, prompts=prompts_as_tools))
+            check=lambda snapshot: check_tool_forms(snapshot, tool_forms))
         self._pins = SnapshotPins(self._exposure, self._notifier, keep_alive=follower)
         # The gate reads the live reference like a snapshot: the request's pinned one.
         gated = cast(Exposure, self._exposure)
@@ -208,7 +207,7 @@ class FlowServer:
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
         self._watcher: FlowFileWatcher | None = None
-        self._unsubscribe = executor.registry.subscribe(_weakly(follower))
+        self._unsubscribe = executor.registry.subscribe(weakly(follower))
         follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
@@ -371,64 +370,6 @@ class FlowServer:
 
 
 C = TypeVar("C")
-
-
-class _Follower:
-    """Swaps a new snapshot in for every registry change (a registry listener)."""
-
-    def __init__(self, executor: FlowExecutor, policy: ExposurePolicy,
-                 prompts: Sequence[FlowPrompt], live: LiveExposure,
-                 notifier: ChangeNotifier, tool_forms: tuple[str, ...] = ()) -> None:
-        self.executor = executor
-        self.policy = policy
-        self.prompts = prompts
-        self.live = live
-        self.notifier = notifier
-        self.tool_forms = tool_forms  # names resources/prompts_as_tools took
-        self._lock = threading.Lock()
-
-    def __call__(self, change: object = None) -> None:
-        """Swap in a snapshot of the registry as it is now.
-
-        Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
-        request starting afterwards sees the old snapshot. Building is cheap: flows
-        are judged when first needed, unchanged ones carried over. A snapshot that
-        cannot be built (a name collision, a flow under a tool name that
-        resources_as_tools / prompts_as_tools took) raises, and the registry refuses
-        the change.
-        """
-        with self._lock:
-            latest = self.live.latest
-            state = self.executor.registry.state()
-            if state.sequence <= latest.sequence:
-                return
-            self.live.swap(self._snapshot(state, latest))
-        self.notifier.changed()
-
-    def vet(self, state: RegistryState) -> None:
-        """Raise, as :meth:`__call__` would, when ``state`` (a registry state that
-        does not exist yet: a flow file watcher's edit) could not be published."""
-        self._snapshot(state, self.live.latest)
-
-    def _snapshot(self, state: RegistryState, latest: Exposure) -> Exposure:
-        snapshot = Exposure(
-            self.executor, self.policy, expose_schemas=latest.expose_schemas,
-            expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
-            state=state, previous=latest)
-        check_tool_forms(snapshot, self.tool_forms)
-        return snapshot
-
-
-def _weakly(follower: _Follower) -> Callable[[object], None]:
-    """A registry listener that does not keep ``follower`` alive."""
-    ref = weakref.ref(follower)
-
-    def follow(change: object) -> None:
-        alive = ref()
-        if alive is not None:
-            alive(change)
-
-    return follow
 
 
 def _serving_lifespan(inner: Callable[[FastMCP], Any], notifier: ChangeNotifier,
