@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, InitVar, dataclass
+from types import MappingProxyType
 from typing import Any, Literal, cast
 
 from fastmcp.server.auth import AuthProvider
 
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
-from chainweaver.governance.state import GovernanceSettings, check_governance
+from chainweaver.governance.state import check_governance
 from chainweaver.mcp.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
@@ -196,7 +198,8 @@ class ExposurePolicy:
 
 @dataclass(frozen=True)
 class SecurityConfig:
-    """The gate's hooks (see ``docs/security.md``) and how much error text clients see.
+    """How requests are guarded: the gate's hooks (see ``docs/security.md``), how much
+    error text clients see, and the checks of the transport and of what is sent.
 
     ``hook_timeout`` bounds every async hook; ``error_detail`` is ``"full"``,
     ``"type_only"`` or ``"generic"``. ``auth`` is a FastMCP ``AuthProvider`` (for
@@ -205,6 +208,23 @@ class SecurityConfig:
     401 with ``WWW-Authenticate: Bearer``. It does not apply to stdio. ``visible`` is the
     per-caller view rule: ``(caller, flow) -> bool``, a ``Visibility`` or
     ``visible_claim(...)`` (``docs/security.md``, "Per-caller views").
+
+    ``allowed_hosts`` / ``allowed_origins`` (``None``: the defaults) protect streamable
+    HTTP against DNS rebinding. On a loopback bind only ``127.0.0.1``, ``localhost`` and
+    ``[::1]`` with the bound port are accepted, plus the values listed here. On any
+    other bind the Host is checked only when ``allowed_hosts`` is set, and a request
+    carrying an ``Origin`` is refused unless ``allowed_origins`` lists it. Hosts are
+    ``name``, ``name:port`` or ``name:*`` (any port); origins are
+    ``scheme://name[:port]`` or ``scheme://name:*``; ``"*"`` switches that check off.
+
+    ``max_body_bytes`` caps what one rendered prompt or resource read returns (UTF-8
+    text or blob bytes; default 16 MiB, ``None``: no cap): above it the request gets
+    -32602 naming the cap, audited as ``body_too_large``. ``request_state_keys``
+    (secrets of at least 32 bytes; the first seals, all unseal) protect the state a
+    2026-07-28 client echoes when it answers an approval question inside a call.
+    Without them each process uses a key of its own, so the answer must reach the
+    process that asked: give every replica the same keys when there are several (CLI:
+    ``--request-state-key-file``). An approval inside a background task needs none.
     """
 
     authenticator: Authenticator | None = None
@@ -215,6 +235,10 @@ class SecurityConfig:
     error_detail: ErrorDetail = "full"
     auth: AuthProvider | None = None
     visible: Any = None  # VisibleRule | Visibility | None, checked by FlowServer
+    allowed_hosts: Iterable[str] | None = None
+    allowed_origins: Iterable[str] | None = None
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
+    request_state_keys: Iterable[str | bytes] | None = None
 
     def __post_init__(self) -> None:
         if self.auth is not None and not isinstance(self.auth, AuthProvider):
@@ -234,6 +258,12 @@ class SecurityConfig:
             raise ExposureConfigError(
                 f"error_detail must be one of {', '.join(ERROR_DETAILS)}, "
                 f"got {self.error_detail!r}")
+        check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
+        object.__setattr__(self, "allowed_hosts",
+                           _header_values("allowed_hosts", self.allowed_hosts, _HOST))
+        object.__setattr__(self, "allowed_origins",
+                           _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
+        object.__setattr__(self, "request_state_keys", _state_keys(self.request_state_keys))
 
     @property
     def active(self) -> bool:
@@ -242,63 +272,46 @@ class SecurityConfig:
                                                  self.authorizer, self.audit_hook))
 
 
+# Settings ServingConfig took before they moved (one release with a DeprecationWarning):
+# setting -> where it is now.
+MOVED_SETTINGS = {
+    "allowed_hosts": "SecurityConfig", "allowed_origins": "SecurityConfig",
+    "request_state_keys": "SecurityConfig", "max_body_bytes": "SecurityConfig",
+    "run_history": "FlowServer", "governance": "FlowServer",
+    "meter_provider": "FlowServer",
+}
+_NOT_GIVEN: Any = object()  # a moved setting left out (None is a value for some)
+
+
 @dataclass(frozen=True)
 class ServingConfig:
-    """How the server runs requests: the per-call flow timeout and list page size, and
-    which ``Host`` and ``Origin`` headers streamable HTTP accepts.
+    """How the server serves: what it says of itself, how long a call may run, how
+    lists are paged, and how runs talk back.
 
-    ``allowed_hosts`` / ``allowed_origins`` (``None``: the defaults) protect against DNS
-    rebinding. On a loopback bind only ``127.0.0.1``, ``localhost`` and ``[::1]`` with
-    the bound port are accepted, plus the values listed here. On any other bind the
-    Host is checked only when ``allowed_hosts`` is set, and a request carrying an
-    ``Origin`` is refused unless ``allowed_origins`` lists it. Hosts are ``name``,
-    ``name:port`` or ``name:*`` (any port); origins are ``scheme://name[:port]`` or
-    ``scheme://name:*``; ``"*"`` switches that check off. See ``docs/security.md``.
-
-    ``freeze_gc=True`` calls ``gc.freeze()`` once the server is built, so the garbage
-    collector stops re-scanning the catalogue on every list (see ``docs/mcp-server.md``,
-    "Start-up cost"). Objects alive then are never collected.
-
-    ``request_state_keys`` (secrets of at least 32 bytes; the first seals, all unseal)
-    protect the state a 2026-07-28 client echoes when it answers an approval question
-    inside a call. Without them each process uses a key of its own, so the answer must
-    reach the process that asked: give every replica the same keys when there are
-    several (CLI: ``--request-state-key-file``). An approval inside a background task
-    needs none: its state stays on the server.
-
-    ``change_debounce`` (seconds) is how long the server waits after a registry change
-    before telling clients, so a burst of changes is one notification
-    (``docs/live-governance.md``).
-
+    ``name``, ``version`` (default: ChainWeaver's) and ``instructions`` are what the
+    server says of itself to clients. ``flow_timeout`` (seconds) bounds each call's
+    run; ``page_size`` pages every list (``None``: one page). ``approval_timeout``
+    (seconds) is how long a run waits for the user's approval answer.
     ``run_notifications=False`` stops runs reporting per-step progress and log messages,
     even to clients that ask (FastMCP's client asks for both on every call): each one is
     a notification, which over HTTP turns the reply into an event stream. A background
-    task's status message is kept.
+    task's status message is kept. ``change_debounce`` (seconds) is how long the server
+    waits after a registry change before telling clients, so a burst of changes is one
+    notification (``docs/live-governance.md``). ``resources_as_tools`` /
+    ``prompts_as_tools`` add FastMCP's tool forms of the resources and prompts, for
+    tools-only clients. ``freeze_gc=True`` calls ``gc.freeze()`` once the server is
+    built, so the garbage collector stops re-scanning the catalogue on every list (see
+    ``docs/mcp-server.md``, "Start-up cost"); objects alive then are never collected.
 
-    ``name``, ``version`` (default: ChainWeaver's) and ``instructions`` are what the
-    server says of itself to clients. ``approval_timeout`` (seconds) is how long a run
-    waits for the user's approval answer. ``resources_as_tools`` / ``prompts_as_tools``
-    add FastMCP's tool forms of the resources and prompts, for tools-only clients.
-    ``run_history`` (a :class:`RunHistory`) keeps a record of every run, readable by its
-    caller as ``chainweaver://runs/...`` resources (``docs/run-history.md``).
-    ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
-    follow the governance state operators share on Redis (``chainweaver flows ...``;
-    ``docs/live-governance.md``, "One switch for every replica").
-
-    ``max_body_bytes`` caps what one rendered prompt or resource read returns (UTF-8
-    text or blob bytes; default 16 MiB, ``None``: no cap): above it the request gets
-    -32602 naming the cap, audited as ``body_too_large``. ``meter_provider`` (an
-    OpenTelemetry ``MeterProvider``) receives the server's metrics; ``None``: the
-    global one, a no-op until an application configures the SDK (``docs/mcp-server.md``,
-    "Metrics").
+    Deprecated (they moved; one release with a ``DeprecationWarning``):
+    ``allowed_hosts``, ``allowed_origins``, ``max_body_bytes`` and
+    ``request_state_keys`` are :class:`SecurityConfig` settings; ``run_history``,
+    ``governance`` and ``meter_provider`` are ``FlowServer`` keywords.
     """
 
     flow_timeout: float | None = None
     page_size: int | None = None
-    allowed_hosts: Iterable[str] | None = None
-    allowed_origins: Iterable[str] | None = None
     freeze_gc: bool = False
-    request_state_keys: Iterable[str | bytes] | None = None
     change_debounce: float = 0.05
     run_notifications: bool = True
     name: str = "chainweaver"
@@ -307,21 +320,18 @@ class ServingConfig:
     approval_timeout: float = 300.0
     resources_as_tools: bool = False
     prompts_as_tools: bool = False
-    run_history: RunHistory | None = None
-    governance: str | GovernanceSettings | None = None
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
-    meter_provider: Any = None  # an opentelemetry.metrics.MeterProvider
+    _: KW_ONLY
+    allowed_hosts: InitVar[Any] = _NOT_GIVEN
+    allowed_origins: InitVar[Any] = _NOT_GIVEN
+    request_state_keys: InitVar[Any] = _NOT_GIVEN
+    max_body_bytes: InitVar[Any] = _NOT_GIVEN
+    run_history: InitVar[Any] = _NOT_GIVEN
+    governance: InitVar[Any] = _NOT_GIVEN
+    meter_provider: InitVar[Any] = _NOT_GIVEN
 
-    def __post_init__(self) -> None:
-        check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
-        if self.meter_provider is not None and not callable(
-                getattr(self.meter_provider, "get_meter", None)):
-            raise ExposureConfigError(f"meter_provider must be an OpenTelemetry "
-                                      f"MeterProvider, got {self.meter_provider!r}")
-        object.__setattr__(self, "governance", check_governance(self.governance))
-        if self.run_history is not None and not isinstance(self.run_history, RunHistory):
-            raise ExposureConfigError(f"run_history must be None or a RunHistory, got "
-                                      f"{type(self.run_history).__name__}")
+    def __post_init__(self, allowed_hosts: Any, allowed_origins: Any,
+                      request_state_keys: Any, max_body_bytes: Any, run_history: Any,
+                      governance: Any, meter_provider: Any) -> None:
         check_text("name", self.name)
         check_text("version", self.version, optional=True)
         if self.instructions is not None and not isinstance(self.instructions, str):
@@ -338,11 +348,51 @@ class ServingConfig:
         check_bool("run_notifications", self.run_notifications)
         object.__setattr__(self, "change_debounce",
                            check_seconds("change_debounce", self.change_debounce))
-        object.__setattr__(self, "allowed_hosts",
-                           _header_values("allowed_hosts", self.allowed_hosts, _HOST))
-        object.__setattr__(self, "allowed_origins",
-                           _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
-        object.__setattr__(self, "request_state_keys", _state_keys(self.request_state_keys))
+        given = {"allowed_hosts": allowed_hosts, "allowed_origins": allowed_origins,
+                 "request_state_keys": request_state_keys, "max_body_bytes": max_body_bytes,
+                 "run_history": run_history, "governance": governance,
+                 "meter_provider": meter_provider}
+        moved = {setting: value for setting, value in given.items()
+                 if value is not _NOT_GIVEN}
+        for setting in moved:
+            where = MOVED_SETTINGS[setting]
+            hint = f"FlowServer({setting}=...)" if where == "FlowServer" \
+                else f"security=SecurityConfig({setting}=...)"
+            warnings.warn(f"ServingConfig({setting}=...) is deprecated and will be removed "
+                          f"in the next release: use {hint}", DeprecationWarning,
+                          stacklevel=3)
+        # Checked now, as where they moved to checks them: a bad value fails here.
+        security = SecurityConfig(**{setting: value for setting, value in moved.items()
+                                     if MOVED_SETTINGS[setting] == "SecurityConfig"})
+        checked = {setting: getattr(security, setting) if where == "SecurityConfig"
+                   else check_feature(setting, moved[setting])
+                   for setting, where in MOVED_SETTINGS.items() if setting in moved}
+        object.__setattr__(self, "_moved", MappingProxyType(checked))
+
+    @property
+    def moved(self) -> Mapping[str, Any]:
+        """The deprecated settings given here, checked, by name (FlowServer takes them
+        to where they moved)."""
+        moved: Mapping[str, Any] = getattr(self, "_moved", MappingProxyType({}))
+        return moved
+
+
+def check_feature(setting: str, value: Any) -> Any:
+    """A ``FlowServer`` feature keyword, checked: ``run_history`` (None or a
+    :class:`RunHistory`), ``governance`` (None, a ``redis://`` URL or a
+    ``GovernanceSettings``) or ``meter_provider`` (None or an OpenTelemetry
+    ``MeterProvider``)."""
+    if setting == "run_history":
+        if value is not None and not isinstance(value, RunHistory):
+            raise ExposureConfigError(f"run_history must be None or a RunHistory, got "
+                                      f"{type(value).__name__}")
+        return value
+    if setting == "governance":
+        return check_governance(value)
+    if value is not None and not callable(getattr(value, "get_meter", None)):
+        raise ExposureConfigError(f"meter_provider must be an OpenTelemetry "
+                                  f"MeterProvider, got {value!r}")
+    return value
 
 
 RUN_STORE_SCHEMES = ("memory://", "redis://", "rediss://")

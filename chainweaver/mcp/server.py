@@ -17,15 +17,19 @@ from mcp.server.request_state import RequestStateSecurity
 from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
+from chainweaver.governance.state import GovernanceSettings
 from chainweaver.mcp.components.cache import ComponentCache
 from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from chainweaver.mcp.config import (
+    MOVED_SETTINGS,
     ExposurePolicy,
+    RunHistory,
     SecurityConfig,
     ServingConfig,
     check_bool,
+    check_feature,
 )
 from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
@@ -71,9 +75,19 @@ class FlowServer:
     (see ``docs/live-governance.md``). Bad configuration raises
     :class:`ExposureConfigError` here, not later.
 
-    ``tasks`` (``"memory://"`` or ``"redis://host:port/db"``; needs the ``tasks`` extra)
-    lets clients run flows as MCP background tasks; ``task_mode`` is the mode of flows
-    that set none, and ``task_settings`` tunes the task engine (see ``docs/tasks.md``).
+    Whole features, each off by default, with its own settings:
+
+    - ``tasks`` (``"memory://"``, ``"redis://host:port/db"`` or a :class:`TaskSettings`;
+      needs the ``tasks`` extra) lets clients run flows as MCP background tasks
+      (``docs/tasks.md``).
+    - ``run_history`` (a :class:`RunHistory`) keeps a record of every run, readable by
+      its caller as ``chainweaver://runs/...`` resources (``docs/run-history.md``).
+    - ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
+      follow the governance state operators share on Redis (``chainweaver flows ...``;
+      ``docs/live-governance.md``, "One switch for every replica").
+    - ``meter_provider`` (an OpenTelemetry ``MeterProvider``) receives the server's
+      metrics; ``None``: the global one, a no-op until an application configures the
+      SDK (``docs/mcp-server.md``, "Metrics").
     """
 
     def __init__(
@@ -87,6 +101,9 @@ class FlowServer:
         security: SecurityConfig | None = None,
         serving: ServingConfig | None = None,
         tasks: str | TaskSettings | None = None,
+        run_history: RunHistory | None = None,
+        governance: str | GovernanceSettings | None = None,
+        meter_provider: Any = None,
         **deprecated: Any,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
@@ -97,6 +114,10 @@ class FlowServer:
         policy = _config("policy", policy, ExposurePolicy)
         security = _config("security", security, SecurityConfig)
         serving = _config("serving", serving, ServingConfig)
+        features = {"run_history": check_feature("run_history", run_history),
+                    "governance": check_feature("governance", governance),
+                    "meter_provider": check_feature("meter_provider", meter_provider)}
+        security = _moved_settings(serving, security, features)
         policy, security, serving, tasks = _moved_keywords(
             deprecated, policy, security, serving, tasks)
         if isinstance(prompts, (str, bytes)):
@@ -128,8 +149,8 @@ class FlowServer:
             server_prompts=prompts), pinned=pinned_snapshot)
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
-        keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
-        metrics = ServerMetrics(serving.meter_provider)
+        keys = cast("tuple[bytes, ...] | None", security.request_state_keys)
+        metrics = ServerMetrics(features["meter_provider"])
         components = ComponentCache(owner)
         # Runs on the loop after a swap: the provider's components of flows no longer
         # published are dropped, and clients are told what changed in their view.
@@ -138,7 +159,7 @@ class FlowServer:
                                         on_rebuilt=components.forget_unpublished,
                                         views=views,
                                         callers_from_token=security.authenticator is None)
-        history = serving.run_history
+        history = features["run_history"]
         self._run_log = run_log = RunLog.open(history, updated=self._notifier.run_updated) \
             if history is not None else None
         # Without a history, outputs too large to send are kept in this process: a task
@@ -169,10 +190,10 @@ class FlowServer:
             gated, security, owner=owner, views=views, refusals=metrics.refused,
             observe=RequestMetrics(metrics, gated).observe,
             watch_run=FlowTelemetry(gated, security.error_detail, metrics).watch,
-            body_limit=serving.max_body_bytes, pin=self._pins.serve,
+            body_limit=security.max_body_bytes, pin=self._pins.serve,
             run_target=run_resources.target if run_resources is not None else None)
         # Before the snapshot follower subscribes: shared decisions govern a change first.
-        self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
+        self._shared = shared_runner(features["governance"], executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -263,7 +284,7 @@ class FlowServer:
 
     @property
     def run_store(self) -> RunStore | None:
-        """Where run records are kept (None: no ``ServingConfig(run_history=...)``)."""
+        """Where run records are kept (None: no ``FlowServer(run_history=...)``)."""
         return self._run_log.store if self._run_log is not None else None
 
     @property
@@ -340,8 +361,8 @@ class FlowServer:
 
         ``stateless=True`` keeps no per-session state on HTTP, so several server
         processes can sit behind one load balancer. Over HTTP, requests whose ``Host``
-        or ``Origin`` the serving config does not accept for this bind are refused
-        (421 and 403: DNS-rebinding protection, see :class:`ServingConfig`).
+        or ``Origin`` the security config does not accept for this bind are refused
+        (421 and 403: DNS-rebinding protection, see :class:`SecurityConfig`).
         """
         if transport == "stdio":
             try:
@@ -349,9 +370,9 @@ class FlowServer:
             finally:
                 flush_stray_stdout()
         elif transport == "streamable-http":
-            # ServingConfig normalised both to tuples (or None) when it was built.
-            hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
-            origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
+            # SecurityConfig normalised both to tuples (or None) when it was built.
+            hosts = cast("tuple[str, ...] | None", self.security.allowed_hosts)
+            origins = cast("tuple[str, ...] | None", self.security.allowed_origins)
             guard = HostOriginRules.for_bind(host, port, hosts, origins)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
@@ -406,6 +427,30 @@ MOVED_KEYWORDS = {
     "visible": ("security", "visible"),
     "task_mode": ("tasks", "mode"), "task_settings": ("tasks", "TaskSettings"),
 }
+
+
+def _moved_settings(serving: ServingConfig, security: SecurityConfig,
+                    features: dict[str, Any]) -> SecurityConfig:
+    """Take the settings given to ``ServingConfig`` in their old places (it warned) to
+    where they moved: ``security`` (returned) and ``features`` (updated)."""
+    for setting, value in serving.moved.items():
+        if MOVED_SETTINGS[setting] == "FlowServer":
+            given = features[setting] is not None
+        else:
+            given = getattr(security, setting) != _DEFAULT_SECURITY[setting]
+        if given:
+            where = f"FlowServer({setting}=...)" if setting in features \
+                else f"SecurityConfig({setting}=...)"
+            raise ExposureConfigError(f"{setting} is set twice: give it to {where} only, "
+                                      "not to ServingConfig")
+        if setting in features:
+            features[setting] = value
+        else:
+            security = dataclasses.replace(security, **{setting: value})
+    return security
+
+
+_DEFAULT_SECURITY = {field.name: field.default for field in dataclasses.fields(SecurityConfig)}
 
 
 def _moved_keywords(given: dict[str, Any], policy: ExposurePolicy,

@@ -23,7 +23,7 @@ from support.run_records import (
 )
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
-from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig, visible_claim
+from chainweaver.mcp import FlowServer, SecurityConfig, visible_claim
 from chainweaver.mcp.config import RunHistory
 
 
@@ -32,8 +32,7 @@ async def serving(keys: KeyPair, store: str) -> AsyncIterator[str]:
     server = FlowServer(run_catalogue(), security=SecurityConfig(
         auth=JWTVerifier(public_key=keys.public_pem, issuer=ISSUER, audience=AUDIENCE),
         visible=visible_claim("teams")),
-        serving=ServingConfig(run_history=RunHistory(store=store,
-                                                     prefix=f"http:{free_port()}")))
+        run_history=RunHistory(store=store, prefix=f"http:{free_port()}"))
     port = free_port()
     task = asyncio.create_task(server.serve_async("streamable-http", port=port))
     url = f"http://127.0.0.1:{port}/mcp"

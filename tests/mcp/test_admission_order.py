@@ -58,9 +58,9 @@ def served() -> tuple[FlowServer, Authorizer, list[AuditEvent]]:
     events: list[AuditEvent] = []
     authorizer = Authorizer()
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                        visible=visible_claim("teams"),
                         security=SecurityConfig(authenticator=Olga(), authorizer=authorizer,
-                                                audit_hook=events.append))
+                                                audit_hook=events.append,
+                                                visible=visible_claim("teams")))
     server.fastmcp.add_transform(Namespace("shop"))
     return server, authorizer, events
 
@@ -104,8 +104,9 @@ async def test_the_authenticator_runs_before_any_name_is_resolved(mode: str) -> 
         seen.append(ctx)
         return Olga()(ctx)
 
-    server = FlowServer(build_catalogue(), expose_schemas=True, visible=visible_claim("teams"),
-                        security=SecurityConfig(authenticator=authenticate))
+    server = FlowServer(build_catalogue(), expose_schemas=True,
+                        security=SecurityConfig(authenticator=authenticate,
+                                                visible=visible_claim("teams")))
     server.fastmcp.add_transform(Namespace("shop"))
     async with Client(server.fastmcp, mode=mode) as client:
         result = await client.session.call_tool(f"shop_{DENIED}", {"order_id": "A-1"})

@@ -59,9 +59,11 @@ def paying(*, visible: Any = None, tasks: bool = False
     switch = Switch()
     audit: list[AuditEvent] = []
     options: dict[str, Any] = {"tasks": "memory://"} if tasks else {}
-    server = FlowServer(executor, approval="elicit", visible=visible,
-                        policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
-                        security=SecurityConfig(authenticator=switch, audit_hook=audit.append),
+    server = FlowServer(executor,
+                        policy=ExposurePolicy(allowed_side_effects=["read", "write"],
+                                              approval="elicit"),
+                        security=SecurityConfig(authenticator=switch, audit_hook=audit.append,
+                                                visible=visible),
                         **options)
     return server, switch, audit
 

@@ -76,8 +76,8 @@ def build_server() -> FlowServer:
                   [FlowStep("summarize"),
                    FlowStep("export_data", on_error="fallback", fallback="mail_export"),
                    FlowStep(flow="erase", id="cleanup")]))
-    policy = ExposurePolicy(allowed_side_effects=["none", "read", "write"])
-    return FlowServer(executor, policy=policy, approval="elicit")
+    policy = ExposurePolicy(allowed_side_effects=["none", "read", "write"], approval="elicit")
+    return FlowServer(executor, policy=policy)
 
 
 ARGUMENTS = {"account_id": "u-1"}

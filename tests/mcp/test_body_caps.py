@@ -1,4 +1,4 @@
-"""``ServingConfig(max_body_bytes=...)``: a prompt or resource read above the cap gets
+"""``SecurityConfig(max_body_bytes=...)``: a prompt or resource read above the cap gets
 -32602 naming the cap on both eras, audited as a refusal; the default serves a large
 catalogue's index."""
 
@@ -23,9 +23,9 @@ MODES = ["auto", "legacy"]
 
 
 def served(limit: int | None, events: list[AuditEvent] | None = None) -> FlowServer:
-    security = SecurityConfig(audit_hook=events.append) if events is not None else None
+    hooks = {"audit_hook": events.append} if events is not None else {}
     return FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                      security=security, serving=ServingConfig(max_body_bytes=limit))
+                      security=SecurityConfig(max_body_bytes=limit, **hooks))
 
 
 async def _refusal(request: Any) -> Any:
@@ -115,7 +115,7 @@ async def test_an_index_and_guide_too_large_to_send_are_refused_naming_the_paged
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "10"])
 def test_a_bad_cap_fails_when_the_config_is_built(value: object) -> None:
     with pytest.raises(ExposureConfigError, match="max_body_bytes"):
-        ServingConfig(max_body_bytes=value)  # type: ignore[arg-type]
+        SecurityConfig(max_body_bytes=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The body cap on reads of a run's output (``ServingConfig.max_body_bytes``): an
+"""The body cap on reads of a run's output (``SecurityConfig.max_body_bytes``): an
 output above the cap read whole is refused -32602 naming the cap, and audited as a
 refusal; a ranged read within the cap is served, on both protocol eras."""
 
@@ -13,7 +13,7 @@ from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE
 
@@ -35,9 +35,9 @@ def server(events: list[AuditEvent]) -> FlowServer:
     executor = FlowExecutor(registry)
     executor.register_tool(loose)
     registry.register_flow(Flow("untyped", "Untyped output.", [FlowStep("loose")]))
-    return FlowServer(executor, security=SecurityConfig(audit_hook=events.append),
-                      serving=ServingConfig(run_history=RunHistory(output_limit=1024),
-                                            max_body_bytes=CAP))
+    return FlowServer(executor,
+                      security=SecurityConfig(audit_hook=events.append, max_body_bytes=CAP),
+                      run_history=RunHistory(output_limit=1024))
 
 
 @pytest.mark.anyio

@@ -28,8 +28,8 @@ MALFORMED_RUN_URIS = ["chainweaver://runs?limit=0", "chainweaver://runs?status=d
 def serving(**security: Any) -> FlowServer:
     return FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
                       security=SecurityConfig(**security),
-                      serving=ServingConfig(run_history=RunHistory(), resources_as_tools=True,
-                                            prompts_as_tools=True))
+                      serving=ServingConfig(resources_as_tools=True, prompts_as_tools=True),
+                      run_history=RunHistory())
 
 
 async def warmed(client: Client, logs: pytest.LogCaptureFixture) -> None:

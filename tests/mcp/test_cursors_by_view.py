@@ -76,8 +76,8 @@ def served() -> tuple[FlowServer, FlowRegistry, Callers]:
             executor.registry.register_flow(flow(team, index))
     callers = Callers()
     server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
-                        visible=visible_claim("teams"),
-                        security=SecurityConfig(authenticator=callers),
+                        security=SecurityConfig(authenticator=callers,
+                                                visible=visible_claim("teams")),
                         serving=ServingConfig(page_size=2))
     return server, executor.registry, callers
 

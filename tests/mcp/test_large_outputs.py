@@ -15,7 +15,7 @@ from mcp import MCPError
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET
 
@@ -49,7 +49,7 @@ def server(events: list[AuditEvent], limit: int = 65_536) -> FlowServer:
                                 output_schema=Blob))
     registry.register_flow(Flow("untyped", "Untyped output.", [FlowStep("loose")]))
     return FlowServer(executor, security=SecurityConfig(audit_hook=events.append),
-                      serving=ServingConfig(run_history=RunHistory(output_limit=limit)))
+                      run_history=RunHistory(output_limit=limit))
 
 
 def completed(events: list[AuditEvent]) -> AuditEvent:

@@ -63,8 +63,9 @@ def serving(visible: Any = "teams", **security: Any
     switch = Switch()
     security.setdefault("authenticator", switch)
     server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
-                        visible=visible_claim(visible) if visible else None,
-                        security=SecurityConfig(audit_hook=events.append, **security))
+                        security=SecurityConfig(
+                            audit_hook=events.append, **security,
+                            visible=visible_claim(visible) if visible else None))
     return executor, server, switch, events
 
 

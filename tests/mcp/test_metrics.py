@@ -16,7 +16,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.catalogue import build_catalogue
 
-from chainweaver.mcp import CallerIdentity, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import CallerIdentity, FlowServer, SecurityConfig
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.metrics import OUTCOMES, UNPUBLISHED
 from chainweaver.mcp.runs.prometheus import MetricsEndpoint, prometheus_text
@@ -27,9 +27,8 @@ MODES = ["auto", "legacy"]
 def served(**security: Any) -> tuple[FlowServer, InMemoryMetricReader]:
     reader = InMemoryMetricReader()
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                        security=SecurityConfig(**security),
-                        serving=ServingConfig(meter_provider=MeterProvider(
-                            metric_readers=[reader])))
+                        security=SecurityConfig(**security), meter_provider=MeterProvider(
+                            metric_readers=[reader]))
     return server, reader
 
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.catalogue import build_catalogue
 
-from chainweaver.mcp import CallerIdentity, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import CallerIdentity, FlowServer, SecurityConfig
 from chainweaver.mcp.runs.metrics import RUN_STATUSES, STEP_STATUSES, UNPUBLISHED
 
 LIMIT = 10.0  # seconds: only to stop a hang
@@ -41,8 +41,8 @@ async def test_completed_and_failed_tasks_count_their_runs_and_steps() -> None:
     from fastmcp_tasks import call_tool_task  # the tasks extra
 
     reader = InMemoryMetricReader()
-    server = FlowServer(build_catalogue(), tasks="memory://", serving=ServingConfig(
-        meter_provider=MeterProvider(metric_readers=[reader])))
+    server = FlowServer(build_catalogue(), tasks="memory://",
+                        meter_provider=MeterProvider(metric_readers=[reader]))
     async with Client(server.fastmcp) as client:
         done = await call_tool_task(client, "product_search", {"query": "lamp"})
         assert not (await asyncio.wait_for(done.result(), LIMIT)).is_error
@@ -71,8 +71,8 @@ async def test_a_task_whose_input_is_invalid_counts_no_run() -> None:
     from fastmcp_tasks import call_tool_task  # the tasks extra
 
     reader = InMemoryMetricReader()
-    server = FlowServer(build_catalogue(), tasks="memory://", serving=ServingConfig(
-        meter_provider=MeterProvider(metric_readers=[reader])))
+    server = FlowServer(build_catalogue(), tasks="memory://",
+                        meter_provider=MeterProvider(metric_readers=[reader]))
     async with Client(server.fastmcp) as client:
         task = await call_tool_task(client, "product_search", {"query": 5},
                                     raise_on_error=False)
@@ -89,8 +89,7 @@ async def test_a_mounted_server_counts_its_requests_under_its_own_names(
                         security=SecurityConfig(
                             authenticator=lambda ctx: CallerIdentity("someone"),
                             authorizer=lambda gate: gate.flow_name != "order_status"),
-                        serving=ServingConfig(meter_provider=MeterProvider(
-                            metric_readers=[reader])))
+                        meter_provider=MeterProvider(metric_readers=[reader]))
     parent = FastMCP("parent")
 
     @parent.tool

@@ -52,8 +52,8 @@ def mounted(namespace: str | None = None, **security: Any
     olga = Olga()
     security.setdefault("authenticator", olga)
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                        security=SecurityConfig(audit_hook=events.append, **security),
-                        visible=Visibility(deny_rule, claims=("deny",)))
+                        security=SecurityConfig(audit_hook=events.append, **security,
+                                                visible=Visibility(deny_rule, claims=("deny",))))
     parent = FastMCP("parent")
     server.mount_into(parent, namespace=namespace)
     return server, parent, olga, events

@@ -63,7 +63,7 @@ def server(history: RunHistory | None = None, steps: int = 0, **options: Any) ->
         long = [FlowStep("passed", id=f"a_step_with_a_long_descriptive_name_{index:04d}")
                 for index in range(steps)]
         registry.register_flow(Flow("long", "Many steps.", [*long, FlowStep("loose")]))
-    return FlowServer(executor, serving=ServingConfig(run_history=history), **options)
+    return FlowServer(executor, **options, run_history=history)
 
 
 def spill_of(flows: FlowServer) -> SpillStore:

@@ -84,9 +84,9 @@ class Switch:
 
 def server(limiter: Any, *, visible: Any = None, authenticator: Any = None) -> FlowServer:
     return FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                      visible=visible,
                       security=SecurityConfig(rate_limiter=limiter,
-                                              authenticator=authenticator or Switch()))
+                                              authenticator=authenticator or Switch(),
+                                              visible=visible))
 
 
 def invented(prefix: str = "") -> Iterator[str]:

@@ -47,6 +47,7 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
+    ServingConfig,
 )
 
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
@@ -456,8 +457,8 @@ async def snapshot(client: Client) -> dict[str, Any]:
 
 async def in_memory_snapshot() -> dict[str, Any]:
     """The snapshot of the catalogue server's configuration, served in memory."""
-    server = FlowServer(build_catalogue(), name="catalogue", expose_schemas=True,
-                        expose_prompts=True)
+    server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
+                        serving=ServingConfig(name="catalogue"))
     async with Client(server.fastmcp) as client:
         expected = await snapshot(client)
     assert len(expected["texts"]) == len(EXPOSED) + 1

@@ -23,7 +23,6 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
-    ServingConfig,
 )
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.runs.records import MemoryRunStore, RunQuery, RunRecord
@@ -35,7 +34,7 @@ SECRET = "A-987654321"
 def serving(events: list[AuditEvent] | None = None, **security: object) -> FlowServer:
     hooks = {"audit_hook": events.append} if events is not None else {}
     return FlowServer(build_catalogue(), security=SecurityConfig(**hooks, **security),
-                      serving=ServingConfig(run_history=RunHistory()))
+                      run_history=RunHistory())
 
 
 async def record_of(client: Client, run_id: str) -> dict:
@@ -194,4 +193,4 @@ def test_run_history_settings_are_checked() -> None:
         with pytest.raises(ExposureConfigError):
             RunHistory(**bad)  # type: ignore[arg-type]
     with pytest.raises(ExposureConfigError, match="run_history must be None or a RunHistory"):
-        ServingConfig(run_history="memory://")  # type: ignore[arg-type]
+        FlowServer(build_catalogue(), run_history="memory://")  # type: ignore[arg-type]

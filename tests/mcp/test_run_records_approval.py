@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from support.mcp_client import raw_call
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.runs.approval import APPROVAL_KEY
 
@@ -53,9 +53,10 @@ def serving(audit: list[AuditEvent] | None = None) -> FlowServer:
     executor.registry.register_flow(Flow("pay", "Charges a card.",
                                          [FlowStep("validate"), FlowStep("charge")]))
     hooks = {"audit_hook": audit.append} if audit is not None else {}
-    return FlowServer(executor, policy=ExposurePolicy(
-        allowed_side_effects=["none", "read", "write"], approval="elicit"),
-        security=SecurityConfig(**hooks), serving=ServingConfig(run_history=RunHistory()))
+    return FlowServer(executor,
+                      policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"],
+                                            approval="elicit"),
+                      security=SecurityConfig(**hooks), run_history=RunHistory())
 
 
 async def runs(client: Client, query: str = "") -> list[dict[str, Any]]:

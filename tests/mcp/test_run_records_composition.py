@@ -39,7 +39,6 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
-    ServingConfig,
 )
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.body_cap import MESSAGE_BUDGET
@@ -102,8 +101,7 @@ class Hooks:
 def flow_server(security: SecurityConfig | None = None, prefix: str = "",
                 meter_provider: MeterProvider | None = None) -> FlowServer:
     return FlowServer(catalogue(prefix), security=security or SecurityConfig(),
-                      serving=ServingConfig(run_history=RunHistory(output_limit=LIMIT),
-                                            meter_provider=meter_provider))
+                      run_history=RunHistory(output_limit=LIMIT), meter_provider=meter_provider)
 
 
 @dataclass
@@ -369,8 +367,7 @@ async def test_without_a_history_an_output_too_large_to_send_links_where_it_read
 async def test_a_tasks_large_output_is_linked_where_its_client_reads_it() -> None:
     from fastmcp_tasks import call_tool_task
 
-    server = FlowServer(catalogue(), tasks="memory://",
-                        serving=ServingConfig(run_history=RunHistory(output_limit=LIMIT)))
+    server = FlowServer(catalogue(), tasks="memory://", run_history=RunHistory(output_limit=LIMIT))
     served = namespaced(server)
     async with Client(served.target) as client:
         task = await call_tool_task(client, "shop_large", {"n": 3 * LIMIT})

@@ -23,7 +23,7 @@ from support.run_records import (
     start_runs,
 )
 
-from chainweaver.mcp import CallerIdentity, FlowServer, GateContext, SecurityConfig, ServingConfig
+from chainweaver.mcp import CallerIdentity, FlowServer, GateContext, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.views import visible_claim
 
@@ -45,8 +45,7 @@ class Switch:
 def server_for(switch: Switch, store: str = "memory://", **options: Any) -> FlowServer:
     return FlowServer(run_catalogue(), security=SecurityConfig(
         authenticator=switch, visible=visible_claim("teams")),
-        serving=ServingConfig(run_history=RunHistory(store=store,
-                                                     prefix=f"test:{id(switch)}")),
+        run_history=RunHistory(store=store, prefix=f"test:{id(switch)}"),
         **options)
 
 

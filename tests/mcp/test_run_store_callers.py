@@ -28,7 +28,6 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
-    ServingConfig,
 )
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.publish.exposure import Exposure
@@ -140,8 +139,8 @@ async def test_team_never_reads_the_runs_of_team_colon_alpha(
         store_url = request.getfixturevalue("redis_url")
     switch = Switch()
     server = FlowServer(catalogue(), security=SecurityConfig(authenticator=switch),
-                        serving=ServingConfig(run_history=RunHistory(
-                            store=store_url, prefix=f"team:{time.time_ns()}")))
+                        run_history=RunHistory(
+                            store=store_url, prefix=f"team:{time.time_ns()}"))
     started: dict[str, list[str]] = {}
     for who, flows in (("team", ["alpha"]), ("team:alpha", ["beta", "beta"])):
         switch.who = who
@@ -184,10 +183,10 @@ async def test_a_run_that_asks_approval_is_its_callers_whatever_the_id() -> None
     executor = catalogue()
     executor.register_tool(stamp)
     executor.registry.register_flow(Flow("gamma", "Stamps.", [FlowStep("stamp")]))
-    server = FlowServer(executor, policy=ExposurePolicy(
-        allowed_side_effects=["none", "read", "write"], approval="elicit"),
-        security=SecurityConfig(authenticator=switch),
-        serving=ServingConfig(run_history=RunHistory()))
+    server = FlowServer(executor,
+                        policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"],
+                                              approval="elicit"),
+                        security=SecurityConfig(authenticator=switch), run_history=RunHistory())
     call = {"name": "gamma", "arguments": {"text": "x"}}
     for who in ("\udcff", "\udcfe"):
         switch.who = who

@@ -24,7 +24,7 @@ from support.procs import free_port
 from support.run_records import Text
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import AuditEvent, ExposurePolicy, FlowServer, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.runs.approval import APPROVAL_KEY
 from chainweaver.mcp.runs.records import STORE_UNAVAILABLE
@@ -40,8 +40,8 @@ READS = ["chainweaver://runs", "chainweaver://runs?flow=order_status&limit=5",
 
 def server(url: str, events: list[AuditEvent] | None = None) -> FlowServer:
     hooks = SecurityConfig(audit_hook=events.append) if events is not None else None
-    return FlowServer(build_catalogue(), security=hooks, serving=ServingConfig(
-        run_history=RunHistory(store=url, output_limit=10)))
+    return FlowServer(build_catalogue(), security=hooks,
+                      run_history=RunHistory(store=url, output_limit=10))
 
 
 async def refused(client: Client, uri: str) -> Any:
@@ -150,9 +150,10 @@ async def test_a_call_that_asks_approval_goes_on_while_the_store_fails(
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(stamp)
     executor.registry.register_flow(Flow("gamma", "Stamps.", [FlowStep("stamp")]))
-    served = FlowServer(executor, policy=ExposurePolicy(
-        allowed_side_effects=["none", "read", "write"], approval="elicit"),
-        serving=ServingConfig(run_history=RunHistory(store=closed_store())))
+    served = FlowServer(executor,
+                        policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"],
+                                              approval="elicit"),
+                        run_history=RunHistory(store=closed_store()))
     call = {"name": "gamma", "arguments": {"text": "x"}}
     async with Client(served.fastmcp, elicitation_handler=never_asked) as client:
         asked = await raw_call(client, call)
@@ -170,8 +171,8 @@ async def test_a_call_that_asks_approval_goes_on_while_the_store_fails(
 async def test_a_task_runs_and_is_cancelled_while_the_store_fails() -> None:
     task_tools.COUNTS.clear()
     task_tools.HOLD = None
-    served = FlowServer(task_executor(), tasks="memory://", serving=ServingConfig(
-        run_history=RunHistory(store=closed_store())))
+    served = FlowServer(task_executor(), tasks="memory://",
+                        run_history=RunHistory(store=closed_store()))
     try:
         async with Client(served.fastmcp) as client:
             task = await call_tool_task(client, "report", {"n": 1})

@@ -5,7 +5,7 @@ per-step progress and log messages, cancellation, and approval through elicitati
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pytest
 from fastmcp import Client
@@ -78,7 +78,9 @@ async def hang(stage: Stage) -> Stage:
     return stage
 
 
-def build_server(**options: Any) -> tuple[FlowServer, list[Any]]:
+def build_server(approval: Literal["exclude", "elicit"] = "exclude",
+                 state_keys: list[str] | None = None,
+                 **options: Any) -> tuple[FlowServer, list[Any]]:
     CHARGED.clear()
     STARTED.clear()
     executor = FlowExecutor(FlowRegistry())
@@ -93,8 +95,11 @@ def build_server(**options: Any) -> tuple[FlowServer, list[Any]]:
     register(Flow("stuck", "hangs in step 2", [FlowStep("validate"), FlowStep("hang"),
                                                FlowStep("summarize")]))
     audit: list[Any] = []
-    options.setdefault("policy", ExposurePolicy(allowed_side_effects=["none", "read", "write"]))
-    server = FlowServer(executor, security=SecurityConfig(audit_hook=audit.append), **options)
+    options.setdefault("policy", ExposurePolicy(allowed_side_effects=["none", "read", "write"],
+                                                approval=approval))
+    server = FlowServer(executor, security=SecurityConfig(audit_hook=audit.append,
+                                                          request_state_keys=state_keys),
+                        **options)
     return server, audit
 
 
@@ -366,7 +371,7 @@ async def test_a_client_that_cannot_be_asked_gets_an_error(mode: str) -> None:
 
 @pytest.mark.anyio
 async def test_no_answer_in_time_refuses() -> None:
-    server, _ = build_server(approval="elicit", approval_timeout=0.2)
+    server, _ = build_server(approval="elicit", serving=ServingConfig(approval_timeout=0.2))
 
     async def never(*args: Any) -> Any:
         await asyncio.sleep(30)
@@ -517,8 +522,9 @@ async def test_approval_without_gate_hooks_still_asks() -> None:
     executor.registry.register_flow(Flow("pay", "charges", [FlowStep("validate"),
                                                             FlowStep("charge")]))
     CHARGED.clear()
-    server = FlowServer(executor, approval="elicit",
-                        policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"]))
+    server = FlowServer(executor,
+                        policy=ExposurePolicy(allowed_side_effects=["none", "read", "write"],
+                                              approval="elicit"))
     seen = Seen({"approve": True})
     async with seen.client(server, "auto") as client:
         assert (await client.call_tool("pay", ORDER)).is_error is False
@@ -542,19 +548,16 @@ def test_bad_approval_settings_are_refused() -> None:
     with pytest.raises(ExposureConfigError, match="approval must be one of"):
         ExposurePolicy(approval="ask")  # type: ignore[arg-type]
     with pytest.raises(ExposureConfigError, match="approval_timeout"):
-        build_server(approval="elicit", approval_timeout=0)
+        build_server(approval="elicit", serving=ServingConfig(approval_timeout=0))
 
 
 @pytest.mark.anyio
 async def test_replicas_sharing_request_state_keys_accept_each_others_answers() -> None:
     """What stateless replicas behind a load balancer need: the question asked by one
     server, answered on another. Without shared keys the other server refuses."""
-    from chainweaver.mcp import ServingConfig
-
     keys = ["k" * 32, "an older key that still unseals...."]
-    shared = ServingConfig(request_state_keys=keys)
-    asking, _ = build_server(approval="elicit", serving=shared)
-    answering, audit = build_server(approval="elicit", serving=shared)
+    asking, _ = build_server(approval="elicit", state_keys=keys)
+    answering, audit = build_server(approval="elicit", state_keys=keys)
     stranger, _ = build_server(approval="elicit")
     call = {"name": "pay", "arguments": ORDER}
     async with Client(asking.fastmcp, elicitation_handler=Seen().on_elicit) as client:
@@ -573,8 +576,7 @@ async def test_replicas_sharing_request_state_keys_accept_each_others_answers() 
 @pytest.mark.parametrize("keys", ["k" * 40, ["short"], [], [b"x" * 31], [42]])
 def test_bad_request_state_keys_are_refused_without_echoing_them(keys: Any) -> None:
     from chainweaver import ExposureConfigError
-    from chainweaver.mcp import ServingConfig
 
     with pytest.raises(ExposureConfigError, match="request_state_keys") as caught:
-        ServingConfig(request_state_keys=keys)
+        SecurityConfig(request_state_keys=keys)
     assert "short" not in str(caught.value) and "kkkk" not in str(caught.value)

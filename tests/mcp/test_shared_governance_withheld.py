@@ -15,7 +15,7 @@ from support.views import OWNERS, assert_view
 
 from chainweaver.governance import Decision, GovernanceOverlay, SharedState
 from chainweaver.governance.state import UNREADABLE, read_entry
-from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
+from chainweaver.mcp import ExposurePolicy, FlowServer
 
 MODES = ["auto", "legacy"]
 FORCED = ExposurePolicy(flow_names=list(OWNERS), force_expose=True,
@@ -74,7 +74,7 @@ async def test_the_follower_log_masks_the_redis_password(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="chainweaver.governance")
     url = "redis://ops:s3cret-pw@127.0.0.1:1/0"  # nothing listens on port 1
-    server = FlowServer(build_catalogue(), serving=ServingConfig(governance=url))
+    server = FlowServer(build_catalogue(), governance=url)
     async with Client(server.fastmcp) as client:
         assert {tool.name for tool in await client.list_tools()} >= {"order_status"}
     logged = "\n".join(record.getMessage() for record in caplog.records)

@@ -7,7 +7,7 @@ nested. A sub-flow the caller can see keeps its names."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from fastmcp import Client
@@ -15,7 +15,7 @@ from mcp_types import LOG_LEVEL_META_KEY
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import CallerIdentity, ExposurePolicy, FlowServer, SecurityConfig
+from chainweaver.mcp import CallerIdentity, ExposurePolicy, FlowServer, SecurityConfig, TaskSettings
 from chainweaver.mcp.runs.step_names import StepNames
 
 from .test_runs import Seen
@@ -68,7 +68,8 @@ def hidden_from_callers(caller: CallerIdentity, flow: Flow) -> bool:
     return flow.name not in {"ledger", "strict_ledger", "broken_ledger"}
 
 
-def books(**options: Any) -> FlowServer:
+def books(visible: Any = hidden_from_callers,
+          approval: Literal["exclude", "elicit"] = "exclude", **options: Any) -> FlowServer:
     """``book`` runs ``ledger`` (hidden by the view) and ``audit_trail`` (visible)."""
     POSTED.clear()
     executor = FlowExecutor(FlowRegistry())
@@ -85,9 +86,9 @@ def books(**options: Any) -> FlowServer:
     register(Flow("strict_ledger", "posts after approval", [FlowStep("commit_entry")]))
     register(Flow("book_strictly", "books with approval", [
         FlowStep("open_entry"), FlowStep(flow="strict_ledger")]))
-    options.setdefault("visible", hidden_from_callers)
     return FlowServer(executor, policy=ExposurePolicy(
-        allowed_side_effects=["none", "read", "write"]), **options)
+        allowed_side_effects=["none", "read", "write"], approval=approval),
+        security=SecurityConfig(visible=visible), **options)
 
 
 ENTRY = {"account": "acme", "cents": 250}
@@ -181,7 +182,7 @@ async def test_an_approval_inside_a_hidden_sub_flow_does_not_name_it(mode: str) 
 async def test_a_task_status_does_not_name_a_hidden_sub_flow() -> None:
     from fastmcp_tasks import call_tool_task
 
-    server = books(tasks="memory://", task_mode="optional")
+    server = books(tasks=TaskSettings(url="memory://", mode="optional"))
     statuses: list[str] = []
     async with Client(server.fastmcp) as client:
         task = await call_tool_task(client, "book", ENTRY)

@@ -62,8 +62,9 @@ def paying(audit: list[AuditEvent] | None = None) -> tuple[FlowServer, Switch]:
         Flow("pay_later", "charges a card, in the background",
              [FlowStep("validate"), FlowStep("charge")], task_mode="required"))
     switch = Switch()
-    server = FlowServer(executor, tasks="memory://", approval="elicit",
-                        policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
+    server = FlowServer(executor, tasks="memory://",
+                        policy=ExposurePolicy(allowed_side_effects=["read", "write"],
+                                              approval="elicit"),
                         security=SecurityConfig(authenticator=switch, audit_hook=(
                             audit.append if audit is not None else None)))
     return server, switch

@@ -31,6 +31,7 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
+    ServingConfig,
     TaskSettings,
     Visibility,
 )
@@ -123,10 +124,9 @@ def shop(audit: list[AuditEvent] | None = None, *, concurrency: int | None = Non
     rule = Visibility(lambda caller, flow: flow.name in caller.claims.get("flows", []),
                       claims=("flows",))
     server = FlowServer(
-        executor, tasks="memory://", approval="elicit", visible=rule,
-        policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
-        task_settings=TaskSettings(concurrency=concurrency),
-        security=SecurityConfig(authenticator=who, audit_hook=(
+        executor, tasks=TaskSettings(url="memory://", concurrency=concurrency),
+        policy=ExposurePolicy(allowed_side_effects=["read", "write"], approval="elicit"),
+        security=SecurityConfig(authenticator=who, visible=rule, audit_hook=(
             audit.append if audit is not None else None)), **options)
     return server, who
 
@@ -222,8 +222,8 @@ async def test_the_runner_is_never_callable_while_results_are_being_served() -> 
 
 
 async def test_the_runner_is_not_reachable_through_tools_only_forms() -> None:
-    server, _ = shop(expose_schemas=True, expose_prompts=True, resources_as_tools=True,
-                     prompts_as_tools=True)
+    server, _ = shop(expose_schemas=True, expose_prompts=True, serving=ServingConfig(
+        resources_as_tools=True, prompts_as_tools=True))
     async with answering(server) as client:
         names = {t.name for t in await client.list_tools()}
         runner = await client.call_tool(RUNNER_NAME, {}, raise_on_error=False)
@@ -604,8 +604,9 @@ async def test_a_renamed_required_task_flow_still_runs_only_as_a_task() -> None:
     executor.registry.register_flow(Flow("pay_later", "charges a card, in the background",
                                          [FlowStep("check"), FlowStep("bill")],
                                          task_mode="required"))
-    server = FlowServer(executor, tasks="memory://", approval="elicit",
-                        policy=ExposurePolicy(allowed_side_effects=["read", "write"]))
+    server = FlowServer(executor, tasks="memory://",
+                        policy=ExposurePolicy(allowed_side_effects=["read", "write"],
+                                              approval="elicit"))
     server.fastmcp.add_transform(ToolTransform({"pay_later": ToolTransformConfig(
         name="later")}))
 

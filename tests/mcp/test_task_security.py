@@ -59,11 +59,11 @@ def viewing(audit: list[AuditEvent] | None = None, **security: Any
     rule = Visibility(lambda caller, flow: flow.name in caller.claims.get("flows", []),
                       claims=("flows",))
     flow_server = FlowServer(
-        executor(), tasks="memory://", visible=rule,
+        executor(), tasks="memory://",
         policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
         security=SecurityConfig(authenticator=switch,
                                 audit_hook=audit.append if audit is not None else None,
-                                **security))
+                                visible=rule, **security))
     return flow_server, switch
 
 

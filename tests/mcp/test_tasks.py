@@ -60,8 +60,8 @@ def executor() -> FlowExecutor:
     return executor
 
 
-def server(tasks: str | None = "memory://", audit: list[AuditEvent] | None = None,
-           **options: Any) -> FlowServer:
+def server(tasks: str | TaskSettings | None = "memory://",
+           audit: list[AuditEvent] | None = None, **options: Any) -> FlowServer:
     return FlowServer(executor(), tasks=tasks,
                       policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
                       security=SecurityConfig(audit_hook=audit.append
@@ -104,9 +104,9 @@ async def test_each_tool_advertises_its_effective_task_mode(mode: str) -> None:
 
 
 def test_the_server_default_applies_to_flows_that_set_none() -> None:
-    names = provider_of(server(task_mode="required")).task_tool_names()
+    names = provider_of(server(TaskSettings(mode="required"))).task_tool_names()
     assert names == ["charge_order", "lookup_order", "report"]
-    assert provider_of(server(task_mode="forbidden")).task_tool_names() == [
+    assert provider_of(server(TaskSettings(mode="forbidden"))).task_tool_names() == [
         "charge_order", "lookup_order"]
 
 
@@ -145,7 +145,7 @@ async def test_a_task_reports_the_current_step_and_inlines_the_result() -> None:
 
 @pytest.mark.anyio
 async def test_a_task_and_a_plain_call_give_the_same_result() -> None:
-    flow_server = server(task_mode="forbidden")  # report runs inline here
+    flow_server = server(TaskSettings(mode="forbidden"))  # report runs inline here
     async with Client(flow_server.fastmcp) as client:
         inline = await client.call_tool("report", {"n": 4})
     async with Client(server().fastmcp) as client:
@@ -450,15 +450,13 @@ async def test_the_private_fastmcp_entry_points_used_for_tasks_still_exist() -> 
 @pytest.mark.parametrize(("options", "message"), [
     ({"tasks": "ftp://x"}, "tasks must be None or a URL"),
     ({"tasks": 3}, "tasks must be None or a URL"),
-    ({"task_mode": "sometimes"}, "task_mode must be one of"),
-    ({"tasks": None, "task_settings": TaskSettings()}, "task_settings needs tasks="),
-    ({"task_settings": "fast"}, "task_settings must be a TaskSettings"),
+    ({"tasks": {"mode": "sometimes"}}, "task_mode must be one of"),
 ])
 def test_bad_task_configuration_is_refused_at_construction(
         options: dict[str, Any], message: str) -> None:
-    settings = {"tasks": "memory://", **options}
     with pytest.raises(ExposureConfigError, match=message):
-        FlowServer(executor(), **settings)
+        tasks = options["tasks"]
+        FlowServer(executor(), tasks=TaskSettings(**tasks) if isinstance(tasks, dict) else tasks)
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -474,8 +472,7 @@ def test_bad_task_settings_are_refused(settings: dict[str, Any], message: str) -
 
 
 def test_task_settings_reach_the_engine() -> None:
-    flow_server = server(task_settings=TaskSettings(concurrency=0, redelivery_timeout=2,
-                                                    name="cw-test"))
+    flow_server = server(TaskSettings(concurrency=0, redelivery_timeout=2, name="cw-test"))
     (extension,) = flow_server.fastmcp._extensions.values()
     docket = extension.docket_settings  # type: ignore[attr-defined]
     assert (docket.concurrency, docket.redelivery_timeout.total_seconds(), docket.name) == (
@@ -488,7 +485,7 @@ def test_an_encryption_key_protects_stored_request_contexts() -> None:
 
     before = tasks_settings.encryption_key
     try:
-        server(task_settings=TaskSettings(encryption_key="k" * 32))
+        server(TaskSettings(encryption_key="k" * 32))
         codec = snapshot_codec()
         stored = codec.encode('{"access_token_json": "secret"}')
         assert codec.protected and "secret" not in stored

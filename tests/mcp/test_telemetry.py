@@ -95,7 +95,7 @@ async def test_a_failed_run_is_an_error_span_without_its_message(
 
 @pytest.mark.anyio
 async def test_a_flow_outside_the_view_gets_no_span(spans: InMemorySpanExporter) -> None:
-    server = FlowServer(build_catalogue(), visible=visible_claim("teams"))
+    server = FlowServer(build_catalogue(), security=SecurityConfig(visible=visible_claim("teams")))
     async with Client(server.fastmcp) as client:
         await client.call_tool("order_status", {"order_id": "A"}, raise_on_error=False)
     assert not any(s.name.startswith("chainweaver.") for s in spans.get_finished_spans())

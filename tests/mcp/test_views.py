@@ -23,6 +23,7 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
+    ServingConfig,
     Visibility,
     visible_claim,
 )
@@ -54,8 +55,9 @@ def viewing(visible: Any = None, *, server_options: dict[str, Any] | None = None
     security.setdefault("authenticator", switch)
     security.setdefault("audit_hook", events.append)
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                        security=SecurityConfig(**security),
-                        visible=visible_claim("teams") if visible is None else visible,
+                        security=SecurityConfig(
+                            **security,
+                            visible=visible_claim("teams") if visible is None else visible),
                         **(server_options or {}))
     return server, switch, events
 
@@ -190,7 +192,7 @@ async def test_lists_spend_the_rate_budget() -> None:
 async def test_without_hooks_the_view_is_the_anonymous_callers() -> None:
     # No authenticator and no token: everyone is anonymous, whose claims list no team.
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
-                        visible=visible_claim("teams"))
+                        security=SecurityConfig(visible=visible_claim("teams")))
     async with Client(server.fastmcp) as client:
         await assert_view(client, set())
 
@@ -198,8 +200,8 @@ async def test_without_hooks_the_view_is_the_anonymous_callers() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", MODES)
 async def test_tools_only_clients_get_the_same_view(mode: str) -> None:
-    server, switch, _ = viewing(server_options={"resources_as_tools": True,
-                                                "prompts_as_tools": True})
+    server, switch, _ = viewing(server_options={"serving": ServingConfig(
+        resources_as_tools=True, prompts_as_tools=True)})
     switch.who = "olga"
     async with Client(server.fastmcp, mode=mode) as client:
         names = {t.name for t in await client.list_tools()}
@@ -229,15 +231,15 @@ async def test_tools_only_clients_get_the_same_view(mode: str) -> None:
 
 def test_view_settings_are_checked() -> None:
     with pytest.raises(ExposureConfigError, match="visible must be"):
-        FlowServer(build_catalogue(), visible="teams")  # type: ignore[arg-type]
+        FlowServer(build_catalogue(), security=SecurityConfig(visible="teams"))  # type: ignore[arg-type]
     with pytest.raises(ExposureConfigError, match="claim names"):
         Visibility(lambda c, f: True, claims="teams")  # type: ignore[arg-type]
     with pytest.raises(ExposureConfigError, match="claim name"):
         visible_claim("")
     with pytest.raises(ExposureConfigError, match="needs expose_schemas"):
-        FlowServer(build_catalogue(), resources_as_tools=True)
+        FlowServer(build_catalogue(), serving=ServingConfig(resources_as_tools=True))
     with pytest.raises(ExposureConfigError, match="needs expose_prompts"):
-        FlowServer(build_catalogue(), prompts_as_tools=True)
+        FlowServer(build_catalogue(), serving=ServingConfig(prompts_as_tools=True))
 
 
 def test_the_sdk_checks_mcp_param_headers_against_the_callers_view_without_a_list() -> None:
@@ -251,7 +253,7 @@ def test_the_sdk_checks_mcp_param_headers_against_the_callers_view_without_a_lis
     assert lookup("price_quote")["properties"]["sku"]["type"] == "string"
     assert lookup("write_flow") is None and lookup(NEVER) is None
     # With views: only the token caller's view (anonymous here: no flow at all).
-    viewed = FlowServer(build_catalogue(), visible=visible_claim("teams"))
+    viewed = FlowServer(build_catalogue(), security=SecurityConfig(visible=visible_claim("teams")))
     assert viewed.fastmcp._mcp_server.get_tool_input_schema("price_quote") is None
     # An authenticator decides the caller after this runs: no check rather than a guess.
     hooked, _, _ = viewing()
@@ -290,7 +292,7 @@ def test_a_flow_named_like_a_tools_only_tool_refuses_to_start() -> None:
     executor.registry.register_flow(Flow("read_resource", "Clash.",
                                          [FlowStep("search_products")]))
     with pytest.raises(ExposureConfigError, match="read_resource clash"):
-        FlowServer(executor, expose_schemas=True, resources_as_tools=True)
+        FlowServer(executor, expose_schemas=True, serving=ServingConfig(resources_as_tools=True))
 
 
 @pytest.mark.anyio
@@ -299,7 +301,7 @@ async def test_a_flow_named_like_a_tools_only_tool_is_refused_while_serving_too(
 
     executor = build_catalogue()
     server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
-                        resources_as_tools=True, prompts_as_tools=True)
+                        serving=ServingConfig(resources_as_tools=True, prompts_as_tools=True))
     async with Client(server.fastmcp) as client:
         before = sorted(t.name for t in await client.list_tools())
         for name in ("read_resource", "get_prompt"):

@@ -23,7 +23,6 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
-    ServingConfig,
 )
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, WIRE_LIMIT
@@ -86,8 +85,7 @@ def server(events: list[AuditEvent] | None = None, history: RunHistory | None = 
                                 output_schema=Blob))
     registry.register_flow(Flow("failing", "Fails loudly.", [FlowStep("shouts")]))
     hooks = {"audit_hook": events.append} if events is not None else {}
-    return FlowServer(executor, security=SecurityConfig(**hooks, **security),  # type: ignore[arg-type]
-                      serving=ServingConfig(run_history=history))
+    return FlowServer(executor, security=SecurityConfig(**hooks, **security), run_history=history)
 
 
 def sent(result: object) -> int:

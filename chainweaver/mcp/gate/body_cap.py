@@ -1,5 +1,5 @@
 """What one message may carry: the operator's byte cap on a rendered prompt or resource
-read (``ServingConfig.max_body_bytes``), and the wire limit every result stays under.
+read (``SecurityConfig.max_body_bytes``), and the wire limit every result stays under.
 
 The gate (:mod:`.security`) measures the body an admitted prompt or read produced
 before it leaves the server. Two bounds apply: the operator's cap, on the body itself

@@ -3,7 +3,7 @@ that stores it and tells subscribers, and large outputs sent as resource links.
 
 Every flow run started through MCP (a ``tools/call`` or a background task's leg) gets
 a run id, carried in its result's ``_meta``. With a run history configured
-(``ServingConfig(run_history=RunHistory(...))``) its record is saved when it starts,
+(``FlowServer(run_history=RunHistory(...))``) its record is saved when it starts,
 when it waits for approval and when it ends; every failed, cancelled or refused run is
 logged at warning, with its id, flow, version, step and error type, whatever the
 client was told.
