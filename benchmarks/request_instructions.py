@@ -11,6 +11,10 @@ package by ``PYTHONPATH`` (``git archive REF chainweaver | tar -x -C DIR``)::
         python benchmarks/request_instructions.py read --number 400
 
 and read valgrind's ``I refs`` line. See benchmarks/README.md ("one middleware layer").
+
+The client drops the log messages a run sends (``--render-logs`` renders them as
+FastMCP's default handler does): rendering them with rich took about three quarters of
+a call's count, which hid the server's own cost.
 """
 
 from __future__ import annotations
@@ -26,9 +30,13 @@ from fastmcp import Client
 from chainweaver.mcp import FlowServer
 
 
-async def run(kind: str, number: int, flows: int) -> None:
+async def ignore(message: object) -> None:
+    """A client log handler that drops the message (the server still sends it)."""
+
+
+async def run(kind: str, number: int, flows: int, render_logs: bool = False) -> None:
     server = FlowServer(build_executor(flows), expose_schemas=True, expose_prompts=True)
-    async with Client(server.fastmcp) as client:
+    async with Client(server.fastmcp, log_handler=None if render_logs else ignore) as client:
         uris = cycle([str(r.uri) for r in await client.list_resources()]).__next__
         names = cycle([p.name for p in await client.list_prompts() if p.arguments]).__next__
         for _ in range(flows):  # every schema document serialised, every prompt built
@@ -53,8 +61,10 @@ def main() -> None:
     parser.add_argument("kind", choices=["read", "get", "call"])
     parser.add_argument("--number", type=int, default=0, help="requests to count (0: none)")
     parser.add_argument("--flows", type=int, default=100)
+    parser.add_argument("--render-logs", action="store_true",
+                        help="render the run's log messages as FastMCP's client does")
     args = parser.parse_args()
-    asyncio.run(run(args.kind, args.number, args.flows))
+    asyncio.run(run(args.kind, args.number, args.flows, args.render_logs))
 
 
 if __name__ == "__main__":

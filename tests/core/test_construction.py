@@ -65,6 +65,11 @@ FOREIGN_ATTRIBUTES: dict[tuple[str, str], str] = {
         "socketserver's documented switch, on the metrics endpoint's own HTTP server",
     ("chainweaver.files", "yaml_implicit_resolvers"):
         "PyYAML's resolver table, on the module's own loader class",
+    ("chainweaver.cli.stores", "msg"):
+        "a logging.Filter rewrites the LogRecord it is given (logging's documented way)",
+    ("chainweaver.cli.stores", "args"): "the same LogRecord's arguments",
+    ("chainweaver.cli.stores", "exc_info"): "the same LogRecord's exception",
+    ("chainweaver.cli.stores", "exc_text"): "the same LogRecord's exception text",
     ("chainweaver.cli.options", "*"):
         "argparse's Namespace: the defaults of HTTP flags the user left out",
 }

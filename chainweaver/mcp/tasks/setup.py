@@ -159,8 +159,8 @@ def _tasks_extra() -> tuple[Any, Any]:
         from chainweaver.mcp.tasks.runner import FlowTaskRunner, TaskAudit
     except ImportError as missing:  # pragma: no cover - depends on the installed extras
         raise ExposureConfigError(
-            "background tasks need the tasks extra: pip install 'chainweaver[mcp,tasks]' "
-            f"({missing})") from None
+            "background tasks need the tasks extra: pip install -e '.[mcp,tasks]' in a "
+            f"clone of ChainWeaver ({missing})") from None
     return FlowTaskRunner, TaskAudit
 
 
