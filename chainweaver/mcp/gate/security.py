@@ -21,7 +21,6 @@ logged and ignored when it is the audit hook: a broken hook never breaks the ser
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 import time
@@ -51,9 +50,10 @@ from chainweaver.mcp.gate.composition import (
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
 from chainweaver.mcp.gate.requests import (
+    UNSENDABLE,
+    completed,
     completion_target,
     gate_for,
-    payload_text,
     task_id_of,
     with_caller,
 )
@@ -368,28 +368,14 @@ class SecurityGate(GateHooks):
             runs_root=runs_root)
         result = await self._run_admitted(record, context, call_next, gate, started,
                                           count=not mounted)
-        try:
-            data = payload_text(kind, result).encode("utf-8")
-        except UnicodeEncodeError:
-            # The transport cannot send it either: never audit "ok" for a reply the
-            # client will not receive.
-            await self._audit(gate, caller, "allowed", "ok", started=started,
-                              outcome="error", error_type="UnsendableResult")
-            raise MCPError(code=INTERNAL_ERROR, message="The result cannot be sent") from None
-        failed = kind == "tool" and bool(getattr(result, "is_error", False))
-        digest, length = hashlib.sha256(data).hexdigest(), len(data)
-        if note is not None and note.output_sha256 is not None \
-                and note.output_length is not None:
-            # The output went as a resource link (an isError result for a flow with an
-            # output schema, yet the run succeeded): the digest of the output itself,
-            # which the link reads back (the result holds a preview).
-            digest, length, failed = note.output_sha256, note.output_length, False
-        await self._audit(
-            gate, caller, "allowed", "ok", started=started,
-            outcome="error" if failed else "ok",
-            error_type=note.error_type if note is not None and failed else None,
-            result_sha256=digest, result_length=length,
-        )
+        done = completed(kind, result, note)
+        await self._audit(gate, caller, "allowed", "ok", started=started,
+                          outcome=done.outcome, error_type=done.error_type,
+                          result_sha256=done.result_sha256, result_length=done.result_length)
+        if done.error_type == UNSENDABLE:
+            # The transport cannot send it either: audited as an error, never "ok" for a
+            # reply the client will not receive.
+            raise MCPError(code=INTERNAL_ERROR, message="The result cannot be sent")
         return result
 
     def _unsupported_composition(self, kind: RequestKind, name: str) -> MCPError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import logging
 import threading
 import time
@@ -34,7 +33,7 @@ from pydantic import PrivateAttr
 from chainweaver.checkpoints import INTERRUPTED
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import RunNote
-from chainweaver.mcp.gate.requests import payload_text
+from chainweaver.mcp.gate.requests import completed
 from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.hooks import (
     AuditEvent,
@@ -94,26 +93,18 @@ class TaskAudit:
                      step_id: str | None = None, note: RunNote | None = None) -> None:
         if self.hook is None:
             return
-        digest = length = error_type = None
-        outcome: Literal["ok", "error"] | None = None
-        if result is not None:
-            # Hashed as the gate hashes a call's result, so a task's digest and a call's
-            # agree for the same result.
-            data = payload_text("tool", result).encode("utf-8", "surrogatepass")
-            digest, length = hashlib.sha256(data).hexdigest(), len(data)
-            outcome = "error" if result.is_error else "ok"
-            if note is not None and note.output_sha256 is not None:
-                # Sent as a resource link: the output's own digest, as for a call.
-                digest, length, outcome = note.output_sha256, note.output_length, "ok"
-            if outcome == "error" and note is not None:
-                error_type = note.error_type
+        # Audited as the gate audits a call's result (one builder): a task's digest and
+        # a call's agree for the same result.
+        done = completed("tool", result, note) if result is not None else None
         event = AuditEvent(
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
             caller_id=caller_id,
             decision=approval_decision(reason) if phase == "approval" else "allowed",
-            reason=reason, outcome=outcome, error_type=error_type, result_sha256=digest,
-            result_length=length,
+            reason=reason, outcome=done.outcome if done else None,
+            error_type=done.error_type if done else None,
+            result_sha256=done.result_sha256 if done else None,
+            result_length=done.result_length if done else None,
             task_id=task_id, task_status=status, step_id=step_id)
         await deliver_audit(self.hook, event, self.timeout)
 
