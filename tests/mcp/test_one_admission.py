@@ -210,3 +210,51 @@ def test_the_gate_is_the_servers_one_middleware_layer() -> None:
 
     (layer,) = served(3).fastmcp.middleware
     assert isinstance(layer, SecurityGate)
+
+
+def admissions_made_outside(package: Path) -> list[str]:
+    """Every ``Admission(...)`` built, and every copy of a held record
+    (``dataclasses.replace`` of ``held`` or of ``admission.current()``), outside
+    ``gate/admission.py``: its named factories make every record."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where == "gate/admission.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.id if isinstance(node.func, ast.Name) else \
+                node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            copied = called == "replace" and node.args and any(
+                text in ast.unparse(node.args[0]) for text in ("held", "current()"))
+            if called == "Admission" or copied:
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node.func)}")
+    return found
+
+
+def private_gate_calls_outside(package: Path) -> list[str]:
+    """Every use of a private method of ``SecurityGate`` from outside its class (on
+    whatever holds it under a name that says so: ``gate``, ``self.gate``, ...)."""
+    gate = ast.parse((package / "gate" / "security.py").read_text())
+    private = {item.name for node in gate.body
+               if isinstance(node, ast.ClassDef) and node.name == "SecurityGate"
+               for item in node.body
+               if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and item.name.startswith("_") and not item.name.startswith("__")}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private \
+                    and "gate" in ast.unparse(node.value).lower():
+                found.append(f"{path.relative_to(package).as_posix()}:{node.lineno}: "
+                             f"{ast.unparse(node)}")
+    return found
+
+
+def test_admission_records_are_made_only_in_gate_admission() -> None:
+    assert admissions_made_outside(MCP_PACKAGE) == []
+
+
+def test_no_other_class_calls_a_private_method_of_the_security_gate() -> None:
+    assert private_gate_calls_outside(MCP_PACKAGE) == []
