@@ -2,12 +2,12 @@
 (each caller its own token, its teams in a claim), on both eras, on the in-memory and
 the Redis store (see tests/support/run_records.py). Six callers: three with overlapping
 and disjoint views, three with none (the hostile caller ids, ten of them, are
-tests/mcp/test_run_records_property.py's).
+tests/mcp/runs/test_run_records_property.py's).
 
 The store sits below the protocol (both stores answer both eras alike, and run
 notices come from the serving process, not the store), so each era runs on one store
 here: every pair of transport, era and store is covered once, with the in-memory
-client's runs of tests/mcp/test_run_records_property.py."""
+client's runs of tests/mcp/runs/test_run_records_property.py."""
 
 from __future__ import annotations
 

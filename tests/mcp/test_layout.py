@@ -133,6 +133,15 @@ def test_the_readme_lists_every_room_once() -> None:
     assert set(order) == present
 
 
+def test_the_mcp_tests_are_kept_in_the_rooms_they_test() -> None:
+    """``tests/mcp/`` mirrors the package: a folder per room (tests of the server as a
+    whole stay at its top), so every test folder names a room that exists."""
+    rooms = {room.rstrip("/") for room in documented_order() if room.endswith("/")}
+    folders = {path.name for path in (ROOT / "tests" / "mcp").iterdir()
+               if path.is_dir() and path.name != "__pycache__"}
+    assert folders and folders <= rooms, sorted(folders - rooms)
+
+
 def test_no_folder_imports_a_folder_above_it() -> None:
     arrows = {f"{here} -> {there.rstrip(')')}" for here, there in (
         (line.split(": ", 1)[1].split(" imports ")[0], line.rsplit("(", 1)[1])

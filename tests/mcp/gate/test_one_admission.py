@@ -21,7 +21,7 @@ from chainweaver.mcp.hooks import AuditEvent
 from chainweaver.mcp.publish.exposure import Exposure
 
 MODES = ["auto", "legacy"]
-MCP_PACKAGE = Path(__file__).resolve().parents[2] / "chainweaver" / "mcp"
+MCP_PACKAGE = Path(__file__).resolve().parents[3] / "chainweaver" / "mcp"
 
 
 class Text(BaseModel):

@@ -888,10 +888,10 @@ async def test_completing_a_hidden_prompt_answers_like_never(mode: str, argument
 
 
 def _task_server() -> tuple[FlowServer, Callers]:
-    """A task server (tests/mcp/test_tasks.py's flows) whose view is per subject."""
+    """A task server (tests/mcp/tasks/test_tasks.py's flows) whose view is per subject."""
     from chainweaver.mcp import ExposurePolicy, Visibility
 
-    from .test_tasks import executor as task_executor
+    from ..tasks.test_tasks import executor as task_executor
 
     callers = Callers("sam")
     sees = {"sam": ["report", "quick"], "olga": ["lookup_order"]}

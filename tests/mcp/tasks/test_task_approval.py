@@ -33,7 +33,7 @@ from chainweaver.mcp.fastmcp_seams import running_docket
 from chainweaver.mcp.runs.approval import APPROVAL_SCHEMA
 from chainweaver.mcp.tasks.runner import RUNNER_NAME
 
-from .test_runs import CHARGED, ORDER, SECRET, Seen, charge, summarize, validate
+from ..runs.test_runs import CHARGED, ORDER, SECRET, Seen, charge, summarize, validate
 
 pytestmark = pytest.mark.anyio
 LIMIT = 10.0  # seconds: only to stop a hang

@@ -415,7 +415,7 @@ async def test_argument_values_never_reach_logs_above_debug(
         await prompt_error(client, "order_status", {"order_id": f"B-{SECRET}"})
         await raw_prompt_error(client, "product_search", {"query": SECRET, "limit": 7})
     # Formatted with any traceback a record carries (the errors, which quote the
-    # values, are logged below DEBUG: tests/mcp/test_caller_mistakes_log.py).
+    # values, are logged below DEBUG: tests/mcp/components/test_caller_mistakes_log.py).
     logged = [(r.levelno, logging.Formatter().format(r)) for r in all_logs.records]
     assert [text for level, text in logged if level > logging.DEBUG and SECRET in text] == []
     # FastMCP's DEBUG line for each request quotes its arguments: DEBUG only.

@@ -29,8 +29,8 @@ from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.runs.approval import APPROVAL_KEY
 from chainweaver.mcp.runs.records import STORE_UNAVAILABLE
 
-from .test_tasks import LIMIT
-from .test_tasks import executor as task_executor
+from ..tasks.test_tasks import LIMIT
+from ..tasks.test_tasks import executor as task_executor
 
 pytestmark = pytest.mark.tasks  # the Redis client
 RUN = "0123456789abcdef01234567"

@@ -326,7 +326,7 @@ async def test_excluded_flows_are_absent_and_unreachable_in_memory() -> None:
 
 
 # Run as a script, this module imports the shared helpers from the tests folder.
-TESTS_ON_PATH = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+TESTS_ON_PATH = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ from chainweaver.mcp import (
 )
 
 EXCLUDED_NAMES = sorted(name for name, why in EXCLUDED.items() if why is not None)
-SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "catalogue_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "servers" / "catalogue_server.py"
 
 
 

@@ -44,7 +44,7 @@ from chainweaver.mcp.fastmcp_seams import lifespan_manager, running_docket
 from chainweaver.mcp.tasks.runner import RUNNER_NAME, effective_idempotent
 from chainweaver.registry import FlowRegistry
 
-FLOWS = Path(__file__).resolve().parents[1] / "servers" / "task_flows"
+FLOWS = Path(__file__).resolve().parents[2] / "servers" / "task_flows"
 TOOLS = (task_tools.fetch, task_tools.enrich, task_tools.finish, task_tools.charge,
          task_tools.lookup, task_tools.refund)
 LIMIT = 10.0  # seconds: only to stop a hang

@@ -4,7 +4,7 @@ answer only the caller that created the task, and only while the task's flow is 
 caller's view; anything else answers exactly like a task id that never existed.
 
 Tasks exist only at protocol 2026-07-28 (the default client era); a 2025-11-25 client
-cannot create or poll one (tests/mcp/test_tasks.py). The JWT case over streamable HTTP
+cannot create or poll one (tests/mcp/tasks/test_tasks.py). The JWT case over streamable HTTP
 is tests/e2e/test_task_security_http.py.
 """
 
