@@ -85,7 +85,7 @@ async def test_the_authorizer_sees_the_flow_behind_a_renamed_name_in_every_primi
         # The allowed flow next to it answers, through the same transform.
         allowed = await session.call_tool(f"shop_{ALLOWED}", {"sku": "SKU-1"})
     assert call == read == render == FORBIDDEN
-    assert not allowed.isError
+    assert not allowed.is_error
     decided = [(ctx.kind, ctx.flow_name, ctx.caller.id if ctx.caller else None)
                for ctx in authorizer.seen]
     assert decided == [("tool", DENIED, "olga"), ("resource", DENIED, "olga"),
@@ -110,7 +110,7 @@ async def test_the_authenticator_runs_before_any_name_is_resolved(mode: str) -> 
     server.fastmcp.add_transform(Namespace("shop"))
     async with Client(server.fastmcp, mode=mode) as client:
         result = await client.session.call_tool(f"shop_{DENIED}", {"order_id": "A-1"})
-    assert not result.isError  # olga sees it; nobody refuses it
+    assert not result.is_error  # olga sees it; nobody refuses it
     tool_contexts = [ctx for ctx in seen if ctx.kind == "tool"]
     assert [(ctx.name, ctx.flow_name) for ctx in tool_contexts] == [(f"shop_{DENIED}", None)]
 
@@ -123,7 +123,7 @@ async def test_a_flow_outside_the_callers_view_stays_unknown_to_the_authorizer(
     async with Client(server.fastmcp, mode=mode) as client:
         hidden_answer = await client.session.call_tool(f"shop_{hidden}", {"query": "x"})
         never_answer = await client.session.call_tool("shop_never_existed", {"query": "x"})
-    assert hidden_answer.isError and never_answer.isError
+    assert hidden_answer.is_error and never_answer.is_error
     assert (hidden_answer.content[0].text.replace(hidden, "NAME")
             == never_answer.content[0].text.replace("never_existed", "NAME"))
     assert all(ctx.flow_name is None for ctx in authorizer.seen)
