@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from .. import __version__
 from ..extras import version_report
 from . import (
+    card,
     dev,
     flows,
     inspect,
@@ -23,6 +24,7 @@ from . import (
     runs,
     schema,
     serve,
+    server_json,
     validate,
     worker,
 )
@@ -51,6 +53,8 @@ COMMANDS: dict[str, Command] = {
     "runs": runs,
     "install": install,
     "dev": dev,
+    "card": card,
+    "server-json": server_json,
 }
 
 

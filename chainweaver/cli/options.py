@@ -93,6 +93,12 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                             "store (--tasks, --run-history, --governance, "
                             "--rate-limit-redis) to answer before exiting with 3 "
                             "(default: 30; 0: try once)")
+    group.add_argument("--registry-name", metavar="NAME",
+                       help="the server's reverse-DNS name (io.github.me/orders) in its "
+                            "server card and server.json (default: chainweaver.local/NAME)")
+    group.add_argument("--cache-ttl", type=_wait_seconds, default=0.0, metavar="SECONDS",
+                       help="how long 2026-07-28 clients and card readers may reuse a list, "
+                            "read or server card (default: 0, ask again every time)")
     group.add_argument("--instructions", metavar="TEXT",
                        help="instructions clients receive when they connect")
     group.add_argument("--instructions-file", metavar="FILE",

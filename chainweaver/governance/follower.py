@@ -223,6 +223,17 @@ class SharedGovernance:
             logger.error("shared governance: state not confirmed for more than %g s; "
                          "serving no flow until Redis is reachable", limit)
 
+    def sure_for(self) -> float | None:
+        """Seconds this process is sure to keep serving the state it applied: until
+        ``stop_serving_after`` would withhold every flow (None: no such bound; 0: the
+        state is withheld, or was never confirmed)."""
+        limit = self.settings.stop_serving_after
+        if limit is None:
+            return None
+        if self.overlay.suspended or self.confirmed is None:
+            return 0.0
+        return max(0.0, limit - (time.monotonic() - self.confirmed))
+
     def record(self) -> dict[str, Any]:
         """What this process's heartbeat says."""
         now = time.time()

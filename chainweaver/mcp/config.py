@@ -33,6 +33,8 @@ PromptKind = Literal["invocation", "authored", "server", "guide"]
 PROMPT_KINDS: tuple[PromptKind, ...] = ("invocation", "authored", "server", "guide")
 # Generous: the index of 20,000 flows is about 8 MiB; one body above this is an abuse.
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+# A server's name in a server card and the MCP registry: namespace "/" name.
+REGISTRY_NAME = re.compile(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+")
 
 
 def check_bool(setting: str, value: object) -> bool:
@@ -303,6 +305,11 @@ class ServingConfig:
     built, so the garbage collector stops re-scanning the catalogue on every list (see
     ``docs/mcp-server.md``, "Start-up cost"); objects alive then are never collected.
 
+    ``registry_name`` (reverse-DNS, ``io.github.me/orders``) names the server in its
+    server card and registry entry (default ``chainweaver.local/<name>``). ``cache_ttl``
+    (seconds, default 0) is the longest a 2026-07-28 client may reuse a list or read
+    before asking again; ``0`` marks every answer stale at once (``docs/discovery.md``).
+
     Deprecated (they moved; one release with a ``DeprecationWarning``):
     ``allowed_hosts``, ``allowed_origins``, ``max_body_bytes`` and
     ``request_state_keys`` are :class:`SecurityConfig` settings; ``run_history``,
@@ -320,6 +327,8 @@ class ServingConfig:
     approval_timeout: float = 300.0
     resources_as_tools: bool = False
     prompts_as_tools: bool = False
+    registry_name: str | None = None
+    cache_ttl: float = 0.0
     _: KW_ONLY
     allowed_hosts: InitVar[Any] = _NOT_GIVEN
     allowed_origins: InitVar[Any] = _NOT_GIVEN
@@ -334,6 +343,17 @@ class ServingConfig:
                       governance: Any, meter_provider: Any) -> None:
         check_text("name", self.name)
         check_text("version", self.version, optional=True)
+        if self.registry_name is not None and not (
+                isinstance(self.registry_name, str)
+                and REGISTRY_NAME.fullmatch(self.registry_name)):
+            raise ExposureConfigError(
+                f"registry_name must be a reverse-DNS name with one '/' "
+                f"(io.github.me/orders), got {self.registry_name!r}")
+        if (not isinstance(self.cache_ttl, (int, float)) or isinstance(self.cache_ttl, bool)
+                or not math.isfinite(self.cache_ttl) or self.cache_ttl < 0):
+            raise ExposureConfigError(f"cache_ttl must be a number of seconds >= 0, got "
+                                      f"{self.cache_ttl!r}")
+        object.__setattr__(self, "cache_ttl", float(self.cache_ttl))
         if self.instructions is not None and not isinstance(self.instructions, str):
             raise ExposureConfigError(f"instructions must be None or a string, got "
                                       f"{self.instructions!r}")

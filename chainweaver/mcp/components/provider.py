@@ -230,6 +230,49 @@ class FlowProvider(Provider):
     # Each request resolves its name through the exposure once; lists walk the
     # catalogue's entries. Components are built on first use and cached.
 
+    # Each list is a function of the caller's view alone, sorted (not in the order
+    # changes arrived in): its cursors survive every change outside the view, and the
+    # server card names exactly what the lists show (:meth:`card_primitives`).
+
+    def _listed_tools(self, view: View) -> list[ExposedFlow]:
+        return view.cached("listed:tools", lambda: sorted(
+            view.select(self.exposure.tools.values(), _itself), key=_tool_name))
+
+    def _listed_resources(self, view: View) -> list[ExposedFlow | None]:
+        if not self.exposure.expose_schemas:
+            return []
+        # The index first (None stands for it), then the schemas, sorted.
+        return view.cached("listed:resources", lambda: [
+            None, *sorted(view.select(self.exposure.resources.values(), _itself),
+                          key=_schema_uri)])
+
+    def _listed_prompts(self, view: View) -> list[PromptEntry]:
+        return view.cached("listed:prompts", lambda: sorted(
+            view.select(self.exposure.prompts.values(), _entry_flow), key=_prompt_name))
+
+    def card_primitives(self, view: View) -> dict[str, list[dict[str, Any]]]:
+        """What ``view``'s lists show, as the wire carries them (every item, no pages):
+        the server card's primitives. Call it with the snapshot pinned."""
+        def dumped(component: Any) -> dict[str, Any]:
+            item = component.model_dump(by_alias=True, mode="json", exclude_none=True)
+            meta = item.get("_meta", {}).get("chainweaver")
+            if isinstance(meta, dict):
+                meta.pop("server", None)  # this process's own mark, not the flow's
+            return dict(item)
+
+        return {
+            "tools": [dumped(self._tool(e).to_mcp_tool(name=e.tool_name))
+                      for e in self._listed_tools(view)],
+            "resources": [dumped((self._index_resource(view) if e is None else
+                                  self._schema_resource(e)).to_mcp_resource())
+                          for e in self._listed_resources(view)],
+            "resourceTemplates": [dumped(template.to_mcp_template()) for template in
+                                  ([self._template] if self._template else [])
+                                  + list(self._run_templates)],
+            "prompts": [dumped(self._prompt(entry, view).to_mcp_prompt())
+                        for entry in self._listed_prompts(view)],
+        }
+
     # ------------------------------------------------------------------ tools
 
     def flow_tool(self, exposed: ExposedFlow) -> FlowTool:
@@ -247,10 +290,7 @@ class FlowProvider(Provider):
             target = self._admitted("tool")[1]
             return [self._tool(target)] if target is not None else []
         view = self.view()
-        # Sorted, so a list is a function of the caller's view alone (not of the order
-        # changes arrived in): its cursors then survive every change outside the view.
-        listed = view.cached("listed:tools", lambda: sorted(
-            view.select(self.exposure.tools.values(), _itself), key=_tool_name))
+        listed = self._listed_tools(view)
         page = self._page("tools", view, listed, lambda e: f"{e.tool_name} {e.flow.version}")
         return [self._tool(exposed) for exposed in page]
 
@@ -287,10 +327,7 @@ class FlowProvider(Provider):
             target = self._admitted("resource")[1]
             return [self._schema_resource(target)] if target is not None else []
         view = self.view()
-        # The index first (None stands for it), then the schemas, sorted.
-        listed: list[ExposedFlow | None] = view.cached("listed:resources", lambda: [
-            None, *sorted(view.select(self.exposure.resources.values(), _itself),
-                          key=_schema_uri)])
+        listed = self._listed_resources(view)
         page = self._page("resources", view, listed, lambda e: INDEX_URI if e is None
                           else f"{e.schema_uri} {e.flow.version}")
         return [self._index_resource(view) if exposed is None
@@ -354,8 +391,7 @@ class FlowProvider(Provider):
             target = self._admitted("prompt")[1]
             return [self._prompt(PromptEntry(name, target, target.authored_prompts.get(name)),
                                  view) for name in target.prompt_names] if target else []
-        listed = view.cached("listed:prompts", lambda: sorted(
-            view.select(self.exposure.prompts.values(), _entry_flow), key=_prompt_name))
+        listed = self._listed_prompts(view)
         page = self._page("prompts", view, listed, lambda entry: (
             f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"))
         return [self._prompt(entry, view) for entry in page]

@@ -306,6 +306,11 @@ def caller_from_token() -> CallerIdentity:
         token = None
     if token is None:
         return ANONYMOUS
+    return token_caller(token)
+
+
+def token_caller(token: Any) -> CallerIdentity:
+    """The caller a token the server's ``auth`` verified names (built once per token)."""
     with _TOKEN_LOCK:  # completions run in worker threads
         known = _TOKEN_CALLERS.get(token.token)
         # Two servers' verifiers may read one token string differently (static tokens).

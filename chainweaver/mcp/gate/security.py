@@ -60,6 +60,7 @@ from chainweaver.mcp.gate.requests import (
 from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import (
+    ANONYMOUS,
     GATE_REFUSED,
     AuditEvent,
     AuthorizationDecision,
@@ -406,6 +407,22 @@ class SecurityGate(GateHooks):
                                                           kind, name, None, decided=False)):
                 exposed = await resolve()
         return exposed if view.allows(exposed) else None
+
+    async def admit_outside_mcp(self, gate: GateContext, caller: CallerIdentity | None
+                                ) -> CallerIdentity | None:
+        """Admit a request made outside MCP (the server card): the authenticator (if
+        set) replaces ``caller``, then the limiter; audited. None: unauthenticated."""
+        try:
+            if self.authenticator is not None:
+                caller = await self.authenticate(gate)
+            await self._limit(gate, caller or ANONYMOUS)
+        except GateRefused as refused:
+            await self._audit(gate, refused.caller, "denied", refused.reason)
+            if refused.reason == "unauthenticated":
+                return None
+            raise
+        await self._audit(gate, caller, "allowed", "ok")
+        return caller
 
     async def authenticate(self, gate: GateContext) -> CallerIdentity:
         """The authenticator's caller; without one, the verified token's (or anonymous)."""

@@ -1,0 +1,84 @@
+"""`chainweaver card` and `chainweaver server-json`: the card serve answers an anonymous
+caller and the registry entry, from the same exposure decision as serve (every serve
+option counts), validated against their schemas, printed or written to a file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from support.cli import run
+from support.server_card import check_card, check_registry_entry, tool_names
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("examples/flows", "--tools", "examples/flow_tools.py")
+EXPOSED = {"help_search", "order_status", "order_total"}
+
+
+@pytest.fixture(autouse=True)
+def at_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def test_card_prints_the_anonymous_card_serve_would_answer(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "card", *SOURCES, "--expose-schemas",
+                       "--url", "https://mcp.acme.test/mcp")
+    assert code == 0
+    card = json.loads(out)
+    check_card(card)
+    assert tool_names(card) == EXPOSED
+    assert card["remotes"][0]["url"] == "https://mcp.acme.test/mcp"
+    # serve's options narrow it as they narrow serve: an owner filter, a prefix.
+    code, out, _ = run(capsys, "card", *SOURCES, "--owner", "support-team",
+                       "--prefix", "acme", "--transport", "streamable-http", "--port", "9100")
+    card = json.loads(out)
+    assert tool_names(card) == {"acme__order_status"}
+    assert card["remotes"][0]["url"] == "http://127.0.0.1:9100/mcp"
+
+
+def test_card_names_nothing_when_serve_would_want_a_token(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("secret-token-1\n")
+    tokens.chmod(0o600)
+    code, out, _ = run(capsys, "card", *SOURCES, "--transport", "streamable-http",
+                       "--auth-token-file", str(tokens))
+    assert code == 0
+    card = json.loads(out)
+    check_card(card)
+    assert tool_names(card) == set()
+    assert "secret-token-1" not in out
+    assert not any(name in out for name in EXPOSED)
+
+
+def test_server_json_writes_a_registry_entry(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    target = tmp_path / "server.json"
+    code, out, err = run(capsys, "server-json", *SOURCES, "--registry-name",
+                         "io.github.acme/support", "--url", "https://mcp.acme.test/mcp",
+                         "--pypi", "acme-support==1.4.0", "--output", str(target))
+    assert (code, out) == (0, "")
+    assert "wrote the registry entry" in err
+    entry = json.loads(target.read_text())
+    check_registry_entry(entry)
+    assert entry["name"] == "io.github.acme/support"
+    assert entry["packages"][0]["version"] == "1.4.0"
+    assert set(entry["_meta"]["io.modelcontextprotocol.registry/publisher-provided"][
+        "chainweaver"]["tools"]) == EXPOSED
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("server-json", *SOURCES), "needs --registry-name"),
+    (("server-json", *SOURCES, "--registry-name", "no-slash"), "registry_name"),
+    (("server-json", *SOURCES, "--registry-name", "a.b/c", "--pypi", "pkg"), "NAME==VERSION"),
+    (("card", *SOURCES, "--url", "ftp://x/mcp"), "--url"),
+])
+def test_bad_options_get_one_clear_line(capsys: pytest.CaptureFixture[str],
+                                        argv: tuple[str, ...], message: str) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code != 0 and out == ""
+    assert message in err and "Traceback" not in err
