@@ -32,6 +32,7 @@ from support.catalogue import EXCLUDED, build_catalogue
 from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp import GATE_REFUSED, FlowServer
+from chainweaver.mcp.gate.echo import bounded
 
 SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
 sys.path.insert(0, str(SERVER_SCRIPT.parent))
@@ -391,11 +392,12 @@ def test_an_oversized_request_head_is_refused_by_http_and_serving_continues(
     # reports -32603 "Server returned an error response": the server sent no JSON-RPC).
     uri = "chainweaver://flows/" + "a" * 40_000 + "/schema"
     assert modern_post(servers["open"], "resources/read", {"uri": uri}).status_code == 400
-    # In the request body (the 2025-11-25 era) the same URI is simply not found.
+    # In the request body (the 2025-11-25 era) the same URI is simply not found, and
+    # the answer quotes no more of it than any error echoes (MAX_ECHO).
     session = LegacySession(servers["open"])
     body = session.post("resources/read", {"uri": uri}).text
     error = json.loads(body[body.index("{"):])["error"]
-    assert (error["code"], error["data"]) == (-32602, {"uri": uri})
+    assert (error["code"], error["data"]) == (-32602, {"uri": bounded(uri)})
     served = modern_post(servers["open"], "tools/call",
                          {"name": "price_quote", "arguments": {"sku": "S"}})
     assert served.json()["result"]["structuredContent"] == {"sku": "S", "total_cents": 999}
