@@ -282,7 +282,17 @@ MOVED_SETTINGS = {
     "run_history": "FlowServer", "governance": "FlowServer",
     "meter_provider": "FlowServer",
 }
-_NOT_GIVEN: Any = object()  # a moved setting left out (None is a value for some)
+_NOT_GIVEN: Any = object()  # a moved setting left out
+# Their defaults when they were ServingConfig's: given so (as dataclasses.replace does,
+# reading them back), a setting counts as left out.
+_OLD_DEFAULTS: dict[str, Any] = {**dict.fromkeys(MOVED_SETTINGS),
+                                 "max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+
+
+def _left_out(setting: str, value: Any) -> bool:
+    default = _OLD_DEFAULTS[setting]
+    return value is _NOT_GIVEN or value is default or (
+        type(value) is int and value == default)
 
 
 @dataclass(frozen=True)
@@ -373,7 +383,7 @@ class ServingConfig:
                  "run_history": run_history, "governance": governance,
                  "meter_provider": meter_provider}
         moved = {setting: value for setting, value in given.items()
-                 if value is not _NOT_GIVEN}
+                 if not _left_out(setting, value)}
         for setting in moved:
             where = MOVED_SETTINGS[setting]
             hint = f"FlowServer({setting}=...)" if where == "FlowServer" \
@@ -395,6 +405,20 @@ class ServingConfig:
         to where they moved)."""
         moved: Mapping[str, Any] = getattr(self, "_moved", MappingProxyType({}))
         return moved
+
+
+def _moved_reader(setting: str) -> property:
+    """Reading a moved setting off a ``ServingConfig`` answers for one more release:
+    the value given here (it warned then), else its old default."""
+    default = _OLD_DEFAULTS[setting]
+    return property(lambda self: self.moved.get(setting, default),
+                    doc=f"Deprecated: moved to {MOVED_SETTINGS[setting]}.")
+
+
+# dataclass left the moved settings' defaults as class attributes (__init__ keeps its
+# own copies): readers get what was given instead.
+for _setting in MOVED_SETTINGS:
+    setattr(ServingConfig, _setting, _moved_reader(_setting))
 
 
 def check_feature(setting: str, value: Any) -> Any:

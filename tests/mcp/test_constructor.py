@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from typing import Any
 
 import pytest
@@ -242,3 +243,19 @@ def test_a_moved_setting_is_checked_where_it_was_given() -> None:
 def test_bad_settings_fail_at_construction(options: Any, message: str) -> None:
     with pytest.raises(ExposureConfigError, match=message):
         FlowServer(build_catalogue(), **options())
+
+
+def test_a_moved_setting_still_reads_back_and_survives_replace() -> None:
+    history = RunHistory()
+    with pytest.warns(DeprecationWarning):
+        old = ServingConfig(max_body_bytes=1024, run_history=history)
+    assert (old.max_body_bytes, old.run_history, old.allowed_hosts) == (1024, history, None)
+    with pytest.warns(DeprecationWarning):  # the old spelling, given again by replace
+        copy = dataclasses.replace(old, page_size=5)
+    assert (copy.page_size, copy.max_body_bytes, copy.run_history) == (5, 1024, history)
+    # Left out, they read as their old defaults, and replace warns of nothing.
+    plain = ServingConfig()
+    assert plain.max_body_bytes == 16 * 2**20 and plain.governance is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dataclasses.replace(plain, page_size=5).moved == {}
