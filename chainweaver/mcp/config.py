@@ -416,9 +416,15 @@ def _moved_reader(setting: str) -> property:
 
 
 # dataclass left the moved settings' defaults as class attributes (__init__ keeps its
-# own copies): readers get what was given instead.
-for _setting in MOVED_SETTINGS:
-    setattr(ServingConfig, _setting, _moved_reader(_setting))
+# own copies): readers get what was given instead. setattr, as mypy knows these
+# names as InitVars only.
+setattr(ServingConfig, "allowed_hosts", _moved_reader("allowed_hosts"))  # noqa: B010
+setattr(ServingConfig, "allowed_origins", _moved_reader("allowed_origins"))  # noqa: B010
+setattr(ServingConfig, "request_state_keys", _moved_reader("request_state_keys"))  # noqa: B010
+setattr(ServingConfig, "max_body_bytes", _moved_reader("max_body_bytes"))  # noqa: B010
+setattr(ServingConfig, "run_history", _moved_reader("run_history"))  # noqa: B010
+setattr(ServingConfig, "governance", _moved_reader("governance"))  # noqa: B010
+setattr(ServingConfig, "meter_provider", _moved_reader("meter_provider"))  # noqa: B010
 
 
 def check_feature(setting: str, value: Any) -> Any:
