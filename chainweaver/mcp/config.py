@@ -19,6 +19,16 @@ from fastmcp.server.auth import AuthProvider
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
 from chainweaver.governance.state import check_governance
+from chainweaver.mcp.checks import (
+    HOST,
+    ORIGIN,
+    check_bool,
+    check_positive_int,
+    check_seconds,
+    check_text,
+    header_values,
+    state_keys,
+)
 from chainweaver.mcp.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
@@ -35,42 +45,6 @@ PROMPT_KINDS: tuple[PromptKind, ...] = ("invocation", "authored", "server", "gui
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 # A server's name in a server card and the MCP registry: namespace "/" name.
 REGISTRY_NAME = re.compile(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+")
-
-
-def check_bool(setting: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ExposureConfigError(f"{setting} must be True or False, got {value!r}")
-    return value
-
-
-def check_seconds(setting: str, value: object, *, optional: bool = False) -> float | None:
-    """A positive, finite number of seconds (``None`` too when ``optional``)."""
-    if value is None and optional:
-        return None
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not math.isfinite(value) or value <= 0):
-        allowed = "None or " if optional else ""
-        raise ExposureConfigError(
-            f"{setting} must be {allowed}a number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def check_positive_int(setting: str, value: object, *, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        allowed = "None or " if optional else ""
-        raise ExposureConfigError(f"{setting} must be {allowed}a positive int, got {value!r}")
-    return value
-
-
-def check_text(setting: str, value: object, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        allowed = "None or " if optional else ""
-        raise ExposureConfigError(f"{setting} must be {allowed}a non-empty string, got {value!r}")
-    return value
 
 
 def _names(setting: str, value: object) -> frozenset[str] | None:
@@ -262,10 +236,10 @@ class SecurityConfig:
                 f"got {self.error_detail!r}")
         check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
         object.__setattr__(self, "allowed_hosts",
-                           _header_values("allowed_hosts", self.allowed_hosts, _HOST))
+                           header_values("allowed_hosts", self.allowed_hosts, HOST))
         object.__setattr__(self, "allowed_origins",
-                           _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
-        object.__setattr__(self, "request_state_keys", _state_keys(self.request_state_keys))
+                           header_values("allowed_origins", self.allowed_origins, ORIGIN))
+        object.__setattr__(self, "request_state_keys", state_keys(self.request_state_keys))
 
     @property
     def active(self) -> bool:
@@ -479,46 +453,3 @@ class RunHistory:
         check_positive_int("output_limit", self.output_limit)
         check_positive_int("max_output_bytes", self.max_output_bytes)
         check_text("prefix", self.prefix)
-
-
-def _state_keys(value: object) -> tuple[bytes, ...] | None:
-    """Request-state keys as bytes: a non-empty list of secrets of 32 bytes or more."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ExposureConfigError(f"request_state_keys takes a list of secrets, got "
-                                  f"{type(value).__name__}")
-    keys = [key.encode() if isinstance(key, str) else key for key in value]
-    if not keys or not all(isinstance(key, bytes) and len(key) >= 32 for key in keys):
-        # Never echo the value: it is a secret.
-        raise ExposureConfigError("request_state_keys must list secrets of at least 32 "
-                                  "bytes each (e.g. secrets.token_hex(32))")
-    return tuple(keys)
-
-
-# A host name, IPv4 address or bracketed IPv6 address, with an optional port or ":*".
-_HOST_PART = (r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+\])"
-              r"(?::(?:\d{1,5}|\*))?")
-_HOST = re.compile(rf"\*|{_HOST_PART}")
-_ORIGIN = re.compile(rf"\*|https?://{_HOST_PART}")
-_HEADER_EXAMPLES = {"allowed_hosts": "'mcp.example.com', 'mcp.example.com:8443' or "
-                                     "'mcp.example.com:*'",
-                    "allowed_origins": "'https://app.example.com' or 'http://localhost:*'"}
-
-
-def _header_values(setting: str, value: object, pattern: re.Pattern[str]
-                   ) -> tuple[str, ...] | None:
-    """A non-empty list of Host or Origin values, as a tuple, or ``None``."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ExposureConfigError(f"{setting} takes a list of values, got {value!r}")
-    values = tuple(value)
-    if not values:
-        raise ExposureConfigError(f"{setting} must list at least one value, or be None "
-                                  "for the defaults")
-    for item in values:
-        if not isinstance(item, str) or not pattern.fullmatch(item):
-            raise ExposureConfigError(f"{setting}: {item!r} is not a valid value (for "
-                                      f"example {_HEADER_EXAMPLES[setting]})")
-    return values

@@ -17,6 +17,7 @@ from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
 from chainweaver.governance.state import GovernanceSettings
+from chainweaver.mcp.checks import check_bool
 from chainweaver.mcp.components.cache import ComponentCache
 from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
@@ -26,7 +27,6 @@ from chainweaver.mcp.config import (
     RunHistory,
     SecurityConfig,
     ServingConfig,
-    check_bool,
     check_feature,
 )
 from chainweaver.mcp.discovery import ServerCards

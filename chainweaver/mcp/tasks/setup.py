@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from chainweaver.errors import ExposureConfigError
 from chainweaver.flows import TASK_MODES, TaskMode
-from chainweaver.mcp.config import SecurityConfig, check_seconds, check_text
+from chainweaver.mcp.checks import check_seconds, check_text
+from chainweaver.mcp.config import SecurityConfig
 from chainweaver.mcp.fastmcp_seams import lifespan_manager, running_docket
 from chainweaver.mcp.runs.approval import SharedMark
 from chainweaver.mcp.runs.metrics import ServerMetrics
