@@ -40,19 +40,19 @@ from chainweaver import (
     tool,
 )
 from chainweaver.governance import Decision, GovernanceStore, SharedState
-from chainweaver.mcp import FlowServer, ServingConfig
+from chainweaver.mcp import FlowServer
 
 APPLIED = re.compile(r"applied version (\d+) at (\S+) ")
 REPLICA = r'''
 import asyncio, logging, sys
 sys.path.insert(0, {bench!r})
 from bench_governance import executor
-from chainweaver.mcp import FlowServer, ServingConfig
+from chainweaver.mcp import FlowServer
 from chainweaver.governance import GovernanceSettings
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
 logging.getLogger("chainweaver.governance").setLevel(logging.INFO)
-server = FlowServer(executor(100), serving=ServingConfig(governance=GovernanceSettings(
-    url={url!r}, heartbeat_interval=0.5)))
+server = FlowServer(executor(100), governance=GovernanceSettings(
+    url={url!r}, heartbeat_interval=0.5))
 async def main():
     from fastmcp import Client
     async with Client(server.fastmcp):
@@ -152,7 +152,7 @@ def section_cost(url: str, sizes: tuple[int, ...], repeats: int) -> None:
     print("== 2. Cost of one change, per replica ==")
     for size in sizes:
         built = executor(size)
-        server = FlowServer(built, serving=ServingConfig(governance=url))
+        server = FlowServer(built, governance=url)
         overlay = server._shared.follower.overlay  # type: ignore[union-attr]
         server.exposure_report()  # the catalogue decided once, as a serving replica has it
         times = []

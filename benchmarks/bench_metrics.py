@@ -31,8 +31,8 @@ def server(provider: object) -> FlowServer:
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(echo)
     executor.registry.register_flow(Flow("echo_flow", "Echo.", [FlowStep("echo")]))
-    return FlowServer(executor, serving=ServingConfig(meter_provider=provider,
-                                                      run_notifications=False))
+    return FlowServer(executor, serving=ServingConfig(run_notifications=False),
+                      meter_provider=provider)
 
 
 async def per_call(flow_server: FlowServer, calls: int) -> float:

@@ -66,8 +66,8 @@ def server(history: RunHistory | None) -> FlowServer:
         executor.register_tool(each)
     registry.register_flow(Flow("triple", "Three steps.", [FlowStep("one"), FlowStep("two"),
                                                            FlowStep("three")]))
-    return FlowServer(executor, serving=ServingConfig(run_notifications=False,
-                                                      run_history=history))
+    return FlowServer(executor, serving=ServingConfig(run_notifications=False),
+                      run_history=history)
 
 
 async def calls(repeats: int, number: int) -> None:

@@ -117,7 +117,7 @@ def flow_dir() -> Path:
     return directory
 
 
-def build_server(flows: Path, tasks: str | None, **options: Any) -> Any:
+def build_server(flows: Path, tasks: Any, **options: Any) -> Any:
     from chainweaver import FlowExecutor, FlowRegistry
     from chainweaver.files import find_flow_files, load_flows
     from chainweaver.mcp import FlowServer
@@ -174,10 +174,9 @@ async def handle_latency(flows: Path, calls: int) -> float:
     from chainweaver.mcp import TaskSettings
 
     print("== 1. tools/call as a task: time to the handle, vs a plain tools/call ==")
-    plain = build_server(flows, "memory://", task_mode="forbidden")
+    plain = build_server(flows, TaskSettings(mode="forbidden"))
     # Enqueue only: the handle's cost alone, not runs of earlier tasks in this process.
-    tasked = build_server(flows, "memory://", task_mode="optional",
-                          task_settings=TaskSettings(concurrency=0))
+    tasked = build_server(flows, TaskSettings(mode="optional", concurrency=0))
     async with Client(plain.fastmcp, log_handler=ignore_log) as p, \
             Client(tasked.fastmcp, log_handler=ignore_log) as t:
         await p.call_tool("bench_task", {"n": 1})
@@ -203,9 +202,11 @@ async def memory_throughput(flows: Path, total: int) -> float:
     from fastmcp import Client
     from fastmcp_tasks import call_tool_task
 
+    from chainweaver.mcp import TaskSettings
+
     print(f"== 2. {total} short tasks in memory (50 at a time), vs {total} plain calls ==")
-    plain = build_server(flows, "memory://", task_mode="forbidden")
-    tasked = build_server(flows, "memory://", task_mode="optional")
+    plain = build_server(flows, TaskSettings(mode="forbidden"))
+    tasked = build_server(flows, TaskSettings(mode="optional"))
     async with Client(plain.fastmcp, log_handler=ignore_log) as p, \
             Client(tasked.fastmcp, log_handler=ignore_log) as t:
         started = time.perf_counter()
@@ -300,7 +301,7 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
                __file__, "--tasks", url]
     started_workers = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL) for _ in range(workers)]
-    replica = build_server(flows, url, task_settings=TaskSettings(concurrency=0))
+    replica = build_server(flows, TaskSettings(url=url, concurrency=0))
 
     async def done() -> int:
         return int(await store.get("bench:done") or 0)

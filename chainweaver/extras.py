@@ -43,14 +43,12 @@ def installed_version(module: str, distribution: str) -> str | None:
         return "unknown version"
 
 
-def version_report() -> str:
-    """What ``chainweaver --version`` prints: ChainWeaver's version, then each extra's
-    packages with the version in use, or "not installed"."""
-    from . import __version__  # defined once the package's own imports (this one) ran
-
-    lines = [f"chainweaver {__version__}"]
+def version_report(version: str) -> str:
+    """What ``chainweaver --version`` prints: ChainWeaver's ``version``, then each
+    extra's packages with the version in use, or "not installed"."""
+    lines = [f"chainweaver {version}"]
     for extra, packages in EXTRA_PACKAGES.items():
         for module, distribution in packages:
-            version = installed_version(module, distribution)
-            lines.append(f"{distribution} {version or 'not installed'} ({extra} extra)")
+            found = installed_version(module, distribution)
+            lines.append(f"{distribution} {found or 'not installed'} ({extra} extra)")
     return "\n".join(lines)

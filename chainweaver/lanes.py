@@ -36,7 +36,16 @@ from .run_events import (
     hook_raised,
     notify,
 )
-from .runner import CALL, SLEEP, RunState, StepFailed, run_plain_step, run_step
+from .runner import (
+    CALL,
+    FLOW,
+    SLEEP,
+    RunState,
+    StepFailed,
+    StepRequest,
+    run_plain_step,
+    run_step,
+)
 
 logger = logging.getLogger("chainweaver.executor")
 
@@ -259,7 +268,7 @@ class Lanes:
 
     # ------------------------------------------------------- answering steps
 
-    def _drive_sync(self, runner: Generator[tuple, Any, None], stop: Stop | None) -> None:
+    def _drive_sync(self, runner: Generator[StepRequest, Any, None], stop: Stop | None) -> None:
         """Answer a step's requests by calling directly (the sync lane, or a worker thread).
 
         Once ``stop`` is set (the async call that started it is over) it makes no further
@@ -278,24 +287,25 @@ class Lanes:
             reply = error = None
             try:
                 if request[0] is CALL:
-                    tool = request[1]
-                    if request[3] is None and not tool.is_async:
-                        reply = tool.fn(request[2])  # the common case, called directly
+                    _, tool, arguments, timeout = request
+                    if timeout is None and not tool.is_async:
+                        reply = tool.fn(arguments)  # the common case, called directly
                     else:
-                        reply = call_blocking(tool, request[2], request[3])
+                        reply = call_blocking(tool, arguments, timeout)
                 elif request[0] is SLEEP:
+                    _, seconds = request
                     if stop is None:
-                        time.sleep(request[1])
+                        time.sleep(seconds)
                     else:
-                        stop.wait(request[1])
-                else:  # a sub-flow runs in this lane too
-                    reply = self._subflow_blocking(request[1], request[2], request[3], stop,
-                                                   request[4])
+                        stop.wait(seconds)
+                elif request[0] is FLOW:  # a sub-flow runs in this lane too
+                    _, plan, input, timeout, run_id = request
+                    reply = self._subflow_blocking(plan, input, timeout, stop, run_id)
             except (Exception, asyncio.CancelledError) as caught:
                 # Nothing cancels this thread: a CancelledError is the tool's own failure.
                 error = caught
 
-    async def _drive_async(self, runner: Generator[tuple, Any, None], stop: Stop,
+    async def _drive_async(self, runner: Generator[StepRequest, Any, None], stop: Stop,
                            slots: asyncio.Semaphore) -> None:
         """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
         reply: Any = None
@@ -308,18 +318,20 @@ class Lanes:
             reply = error = None
             try:
                 if request[0] is CALL:
-                    tool, model, timeout = request[1], request[2], request[3]
+                    _, tool, arguments, timeout = request
                     if tool.is_async:
-                        reply = await with_timeout(tool.fn(model), timeout)
+                        reply = await with_timeout(tool.fn(arguments), timeout)
                     else:
                         reply = await asyncio.get_running_loop().run_in_executor(
-                            self.thread_pool(), call_blocking, tool, model, timeout)
+                            self.thread_pool(), call_blocking, tool, arguments, timeout)
                 elif request[0] is SLEEP:
-                    await asyncio.sleep(request[1])
-                else:
-                    reply = await self.run_async(request[1], request[2], request[3],
-                                                 parent=stop, slots=slots,
-                                                 approve=PARENT_DECIDED, run_id=request[4])
+                    _, seconds = request
+                    await asyncio.sleep(seconds)
+                elif request[0] is FLOW:
+                    _, plan, input, timeout, run_id = request
+                    reply = await self.run_async(plan, input, timeout, parent=stop,
+                                                 slots=slots, approve=PARENT_DECIDED,
+                                                 run_id=run_id)
             except asyncio.CancelledError as caught:
                 current = asyncio.current_task()
                 if current is None or current.cancelling():

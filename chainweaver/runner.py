@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Generator, Mapping
 from time import perf_counter
-from typing import Any
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -22,7 +22,7 @@ from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
 from .keys import Keyed, step_key
 from .mappings import MappingMiss, gather_computed
-from .plan import FieldSource, PlannedStep
+from .plan import FieldSource, Plan, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver, notify
 from .run_state import RunState
@@ -30,8 +30,18 @@ from .tools import Tool
 
 logger = logging.getLogger("chainweaver.executor")
 
-# Request kinds a step yields to its lane.
-CALL, SLEEP, FLOW = "call", "sleep", "flow"
+# What a step yields to its lane, named by its first item. Plain tuples: one is built per
+# tool call, and the lanes unpack them by name (see lanes.py, "answering steps").
+CALL: Final = "call"
+SLEEP: Final = "sleep"
+FLOW: Final = "flow"
+# (CALL, tool, arguments, timeout): call the tool; the reply is what it returned.
+CallRequest = tuple[Literal["call"], Tool, BaseModel, "float | None"]
+# (SLEEP, seconds): wait before a retry.
+SleepRequest = tuple[Literal["sleep"], float]
+# (FLOW, plan, input, timeout, run_id): run a sub-flow; the reply is its ExecutionResult.
+FlowRequest = tuple[Literal["flow"], Plan, "dict[str, Any]", "float | None", str]
+StepRequest = CallRequest | SleepRequest | FlowRequest
 
 
 class StepFailed(Exception):
@@ -130,7 +140,7 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
             notify(observer.step_finished, record)
 
 
-def run_step(state: RunState, planned: PlannedStep) -> Generator[tuple, Any, None]:
+def run_step(state: RunState, planned: PlannedStep) -> Generator[StepRequest, Any, None]:
     """Run one step of ``state``'s plan, yielding tool calls, sleeps and sub-flow runs."""
     step = planned.step
     record, started = _begin(state, planned)
@@ -272,7 +282,7 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
 
 def _attempts(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
               record: StepRecord, observer: RunObserver | None
-              ) -> Generator[tuple, Any, dict[str, Any]]:
+              ) -> Generator[StepRequest, Any, dict[str, Any]]:
     retry = planned.step.retry
     errors: list[ErrorInfo] = []  # added to the record once: no tuple rebuilt per attempt
     attempt = 0
@@ -311,7 +321,7 @@ def sleep_seconds(delay: Any) -> float:
 
 def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
                arguments: dict[str, Any], record: StepRecord
-               ) -> Generator[tuple, Any, dict[str, Any]]:
+               ) -> Generator[StepRequest, Any, dict[str, Any]]:
     assert tool is not None  # plans with missing tools never run
     model = _validate_input(planned, tool, arguments)
     if tool.takes_key:
@@ -386,10 +396,11 @@ def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
 
 
 def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
-               record: StepRecord) -> Generator[tuple, Any, dict[str, Any]]:
+               record: StepRecord) -> Generator[StepRequest, Any, dict[str, Any]]:
     record.attempts += 1
     # The sub-flow's steps are keyed within this step: stable across redeliveries too.
-    result = yield (FLOW, planned.subplan, arguments, planned.step.timeout,
+    subplan = cast(Plan, planned.subplan)  # compiled with the sub-flow it runs
+    result = yield (FLOW, subplan, arguments, planned.step.timeout,
                     f"{state.scope()}/{planned.id}")
     record.steps = result.steps
     if result.success:

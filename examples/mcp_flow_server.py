@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import sys
@@ -41,7 +40,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import FlowServer, RunHistory, ServingConfig
+from chainweaver.mcp import FlowServer, RunHistory, SecurityConfig, ServingConfig
 
 READ = ToolSafetyContract(SideEffectLevel.READ, idempotent=True)
 PURE = ToolSafetyContract(SideEffectLevel.NONE, idempotent=True)
@@ -221,14 +220,12 @@ def build_executor() -> FlowExecutor:
     return executor
 
 
-def build_server(serving: ServingConfig | None = None) -> FlowServer:
+def build_server(security: SecurityConfig | None = None) -> FlowServer:
     """The example server: every primitive on, default governance policy, and a run
     history in memory (each run's record readable as chainweaver://runs/{run_id})."""
-    serving = dataclasses.replace(serving or ServingConfig(), name="chainweaver-bookshop")
-    if serving.run_history is None:
-        serving = dataclasses.replace(serving, run_history=RunHistory())
     return FlowServer(build_executor(), expose_schemas=True, expose_prompts=True,
-                      serving=serving)
+                      security=security, serving=ServingConfig(name="chainweaver-bookshop"),
+                      run_history=RunHistory())
 
 
 # FastMCP's CLI (`fastmcp run examples/mcp_flow_server.py`) looks for a FastMCP
@@ -379,8 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.allowed_host or args.allowed_origin:
         if args.transport != "streamable-http":
             parser.error("--allowed-host and --allowed-origin need --transport streamable-http")
-        server = build_server(ServingConfig(allowed_hosts=args.allowed_host,
-                                            allowed_origins=args.allowed_origin))
+        server = build_server(SecurityConfig(allowed_hosts=args.allowed_host,
+                                             allowed_origins=args.allowed_origin))
     if args.transport == "streamable-http":
         print(f"Serving on http://{args.host}:{args.port}/mcp", file=sys.stderr)
     server.serve(args.transport, host=args.host, port=args.port)

@@ -23,11 +23,12 @@ TASKS_INSTALLED = importlib.util.find_spec("fastmcp_tasks") is not None
 TASK_TEST_FILES = [
     "e2e/test_redis_fixture.py", "e2e/test_task_approval_redis.py",
     "e2e/test_task_security_http.py", "e2e/test_tasks_redis.py",
-    "mcp/test_task_approval.py", "mcp/test_task_approval_attacks.py",
-    "mcp/test_task_security.py", "mcp/test_tasks.py", "mcp/test_rate_limit_redis.py",
-    "e2e/test_durable_visibility.py", "e2e/test_shared_governance_tasks.py",
-    "e2e/test_large_outputs_tasks.py", "mcp/test_run_store_failures.py",
-    "mcp/test_run_store_hostile.py", "cli/test_cli_hostile_state.py",
+    "mcp/tasks/test_task_approval.py", "mcp/tasks/test_task_approval_attacks.py",
+    "mcp/tasks/test_task_security.py", "mcp/tasks/test_tasks.py",
+    "mcp/gate/test_rate_limit_redis.py", "e2e/test_durable_visibility.py",
+    "e2e/test_shared_governance_tasks.py", "e2e/test_large_outputs_tasks.py",
+    "mcp/runs/test_run_store_failures.py", "mcp/runs/test_run_store_hostile.py",
+    "cli/test_cli_hostile_state.py",
 ]
 collect_ignore = [] if TASKS_INSTALLED else TASK_TEST_FILES
 

@@ -121,20 +121,21 @@ def build_server(args: argparse.Namespace) -> Built:
                 **_given(approval=args.approval),
             ),
             security=SecurityConfig(**access.security,
-                                    **_given(error_detail=args.error_detail)),
+                                    allowed_hosts=args.allowed_host,
+                                    allowed_origins=args.allowed_origin,
+                                    request_state_keys=state_keys,
+                                    **_given(error_detail=args.error_detail,
+                                             max_body_bytes=args.max_body_bytes)),
             serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
-                                  allowed_hosts=args.allowed_host,
-                                  allowed_origins=args.allowed_origin,
                                   run_notifications=args.run_notifications,
-                                  request_state_keys=state_keys, name=args.name,
-                                  registry_name=args.registry_name, cache_ttl=args.cache_ttl,
-                                  instructions=instructions, **access.serving,
-                                  governance=governance_settings(args),
-                                  run_history=run_history_settings(args),
-                                  meter_provider=provider,
-                                  **_given(approval_timeout=args.approval_timeout,
-                                           max_body_bytes=args.max_body_bytes)),
+                                  name=args.name, registry_name=args.registry_name,
+                                  cache_ttl=args.cache_ttl, instructions=instructions,
+                                  **access.serving,
+                                  **_given(approval_timeout=args.approval_timeout)),
             tasks=_task_settings(args),
+            run_history=run_history_settings(args),
+            governance=governance_settings(args),
+            meter_provider=provider,
         )
         # Judge every flow now: the command prints its own report of them, so the
         # library's per-flow log lines would only repeat it.
@@ -347,7 +348,7 @@ def _public_key(path: str) -> str:
 
 
 def governance_settings(args: argparse.Namespace) -> Any:
-    """``ServingConfig(governance=...)`` from the flags (None without --governance)."""
+    """``FlowServer(governance=...)`` from the flags (None without --governance)."""
     if args.governance is None:
         if args.governance_prefix or args.governance_stop_after:
             raise CommandError(EXIT_USAGE, "--governance-prefix and "

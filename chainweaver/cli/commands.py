@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
+from .. import __version__
 from ..extras import version_report
 from . import (
     card,
@@ -66,7 +67,7 @@ class VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        print(version_report(), flush=True)
+        print(version_report(__version__), flush=True)
         parser.exit()
 
 

@@ -209,7 +209,7 @@ def _add_access_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_history_options(parser: argparse.ArgumentParser) -> None:
-    """``serve``'s flags for ``ServingConfig(run_history=RunHistory(...))``."""
+    """``serve``'s flags for ``FlowServer(run_history=RunHistory(...))``."""
     group = parser.add_argument_group("run history (docs/run-history.md)")
     group.add_argument("--run-history", metavar="URL",
                        help="keep a record of every run: memory:// or redis://... (replicas "
@@ -298,17 +298,17 @@ _non_negative_int = _whole_number(0)
 
 
 def _header_value(setting: str) -> Any:
-    """argparse type for --allowed-host / --allowed-origin, checked by ServingConfig."""
+    """argparse type for --allowed-host / --allowed-origin, checked by SecurityConfig."""
     def check(text: str) -> str:
         try:
-            from ..mcp import ServingConfig
+            from ..mcp import SecurityConfig
         except ImportError:
             return text  # reported by build_server, with the install hint
         try:
             if setting == "allowed_hosts":
-                ServingConfig(allowed_hosts=[text])
+                SecurityConfig(allowed_hosts=[text])
             else:
-                ServingConfig(allowed_origins=[text])
+                SecurityConfig(allowed_origins=[text])
         except ChainWeaverError as error:
             raise argparse.ArgumentTypeError(str(error).split(": ", 1)[-1]) from None
         return text

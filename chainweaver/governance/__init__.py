@@ -2,7 +2,7 @@
 
 ``chainweaver flows archive|activate|deprecate|withdraw NAME`` (or
 :meth:`GovernanceStore.change`) records a decision; every process started with
-``--governance redis://...`` (``ServingConfig(governance=...)``) applies it to its own
+``--governance redis://...`` (``FlowServer(governance=...)``) applies it to its own
 registry within milliseconds, and its server publishes the result as it does any
 local change. See ``docs/live-governance.md``. Importing this package does not import
 ``redis``: :class:`GovernanceStore` does, when it is built.

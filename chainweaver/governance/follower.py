@@ -73,6 +73,11 @@ class SharedGovernance:
         self._beat = 0.0
         self._partial_logged: tuple[int, tuple[str, ...]] | None = None
 
+    def as_worker(self) -> None:
+        """This process runs background tasks and serves no transport (``chainweaver
+        worker``): its heartbeat says so."""
+        self.role = "worker"
+
     @property
     def version(self) -> int:
         """The shared version applied last, completely (every entry of it)."""

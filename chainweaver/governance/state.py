@@ -273,7 +273,7 @@ class GovernanceSettings:
 
 
 def check_governance(value: object) -> GovernanceSettings | None:
-    """``ServingConfig(governance=...)``: None, a Redis URL or :class:`GovernanceSettings`."""
+    """``FlowServer(governance=...)``: None, a Redis URL or :class:`GovernanceSettings`."""
     if value is None or isinstance(value, GovernanceSettings):
         return value
     if isinstance(value, str):

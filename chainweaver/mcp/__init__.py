@@ -18,7 +18,9 @@ from chainweaver.mcp.config import (
     ServingConfig,
 )
 from chainweaver.mcp.gate.audit_log import JsonlAuditLog
-from chainweaver.mcp.gate.hooks import (
+from chainweaver.mcp.gate.rate_limit import FixedWindowRateLimiter, RedisRateLimiter
+from chainweaver.mcp.gate.views import Visibility, VisibleRule, visible_claim
+from chainweaver.mcp.hooks import (
     GATE_REFUSED,
     AuditEvent,
     AuditHook,
@@ -29,8 +31,6 @@ from chainweaver.mcp.gate.hooks import (
     GateContext,
     RateLimiter,
 )
-from chainweaver.mcp.gate.rate_limit import FixedWindowRateLimiter, RedisRateLimiter
-from chainweaver.mcp.gate.views import Visibility, VisibleRule, visible_claim
 from chainweaver.mcp.publish.exposure import GUIDE_PROMPT_NAME, INDEX_URI, FlowExposure, schema_uri
 from chainweaver.mcp.server import FlowServer
 from chainweaver.mcp.tasks.setup import TaskSettings

@@ -8,16 +8,28 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, InitVar, dataclass
+from types import MappingProxyType
 from typing import Any, Literal, cast
 
 from fastmcp.server.auth import AuthProvider
 
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
-from chainweaver.governance.state import GovernanceSettings, check_governance
-from chainweaver.mcp.gate.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
+from chainweaver.governance.state import check_governance
+from chainweaver.mcp.checks import (
+    HOST,
+    ORIGIN,
+    check_bool,
+    check_positive_int,
+    check_seconds,
+    check_text,
+    header_values,
+    state_keys,
+)
+from chainweaver.mcp.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
 
@@ -33,42 +45,6 @@ PROMPT_KINDS: tuple[PromptKind, ...] = ("invocation", "authored", "server", "gui
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 # A server's name in a server card and the MCP registry: namespace "/" name.
 REGISTRY_NAME = re.compile(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+")
-
-
-def check_bool(setting: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ExposureConfigError(f"{setting} must be True or False, got {value!r}")
-    return value
-
-
-def check_seconds(setting: str, value: object, *, optional: bool = False) -> float | None:
-    """A positive, finite number of seconds (``None`` too when ``optional``)."""
-    if value is None and optional:
-        return None
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not math.isfinite(value) or value <= 0):
-        allowed = "None or " if optional else ""
-        raise ExposureConfigError(
-            f"{setting} must be {allowed}a number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def check_positive_int(setting: str, value: object, *, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        allowed = "None or " if optional else ""
-        raise ExposureConfigError(f"{setting} must be {allowed}a positive int, got {value!r}")
-    return value
-
-
-def check_text(setting: str, value: object, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        allowed = "None or " if optional else ""
-        raise ExposureConfigError(f"{setting} must be {allowed}a non-empty string, got {value!r}")
-    return value
 
 
 def _names(setting: str, value: object) -> frozenset[str] | None:
@@ -198,7 +174,8 @@ class ExposurePolicy:
 
 @dataclass(frozen=True)
 class SecurityConfig:
-    """The gate's hooks (see ``docs/security.md``) and how much error text clients see.
+    """How requests are guarded: the gate's hooks (see ``docs/security.md``), how much
+    error text clients see, and the checks of the transport and of what is sent.
 
     ``hook_timeout`` bounds every async hook; ``error_detail`` is ``"full"``,
     ``"type_only"`` or ``"generic"``. ``auth`` is a FastMCP ``AuthProvider`` (for
@@ -207,6 +184,23 @@ class SecurityConfig:
     401 with ``WWW-Authenticate: Bearer``. It does not apply to stdio. ``visible`` is the
     per-caller view rule: ``(caller, flow) -> bool``, a ``Visibility`` or
     ``visible_claim(...)`` (``docs/security.md``, "Per-caller views").
+
+    ``allowed_hosts`` / ``allowed_origins`` (``None``: the defaults) protect streamable
+    HTTP against DNS rebinding. On a loopback bind only ``127.0.0.1``, ``localhost`` and
+    ``[::1]`` with the bound port are accepted, plus the values listed here. On any
+    other bind the Host is checked only when ``allowed_hosts`` is set, and a request
+    carrying an ``Origin`` is refused unless ``allowed_origins`` lists it. Hosts are
+    ``name``, ``name:port`` or ``name:*`` (any port); origins are
+    ``scheme://name[:port]`` or ``scheme://name:*``; ``"*"`` switches that check off.
+
+    ``max_body_bytes`` caps what one rendered prompt or resource read returns (UTF-8
+    text or blob bytes; default 16 MiB, ``None``: no cap): above it the request gets
+    -32602 naming the cap, audited as ``body_too_large``. ``request_state_keys``
+    (secrets of at least 32 bytes; the first seals, all unseal) protect the state a
+    2026-07-28 client echoes when it answers an approval question inside a call.
+    Without them each process uses a key of its own, so the answer must reach the
+    process that asked: give every replica the same keys when there are several (CLI:
+    ``--request-state-key-file``). An approval inside a background task needs none.
     """
 
     authenticator: Authenticator | None = None
@@ -217,6 +211,10 @@ class SecurityConfig:
     error_detail: ErrorDetail = "full"
     auth: AuthProvider | None = None
     visible: Any = None  # VisibleRule | Visibility | None, checked by FlowServer
+    allowed_hosts: Iterable[str] | None = None
+    allowed_origins: Iterable[str] | None = None
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
+    request_state_keys: Iterable[str | bytes] | None = None
 
     def __post_init__(self) -> None:
         if self.auth is not None and not isinstance(self.auth, AuthProvider):
@@ -236,6 +234,12 @@ class SecurityConfig:
             raise ExposureConfigError(
                 f"error_detail must be one of {', '.join(ERROR_DETAILS)}, "
                 f"got {self.error_detail!r}")
+        check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
+        object.__setattr__(self, "allowed_hosts",
+                           header_values("allowed_hosts", self.allowed_hosts, HOST))
+        object.__setattr__(self, "allowed_origins",
+                           header_values("allowed_origins", self.allowed_origins, ORIGIN))
+        object.__setattr__(self, "request_state_keys", state_keys(self.request_state_keys))
 
     @property
     def active(self) -> bool:
@@ -244,68 +248,61 @@ class SecurityConfig:
                                                  self.authorizer, self.audit_hook))
 
 
+# Settings ServingConfig took before they moved (one release with a DeprecationWarning):
+# setting -> where it is now.
+MOVED_SETTINGS = {
+    "allowed_hosts": "SecurityConfig", "allowed_origins": "SecurityConfig",
+    "request_state_keys": "SecurityConfig", "max_body_bytes": "SecurityConfig",
+    "run_history": "FlowServer", "governance": "FlowServer",
+    "meter_provider": "FlowServer",
+}
+_NOT_GIVEN: Any = object()  # a moved setting left out
+# Their defaults when they were ServingConfig's: given so (as dataclasses.replace does,
+# reading them back), a setting counts as left out.
+_OLD_DEFAULTS: dict[str, Any] = {**dict.fromkeys(MOVED_SETTINGS),
+                                 "max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+
+
+def _left_out(setting: str, value: Any) -> bool:
+    default = _OLD_DEFAULTS[setting]
+    return value is _NOT_GIVEN or value is default or (
+        type(value) is int and value == default)
+
+
 @dataclass(frozen=True)
 class ServingConfig:
-    """How the server runs requests: the per-call flow timeout and list page size, and
-    which ``Host`` and ``Origin`` headers streamable HTTP accepts.
+    """How the server serves: what it says of itself, how long a call may run, how
+    lists are paged, and how runs talk back.
 
-    ``allowed_hosts`` / ``allowed_origins`` (``None``: the defaults) protect against DNS
-    rebinding. On a loopback bind only ``127.0.0.1``, ``localhost`` and ``[::1]`` with
-    the bound port are accepted, plus the values listed here. On any other bind the
-    Host is checked only when ``allowed_hosts`` is set, and a request carrying an
-    ``Origin`` is refused unless ``allowed_origins`` lists it. Hosts are ``name``,
-    ``name:port`` or ``name:*`` (any port); origins are ``scheme://name[:port]`` or
-    ``scheme://name:*``; ``"*"`` switches that check off. See ``docs/security.md``.
-
-    ``freeze_gc=True`` calls ``gc.freeze()`` once the server is built, so the garbage
-    collector stops re-scanning the catalogue on every list (see ``docs/mcp-server.md``,
-    "Start-up cost"). Objects alive then are never collected.
-
-    ``request_state_keys`` (secrets of at least 32 bytes; the first seals, all unseal)
-    protect the state a 2026-07-28 client echoes when it answers an approval question
-    inside a call. Without them each process uses a key of its own, so the answer must
-    reach the process that asked: give every replica the same keys when there are
-    several (CLI: ``--request-state-key-file``). An approval inside a background task
-    needs none: its state stays on the server.
-
-    ``change_debounce`` (seconds) is how long the server waits after a registry change
-    before telling clients, so a burst of changes is one notification
-    (``docs/live-governance.md``).
-
+    ``name``, ``version`` (default: ChainWeaver's) and ``instructions`` are what the
+    server says of itself to clients. ``flow_timeout`` (seconds) bounds each call's
+    run; ``page_size`` pages every list (``None``: one page). ``approval_timeout``
+    (seconds) is how long a run waits for the user's approval answer.
     ``run_notifications=False`` stops runs reporting per-step progress and log messages,
     even to clients that ask (FastMCP's client asks for both on every call): each one is
     a notification, which over HTTP turns the reply into an event stream. A background
-    task's status message is kept.
-
-    ``name``, ``version`` (default: ChainWeaver's) and ``instructions`` are what the
-    server says of itself to clients. ``approval_timeout`` (seconds) is how long a run
-    waits for the user's approval answer. ``resources_as_tools`` / ``prompts_as_tools``
-    add FastMCP's tool forms of the resources and prompts, for tools-only clients.
-    ``run_history`` (a :class:`RunHistory`) keeps a record of every run, readable by its
-    caller as ``chainweaver://runs/...`` resources (``docs/run-history.md``).
-    ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
-    follow the governance state operators share on Redis (``chainweaver flows ...``;
-    ``docs/live-governance.md``, "One switch for every replica").
-
-    ``max_body_bytes`` caps what one rendered prompt or resource read returns (UTF-8
-    text or blob bytes; default 16 MiB, ``None``: no cap): above it the request gets
-    -32602 naming the cap, audited as ``body_too_large``. ``meter_provider`` (an
-    OpenTelemetry ``MeterProvider``) receives the server's metrics; ``None``: the
-    global one, a no-op until an application configures the SDK (``docs/mcp-server.md``,
-    "Metrics").
+    task's status message is kept. ``change_debounce`` (seconds) is how long the server
+    waits after a registry change before telling clients, so a burst of changes is one
+    notification (``docs/live-governance.md``). ``resources_as_tools`` /
+    ``prompts_as_tools`` add FastMCP's tool forms of the resources and prompts, for
+    tools-only clients. ``freeze_gc=True`` calls ``gc.freeze()`` once the server is
+    built, so the garbage collector stops re-scanning the catalogue on every list (see
+    ``docs/mcp-server.md``, "Start-up cost"); objects alive then are never collected.
 
     ``registry_name`` (reverse-DNS, ``io.github.me/orders``) names the server in its
     server card and registry entry (default ``chainweaver.local/<name>``). ``cache_ttl``
     (seconds, default 0) is the longest a 2026-07-28 client may reuse a list or read
     before asking again; ``0`` marks every answer stale at once (``docs/discovery.md``).
+
+    Deprecated (they moved; one release with a ``DeprecationWarning``):
+    ``allowed_hosts``, ``allowed_origins``, ``max_body_bytes`` and
+    ``request_state_keys`` are :class:`SecurityConfig` settings; ``run_history``,
+    ``governance`` and ``meter_provider`` are ``FlowServer`` keywords.
     """
 
     flow_timeout: float | None = None
     page_size: int | None = None
-    allowed_hosts: Iterable[str] | None = None
-    allowed_origins: Iterable[str] | None = None
     freeze_gc: bool = False
-    request_state_keys: Iterable[str | bytes] | None = None
     change_debounce: float = 0.05
     run_notifications: bool = True
     name: str = "chainweaver"
@@ -314,23 +311,20 @@ class ServingConfig:
     approval_timeout: float = 300.0
     resources_as_tools: bool = False
     prompts_as_tools: bool = False
-    run_history: RunHistory | None = None
-    governance: str | GovernanceSettings | None = None
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
-    meter_provider: Any = None  # an opentelemetry.metrics.MeterProvider
     registry_name: str | None = None
     cache_ttl: float = 0.0
+    _: KW_ONLY
+    allowed_hosts: InitVar[Any] = _NOT_GIVEN
+    allowed_origins: InitVar[Any] = _NOT_GIVEN
+    request_state_keys: InitVar[Any] = _NOT_GIVEN
+    max_body_bytes: InitVar[Any] = _NOT_GIVEN
+    run_history: InitVar[Any] = _NOT_GIVEN
+    governance: InitVar[Any] = _NOT_GIVEN
+    meter_provider: InitVar[Any] = _NOT_GIVEN
 
-    def __post_init__(self) -> None:
-        check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
-        if self.meter_provider is not None and not callable(
-                getattr(self.meter_provider, "get_meter", None)):
-            raise ExposureConfigError(f"meter_provider must be an OpenTelemetry "
-                                      f"MeterProvider, got {self.meter_provider!r}")
-        object.__setattr__(self, "governance", check_governance(self.governance))
-        if self.run_history is not None and not isinstance(self.run_history, RunHistory):
-            raise ExposureConfigError(f"run_history must be None or a RunHistory, got "
-                                      f"{type(self.run_history).__name__}")
+    def __post_init__(self, allowed_hosts: Any, allowed_origins: Any,
+                      request_state_keys: Any, max_body_bytes: Any, run_history: Any,
+                      governance: Any, meter_provider: Any) -> None:
         check_text("name", self.name)
         check_text("version", self.version, optional=True)
         if self.registry_name is not None and not (
@@ -358,11 +352,71 @@ class ServingConfig:
         check_bool("run_notifications", self.run_notifications)
         object.__setattr__(self, "change_debounce",
                            check_seconds("change_debounce", self.change_debounce))
-        object.__setattr__(self, "allowed_hosts",
-                           _header_values("allowed_hosts", self.allowed_hosts, _HOST))
-        object.__setattr__(self, "allowed_origins",
-                           _header_values("allowed_origins", self.allowed_origins, _ORIGIN))
-        object.__setattr__(self, "request_state_keys", _state_keys(self.request_state_keys))
+        given = {"allowed_hosts": allowed_hosts, "allowed_origins": allowed_origins,
+                 "request_state_keys": request_state_keys, "max_body_bytes": max_body_bytes,
+                 "run_history": run_history, "governance": governance,
+                 "meter_provider": meter_provider}
+        moved = {setting: value for setting, value in given.items()
+                 if not _left_out(setting, value)}
+        for setting in moved:
+            where = MOVED_SETTINGS[setting]
+            hint = f"FlowServer({setting}=...)" if where == "FlowServer" \
+                else f"security=SecurityConfig({setting}=...)"
+            warnings.warn(f"ServingConfig({setting}=...) is deprecated and will be removed "
+                          f"in the next release: use {hint}", DeprecationWarning,
+                          stacklevel=3)
+        # Checked now, as where they moved to checks them: a bad value fails here.
+        security = SecurityConfig(**{setting: value for setting, value in moved.items()
+                                     if MOVED_SETTINGS[setting] == "SecurityConfig"})
+        checked = {setting: getattr(security, setting) if where == "SecurityConfig"
+                   else check_feature(setting, moved[setting])
+                   for setting, where in MOVED_SETTINGS.items() if setting in moved}
+        object.__setattr__(self, "_moved", MappingProxyType(checked))
+
+    @property
+    def moved(self) -> Mapping[str, Any]:
+        """The deprecated settings given here, checked, by name (FlowServer takes them
+        to where they moved)."""
+        moved: Mapping[str, Any] = getattr(self, "_moved", MappingProxyType({}))
+        return moved
+
+
+def _moved_reader(setting: str) -> property:
+    """Reading a moved setting off a ``ServingConfig`` answers for one more release:
+    the value given here (it warned then), else its old default."""
+    default = _OLD_DEFAULTS[setting]
+    return property(lambda self: self.moved.get(setting, default),
+                    doc=f"Deprecated: moved to {MOVED_SETTINGS[setting]}.")
+
+
+# dataclass left the moved settings' defaults as class attributes (__init__ keeps its
+# own copies): readers get what was given instead. setattr, as mypy knows these
+# names as InitVars only.
+setattr(ServingConfig, "allowed_hosts", _moved_reader("allowed_hosts"))  # noqa: B010
+setattr(ServingConfig, "allowed_origins", _moved_reader("allowed_origins"))  # noqa: B010
+setattr(ServingConfig, "request_state_keys", _moved_reader("request_state_keys"))  # noqa: B010
+setattr(ServingConfig, "max_body_bytes", _moved_reader("max_body_bytes"))  # noqa: B010
+setattr(ServingConfig, "run_history", _moved_reader("run_history"))  # noqa: B010
+setattr(ServingConfig, "governance", _moved_reader("governance"))  # noqa: B010
+setattr(ServingConfig, "meter_provider", _moved_reader("meter_provider"))  # noqa: B010
+
+
+def check_feature(setting: str, value: Any) -> Any:
+    """A ``FlowServer`` feature keyword, checked: ``run_history`` (None or a
+    :class:`RunHistory`), ``governance`` (None, a ``redis://`` URL or a
+    ``GovernanceSettings``) or ``meter_provider`` (None or an OpenTelemetry
+    ``MeterProvider``)."""
+    if setting == "run_history":
+        if value is not None and not isinstance(value, RunHistory):
+            raise ExposureConfigError(f"run_history must be None or a RunHistory, got "
+                                      f"{type(value).__name__}")
+        return value
+    if setting == "governance":
+        return check_governance(value)
+    if value is not None and not callable(getattr(value, "get_meter", None)):
+        raise ExposureConfigError(f"meter_provider must be an OpenTelemetry "
+                                  f"MeterProvider, got {value!r}")
+    return value
 
 
 RUN_STORE_SCHEMES = ("memory://", "redis://", "rediss://")
@@ -399,46 +453,3 @@ class RunHistory:
         check_positive_int("output_limit", self.output_limit)
         check_positive_int("max_output_bytes", self.max_output_bytes)
         check_text("prefix", self.prefix)
-
-
-def _state_keys(value: object) -> tuple[bytes, ...] | None:
-    """Request-state keys as bytes: a non-empty list of secrets of 32 bytes or more."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ExposureConfigError(f"request_state_keys takes a list of secrets, got "
-                                  f"{type(value).__name__}")
-    keys = [key.encode() if isinstance(key, str) else key for key in value]
-    if not keys or not all(isinstance(key, bytes) and len(key) >= 32 for key in keys):
-        # Never echo the value: it is a secret.
-        raise ExposureConfigError("request_state_keys must list secrets of at least 32 "
-                                  "bytes each (e.g. secrets.token_hex(32))")
-    return tuple(keys)
-
-
-# A host name, IPv4 address or bracketed IPv6 address, with an optional port or ":*".
-_HOST_PART = (r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+\])"
-              r"(?::(?:\d{1,5}|\*))?")
-_HOST = re.compile(rf"\*|{_HOST_PART}")
-_ORIGIN = re.compile(rf"\*|https?://{_HOST_PART}")
-_HEADER_EXAMPLES = {"allowed_hosts": "'mcp.example.com', 'mcp.example.com:8443' or "
-                                     "'mcp.example.com:*'",
-                    "allowed_origins": "'https://app.example.com' or 'http://localhost:*'"}
-
-
-def _header_values(setting: str, value: object, pattern: re.Pattern[str]
-                   ) -> tuple[str, ...] | None:
-    """A non-empty list of Host or Origin values, as a tuple, or ``None``."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ExposureConfigError(f"{setting} takes a list of values, got {value!r}")
-    values = tuple(value)
-    if not values:
-        raise ExposureConfigError(f"{setting} must list at least one value, or be None "
-                                  "for the defaults")
-    for item in values:
-        if not isinstance(item, str) or not pattern.fullmatch(item):
-            raise ExposureConfigError(f"{setting}: {item!r} is not a valid value (for "
-                                      f"example {_HEADER_EXAMPLES[setting]})")
-    return values

@@ -29,9 +29,9 @@ from starlette.responses import JSONResponse, Response
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import token_caller
 from chainweaver.mcp.gate.cache_hints import CachePolicy
-from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity, GateContext
 from chainweaver.mcp.gate.security import GateRefused, SecurityGate
 from chainweaver.mcp.gate.views import Views
+from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity, GateContext
 from chainweaver.mcp.publish.card import (
     CARD_MEDIA_TYPE,
     CARD_SUFFIX,
@@ -141,21 +141,10 @@ class ServerCards:
                 if verified is None:
                     raise _Unauthorized
                 caller = token_caller(verified)
-        gate = self.gate
-        if not gate.active:
+        if not self.gate.active:
             return caller
         context = GateContext("list", CARD_NAME, None, None, dict(request.headers))
-        try:
-            if gate.authenticator is not None:
-                caller = await gate._authenticate(context)
-            await gate._limit(context, caller or ANONYMOUS)
-        except GateRefused as refused:
-            await gate._audit(context, refused.caller, "denied", refused.reason)
-            if refused.reason == "unauthenticated":
-                return None
-            raise
-        await gate._audit(context, caller, "allowed", "ok")
-        return caller
+        return await self.gate.admit_outside_mcp(context, caller)
 
 
 class _Unauthorized(Exception):

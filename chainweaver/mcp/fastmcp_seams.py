@@ -10,7 +10,8 @@ because FastMCP moved a private name.
   the ``listChanged``/``subscribe`` capabilities from the low-level server's handlers,
   so they are registered there (with the SDK's public ``add_request_handler``).
   Without it: no 2026-07-28 list-changed stream, no resource subscriptions, list
-  cursors not bound to the caller's view.
+  cursors not bound to the caller's view. Serving stateless HTTP, its notification
+  options are replaced (:func:`advertise_no_notifications`).
 - :func:`on_connection_close`: the SDK's ``ServerSession`` (one per request) does not
   say when its connection ends. Without it: sessions are forgotten by age only.
 - :func:`install_input_schema_lookup`: the low-level server's ``get_tool_input_schema``
@@ -36,6 +37,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from fastmcp import FastMCP
+from mcp.server.lowlevel.server import NotificationOptions
 
 logger = logging.getLogger("chainweaver.mcp.fastmcp_seams")
 _warned: set[str] = set()
@@ -87,6 +89,14 @@ def forget_request_handler(server: FastMCP, method: str) -> None:
         handlers.pop(method, None)
     else:
         warn_once("request handler map", f"{method} stays served")
+
+
+def advertise_no_notifications(server: FastMCP) -> None:
+    """Advertise no ``listChanged`` and no ``resources.subscribe`` to 2025-11-25
+    clients (the SDK reads them from the low-level server's notification options)."""
+    low = low_level_server(server)
+    if low is not None:
+        low.notification_options = NotificationOptions()
 
 
 def install_input_schema_lookup(server: FastMCP, lookup: Callable[[str], Any]) -> bool:

@@ -1,5 +1,7 @@
-"""The keywords ``FlowServer`` took before they moved into its configuration objects:
-accepted for one release, each with a ``DeprecationWarning`` naming its new place."""
+"""The keywords ``FlowServer`` took before they moved into its configuration objects,
+and the settings ``ServingConfig`` took before they moved to ``SecurityConfig`` or
+became ``FlowServer`` keywords: accepted for one release, each with a
+``DeprecationWarning`` naming its new place."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import warnings
 from typing import Any
 
 from chainweaver.errors import ExposureConfigError
-from chainweaver.mcp.config import ExposurePolicy, SecurityConfig, ServingConfig
+from chainweaver.mcp.config import MOVED_SETTINGS, ExposurePolicy, SecurityConfig, ServingConfig
 from chainweaver.mcp.tasks.setup import TaskSettings, check_tasks
 
 # The keywords FlowServer took before they moved into the configuration objects (one
@@ -51,3 +53,28 @@ def moved_keywords(given: dict[str, Any], policy: ExposurePolicy,
     if "task_mode" in given or "task_settings" in given:
         tasks = check_tasks(tasks, given.get("task_mode"), given.get("task_settings"))
     return configs["policy"], configs["security"], configs["serving"], tasks
+
+
+def moved_settings(serving: ServingConfig, security: SecurityConfig,
+                   features: dict[str, Any]) -> SecurityConfig:
+    """Take the settings given to ``ServingConfig`` in their old places (it warned) to
+    where they moved: ``security`` (returned) and ``features`` (updated). A setting
+    given in both places is refused."""
+    for setting, value in serving.moved.items():
+        if MOVED_SETTINGS[setting] == "FlowServer":
+            given = features[setting] is not None
+        else:
+            given = getattr(security, setting) != _DEFAULT_SECURITY[setting]
+        if given:
+            where = f"FlowServer({setting}=...)" if setting in features \
+                else f"SecurityConfig({setting}=...)"
+            raise ExposureConfigError(f"{setting} is set twice: give it to {where} only, "
+                                      "not to ServingConfig")
+        if setting in features:
+            features[setting] = value
+        else:
+            security = dataclasses.replace(security, **{setting: value})
+    return security
+
+
+_DEFAULT_SECURITY = {field.name: field.default for field in dataclasses.fields(SecurityConfig)}

@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastmcp import FastMCP
@@ -18,14 +16,18 @@ from mcp.server.request_state import RequestStateSecurity
 from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
+from chainweaver.governance.state import GovernanceSettings
+from chainweaver.mcp.checks import check_bool
+from chainweaver.mcp.components.cache import ComponentCache
 from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from chainweaver.mcp.config import (
     ExposurePolicy,
+    RunHistory,
     SecurityConfig,
     ServingConfig,
-    check_bool,
+    check_feature,
 )
 from chainweaver.mcp.discovery import ServerCards
 from chainweaver.mcp.fastmcp_seams import add_sdk_middleware, install_input_schema_lookup
@@ -37,25 +39,29 @@ from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import Views, check_visible
+from chainweaver.mcp.live.following import RegistryFollower, weakly
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
-from chainweaver.mcp.moved_keywords import moved_keywords
+from chainweaver.mcp.moved_keywords import moved_keywords, moved_settings
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.card import ServerIdentity
 from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
+from chainweaver.mcp.runs.recording import RunLog
 from chainweaver.mcp.runs.records import RunStore
-from chainweaver.mcp.runs.setup import connect_run_log, open_run_log, output_spill
 from chainweaver.mcp.runs.telemetry import FlowTelemetry
-from chainweaver.mcp.tasks.setup import TaskSettings, add_tasks, check_tasks, worker_lifespan
+from chainweaver.mcp.tasks.setup import (
+    TaskSettings,
+    add_tasks,
+    approval_marks,
+    check_tasks,
+    flow_task_runner,
+    worker_lifespan,
+)
 from chainweaver.prompts import FlowPrompt
-from chainweaver.registry import RegistryState
 from chainweaver.tools import NAME_PATTERN
 from chainweaver.watch import FlowFileWatcher
-
-if TYPE_CHECKING:
-    from chainweaver.mcp.tasks.runner import FlowTaskRunner
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -72,9 +78,19 @@ class FlowServer:
     (see ``docs/live-governance.md``). Bad configuration raises
     :class:`ExposureConfigError` here, not later.
 
-    ``tasks`` (``"memory://"`` or ``"redis://host:port/db"``; needs the ``tasks`` extra)
-    lets clients run flows as MCP background tasks; ``task_mode`` is the mode of flows
-    that set none, and ``task_settings`` tunes the task engine (see ``docs/tasks.md``).
+    Whole features, each off by default, with its own settings:
+
+    - ``tasks`` (``"memory://"``, ``"redis://host:port/db"`` or a :class:`TaskSettings`;
+      needs the ``tasks`` extra) lets clients run flows as MCP background tasks
+      (``docs/tasks.md``).
+    - ``run_history`` (a :class:`RunHistory`) keeps a record of every run, readable by
+      its caller as ``chainweaver://runs/...`` resources (``docs/run-history.md``).
+    - ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
+      follow the governance state operators share on Redis (``chainweaver flows ...``;
+      ``docs/live-governance.md``, "One switch for every replica").
+    - ``meter_provider`` (an OpenTelemetry ``MeterProvider``) receives the server's
+      metrics; ``None``: the global one, a no-op until an application configures the
+      SDK (``docs/mcp-server.md``, "Metrics").
     """
 
     def __init__(
@@ -88,6 +104,9 @@ class FlowServer:
         security: SecurityConfig | None = None,
         serving: ServingConfig | None = None,
         tasks: str | TaskSettings | None = None,
+        run_history: RunHistory | None = None,
+        governance: str | GovernanceSettings | None = None,
+        meter_provider: Any = None,
         **deprecated: Any,
     ) -> None:
         if not isinstance(executor, FlowExecutor):
@@ -98,6 +117,12 @@ class FlowServer:
         policy = _config("policy", policy, ExposurePolicy)
         security = _config("security", security, SecurityConfig)
         serving = _config("serving", serving, ServingConfig)
+        features = {"run_history": check_feature("run_history", run_history),
+                    "governance": check_feature("governance", governance),
+                    "meter_provider": check_feature("meter_provider", meter_provider)}
+        # First the settings ServingConfig took before they moved (it warned), then the
+        # keywords FlowServer took (each warns): both fold into where they live now.
+        security = moved_settings(serving, security, features)
         policy, security, serving, tasks = moved_keywords(
             deprecated, policy, security, serving, tasks)
         if isinstance(prompts, (str, bytes)):
@@ -129,37 +154,51 @@ class FlowServer:
             server_prompts=prompts), pinned=pinned_snapshot)
         # Marks this server's components, so its gate knows them under any composition.
         owner = secrets.token_hex(8)
-        keys = cast("tuple[bytes, ...] | None", serving.request_state_keys)
-        self._run_log = run_log = open_run_log(serving.run_history)
-        # Without a history, outputs too large to send are kept in this process: a task
-        # on a shared backend may run in another, whose spill no client could read.
-        outputs = run_log or output_spill(task_links=task_settings is None
-                                          or task_settings.url.startswith("memory://"))
-        self._provider = FlowProvider(self._exposure, executor,
-                                      error_detail=security.error_detail,
-                                      flow_timeout=serving.flow_timeout, owner=owner,
-                                      runs=RunSettings.build(
-                                          policy.approval == "elicit", approval_timeout,
-                                          keys, serving.run_notifications),
-                                      views=views, run_log=run_log, outputs=outputs)
+        keys = cast("tuple[bytes, ...] | None", security.request_state_keys)
+        metrics = ServerMetrics(features["meter_provider"])
+        components = ComponentCache(owner)
+        # Runs on the loop after a swap: the provider's components of flows no longer
+        # published are dropped, and clients are told what changed in their view.
         self._notifier = ChangeNotifier(self._exposure,
                                         debounce=cast(float, serving.change_debounce),
-                                        on_rebuilt=self._provider.forget_unpublished,
+                                        on_rebuilt=components.forget_unpublished,
                                         views=views,
                                         callers_from_token=security.authenticator is None)
-        self._pins = SnapshotPins(self._exposure, self._notifier)
+        history = features["run_history"]
+        self._run_log = run_log = RunLog.open(history, updated=self._notifier.run_updated) \
+            if history is not None else None
+        # Without a history, outputs too large to send are kept in this process: a task
+        # on a shared backend may run in another, whose spill no client could read.
+        outputs = run_log or RunLog.spill(task_links=task_settings is None
+                                          or task_settings.url.startswith("memory://"))
+        self._provider = FlowProvider(
+            self._exposure, executor, error_detail=security.error_detail,
+            flow_timeout=serving.flow_timeout, owner=owner,
+            runs=RunSettings.build(policy.approval == "elicit", approval_timeout, keys,
+                                   serving.run_notifications,
+                                   shared_nonces=approval_marks if task_settings else None),
+            views=views, run_log=run_log, outputs=outputs, components=components,
+            task_runner=flow_task_runner(security, metrics) if task_settings else None)
+        # Followed as long as anything serves: the FastMCP server (through its
+        # middleware) keeps the follower alive, the registry only refers to it weakly.
+        tool_forms = tool_form_names(resources=resources_as_tools, prompts=prompts_as_tools)
+        self._follower = follower = RegistryFollower(
+            executor, policy, prompts, self._exposure, self._notifier,
+            check=lambda snapshot: check_tool_forms(snapshot, tool_forms))
+        self._pins = SnapshotPins(self._exposure, self._notifier, keep_alive=follower)
         # The gate reads the live reference like a snapshot: the request's pinned one.
         gated = cast(Exposure, self._exposure)
-        metrics = ServerMetrics(serving.meter_provider)
+        run_resources = self._provider.run_resources
         # The gate counts, times and caps what it serves, and watches each flow run's
         # steps for its spans: no middleware layers of their own (each costs a request).
         self._gate = SecurityGate(
             gated, security, owner=owner, views=views, refusals=metrics.refused,
             observe=RequestMetrics(metrics, gated).observe,
             watch_run=FlowTelemetry(gated, security.error_detail, metrics).watch,
-            body_limit=serving.max_body_bytes, pin=self._pins.serve)
+            body_limit=security.max_body_bytes, pin=self._pins.serve,
+            run_target=run_resources.target if run_resources is not None else None)
         # Before the snapshot follower subscribes: shared decisions govern a change first.
-        self._shared = shared_runner(cast(Any, serving.governance), executor.registry)
+        self._shared = shared_runner(features["governance"], executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(
@@ -183,10 +222,7 @@ class FlowServer:
         )
         self._tasks_url = task_settings.url if task_settings is not None else None
         if task_settings is not None:
-            add_tasks(self._fastmcp, self._provider, security, task_settings.url,
-                      task_settings)
-            # A task leg's run counts in chainweaver.runs and .steps like an inline one.
-            cast("FlowTaskRunner", self._provider.task_runner).count_runs(metrics)
+            add_tasks(self._fastmcp, self._provider, security, task_settings)
         if expose_schemas or expose_prompts or run_log is not None:
             self._fastmcp.add_completion_handler(self._provider.complete)
         add_tool_forms(self._fastmcp, cast(Exposure, self._exposure), resources=resources_as_tools,
@@ -197,7 +233,6 @@ class FlowServer:
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
         bound_echoes(self._fastmcp)  # no answer quotes more than a client can receive
-        connect_run_log(outputs, self._gate, self._provider, self._notifier)
         # Answers are the same for every caller only without views, tokens and hooks.
         cache = CachePolicy(serving.cache_ttl, shared=not (
             views.active or security.auth or security.authenticator or security.authorizer),
@@ -212,14 +247,7 @@ class FlowServer:
             self._exposure, views, self._gate, self._provider.card_primitives,
             security.auth, cache)
         self._watcher: FlowFileWatcher | None = None
-        # Followed as long as anything serves: the FastMCP server (through its
-        # middleware) keeps the follower alive, the registry only refers to it weakly.
-        follower = _Follower(executor, policy, prompts, self._exposure, self._notifier,
-                             tool_form_names(resources=resources_as_tools,
-                                             prompts=prompts_as_tools))
-        self._pins.keep_alive = follower
-        self._follower = follower
-        self._unsubscribe = executor.registry.subscribe(_weakly(follower))
+        self._unsubscribe = executor.registry.subscribe(weakly(follower))
         follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
             # Decide every flow first, so the snapshot is among what is frozen: the
@@ -275,7 +303,7 @@ class FlowServer:
 
     @property
     def run_store(self) -> RunStore | None:
-        """Where run records are kept (None: no ``ServingConfig(run_history=...)``)."""
+        """Where run records are kept (None: no ``FlowServer(run_history=...)``)."""
         return self._run_log.store if self._run_log is not None else None
 
     @property
@@ -323,9 +351,9 @@ class FlowServer:
             host_origin_protection=False, middleware=[self._guard(host, port).middleware()])
 
     def _guard(self, host: str, port: int) -> HostOriginRules:
-        # ServingConfig normalised both to tuples (or None) when it was built.
-        hosts = cast("tuple[str, ...] | None", self.serving.allowed_hosts)
-        origins = cast("tuple[str, ...] | None", self.serving.allowed_origins)
+        # SecurityConfig normalised both to tuples (or None) when it was built.
+        hosts = cast("tuple[str, ...] | None", self.security.allowed_hosts)
+        origins = cast("tuple[str, ...] | None", self.security.allowed_origins)
         return HostOriginRules.for_bind(host, port, hosts, origins)
 
     def exposure_report(self) -> list[FlowExposure]:
@@ -352,7 +380,7 @@ class FlowServer:
             raise ExposureConfigError("run_worker needs tasks='redis://...': a worker runs "
                                       "tasks that other processes put on a shared queue")
         if self._shared is not None:
-            self._shared.follower.role = "worker"
+            self._shared.follower.as_worker()
         async with worker_lifespan(self._fastmcp):
             await anyio.sleep_forever()
 
@@ -380,8 +408,8 @@ class FlowServer:
 
         ``stateless=True`` keeps no per-session state on HTTP, so several server
         processes can sit behind one load balancer. Over HTTP, requests whose ``Host``
-        or ``Origin`` the serving config does not accept for this bind are refused
-        (421 and 403: DNS-rebinding protection, see :class:`ServingConfig`).
+        or ``Origin`` the security config does not accept for this bind are refused
+        (421 and 403: DNS-rebinding protection, see :class:`SecurityConfig`).
         """
         if transport == "stdio":
             try:
@@ -393,7 +421,7 @@ class FlowServer:
             self._cards.install(self._fastmcp, path)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
-                self._gate.keeps_sessions = False  # no session to keep a log level for
+                self._gate.without_sessions()  # no session to keep a log level for
             await self._fastmcp.run_async(
                 "streamable-http", show_banner=False, host=host, port=port, path=path,
                 stateless_http=stateless, log_level=log_level,
@@ -408,64 +436,6 @@ class FlowServer:
 
 
 C = TypeVar("C")
-
-
-class _Follower:
-    """Swaps a new snapshot in for every registry change (a registry listener)."""
-
-    def __init__(self, executor: FlowExecutor, policy: ExposurePolicy,
-                 prompts: Sequence[FlowPrompt], live: LiveExposure,
-                 notifier: ChangeNotifier, tool_forms: tuple[str, ...] = ()) -> None:
-        self.executor = executor
-        self.policy = policy
-        self.prompts = prompts
-        self.live = live
-        self.notifier = notifier
-        self.tool_forms = tool_forms  # names resources/prompts_as_tools took
-        self._lock = threading.Lock()
-
-    def __call__(self, change: object = None) -> None:
-        """Swap in a snapshot of the registry as it is now.
-
-        Runs inside the change, so once ``set_lifecycle`` or ``unregister`` returns no
-        request starting afterwards sees the old snapshot. Building is cheap: flows
-        are judged when first needed, unchanged ones carried over. A snapshot that
-        cannot be built (a name collision, a flow under a tool name that
-        resources_as_tools / prompts_as_tools took) raises, and the registry refuses
-        the change.
-        """
-        with self._lock:
-            latest = self.live.latest
-            state = self.executor.registry.state()
-            if state.sequence <= latest.sequence:
-                return
-            self.live.swap(self._snapshot(state, latest))
-        self.notifier.changed()
-
-    def vet(self, state: RegistryState) -> None:
-        """Raise, as :meth:`__call__` would, when ``state`` (a registry state that
-        does not exist yet: a flow file watcher's edit) could not be published."""
-        self._snapshot(state, self.live.latest)
-
-    def _snapshot(self, state: RegistryState, latest: Exposure) -> Exposure:
-        snapshot = Exposure(
-            self.executor, self.policy, expose_schemas=latest.expose_schemas,
-            expose_prompts=latest.expose_prompts, server_prompts=self.prompts,
-            state=state, previous=latest)
-        check_tool_forms(snapshot, self.tool_forms)
-        return snapshot
-
-
-def _weakly(follower: _Follower) -> Callable[[object], None]:
-    """A registry listener that does not keep ``follower`` alive."""
-    ref = weakref.ref(follower)
-
-    def follow(change: object) -> None:
-        alive = ref()
-        if alive is not None:
-            alive(change)
-
-    return follow
 
 
 def _serving_lifespan(inner: Callable[[FastMCP], Any], notifier: ChangeNotifier,

@@ -305,8 +305,8 @@ def test_every_server_setting_has_a_flag(capsys: pytest.CaptureFixture, served: 
     assert server.security.error_detail == "generic"
     assert server.serving.flow_timeout == 2.5
     assert server.serving.page_size == 2
-    assert server.serving.allowed_hosts == ("mcp.example.com:*", "mcp.internal")
-    assert server.serving.allowed_origins == ("https://app.example.com",)
+    assert server.security.allowed_hosts == ("mcp.example.com:*", "mcp.internal")
+    assert server.security.allowed_origins == ("https://app.example.com",)
     assert server.fastmcp.instructions == "Use order_status first."
     auth = server.fastmcp.auth
     assert isinstance(auth, StaticTokenVerifier) and server.security.auth is auth

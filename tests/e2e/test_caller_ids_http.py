@@ -23,7 +23,7 @@ from support.procs import free_port
 from support.run_records import run_catalogue
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.admission import token_caller_id
 
@@ -49,7 +49,7 @@ async def serving(keys: KeyPair, audit: list[AuditEvent]) -> AsyncIterator[str]:
     server = FlowServer(run_catalogue(), security=SecurityConfig(
         auth=JWTVerifier(public_key=keys.public_pem, issuer=ISSUER, audience=AUDIENCE),
         audit_hook=audit.append),
-        serving=ServingConfig(run_history=RunHistory(output_limit=10)))
+        run_history=RunHistory(output_limit=10))
     port = free_port()
     task = asyncio.create_task(server.serve_async("streamable-http", port=port))
     try:

@@ -100,7 +100,7 @@ def _worker(flows: Path, url: str, log_path: Path) -> subprocess.Popen:
 def _replica(flows: Path, url: str) -> Any:
     from chainweaver import FlowExecutor, FlowRegistry
     from chainweaver.files import find_flow_files, load_flows
-    from chainweaver.mcp import FlowServer, RunHistory, ServingConfig, TaskSettings
+    from chainweaver.mcp import FlowServer, RunHistory, TaskSettings
 
     executor = FlowExecutor(FlowRegistry())
     for step in (load, crunch, finish):
@@ -109,7 +109,7 @@ def _replica(flows: Path, url: str) -> Any:
         executor.registry.register_flow(flow)
     return FlowServer(executor, tasks=TaskSettings(url=url, concurrency=0,
                                                    redelivery_timeout=REDELIVERY),
-                      serving=ServingConfig(run_history=RunHistory(store=url)))
+                      run_history=RunHistory(store=url))
 
 
 async def _until(probe: Callable[[], Awaitable[Any]], what: str,

@@ -22,7 +22,7 @@ from mcp import MCPError
 from support.procs import free_port, stop, wait_until_listening
 
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES
-from chainweaver.mcp.gate.hooks import bounded_text
+from chainweaver.mcp.hooks import bounded_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

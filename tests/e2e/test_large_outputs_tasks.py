@@ -17,7 +17,7 @@ from fastmcp import Client
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import FlowServer, ServingConfig, TaskSettings
+from chainweaver.mcp import FlowServer, TaskSettings
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET
 
@@ -41,7 +41,7 @@ def server(tasks: str, history: RunHistory | None = None) -> FlowServer:
     executor.register_tool(loose)
     registry.register_flow(Flow("untyped", "Untyped output.", [FlowStep("loose")]))
     return FlowServer(executor, tasks=TaskSettings(url=tasks, mode="optional"),
-                      serving=ServingConfig(run_history=history))
+                      run_history=history)
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 (each caller its own token, its teams in a claim), on both eras, on the in-memory and
 the Redis store (see tests/support/run_records.py). Six callers: three with overlapping
 and disjoint views, three with none (the hostile caller ids, ten of them, are
-tests/mcp/test_run_records_property.py's).
+tests/mcp/runs/test_run_records_property.py's).
 
 The store sits below the protocol (both stores answer both eras alike, and run
 notices come from the serving process, not the store), so each era runs on one store
 here: every pair of transport, era and store is covered once, with the in-memory
-client's runs of tests/mcp/test_run_records_property.py."""
+client's runs of tests/mcp/runs/test_run_records_property.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from support.run_records import (
 )
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
-from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig, visible_claim
+from chainweaver.mcp import FlowServer, SecurityConfig, visible_claim
 from chainweaver.mcp.config import RunHistory
 
 
@@ -39,8 +39,7 @@ async def serving(keys: KeyPair, store: str) -> AsyncIterator[str]:
     server = FlowServer(run_catalogue(), security=SecurityConfig(
         auth=JWTVerifier(public_key=keys.public_pem, issuer=ISSUER, audience=AUDIENCE),
         visible=visible_claim("teams")),
-        serving=ServingConfig(run_history=RunHistory(store=store,
-                                                     prefix=f"http:{free_port()}")))
+        run_history=RunHistory(store=store, prefix=f"http:{free_port()}"))
     port = free_port()
     task = asyncio.create_task(server.serve_async("streamable-http", port=port))
     url = f"http://127.0.0.1:{port}/mcp"

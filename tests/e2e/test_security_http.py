@@ -392,7 +392,8 @@ def test_an_oversized_request_head_is_refused_by_http_and_serving_continues(
     # reports -32603 "Server returned an error response": the server sent no JSON-RPC).
     uri = "chainweaver://flows/" + "a" * 40_000 + "/schema"
     assert modern_post(servers["open"], "resources/read", {"uri": uri}).status_code == 400
-    # In the request body (the 2025-11-25 era) the same URI is simply not found.
+    # In the request body (the 2025-11-25 era) the same URI is simply not found, and
+    # the answer quotes no more of it than any error echoes (MAX_ECHO).
     session = LegacySession(servers["open"])
     body = session.post("resources/read", {"uri": uri}).text
     error = json.loads(body[body.index("{"):])["error"]

@@ -28,7 +28,6 @@ from chainweaver.mcp import (
     FlowServer,
     GateContext,
     SecurityConfig,
-    ServingConfig,
     visible_claim,
 )
 
@@ -64,7 +63,7 @@ def replica(governance: GovernanceSettings, views: bool = True
                         security=SecurityConfig(
                             authenticator=switch,
                             visible=visible_claim("teams") if views else None),
-                        serving=ServingConfig(governance=governance))
+                        governance=governance)
     return server, switch
 
 

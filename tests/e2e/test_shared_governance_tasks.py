@@ -53,7 +53,7 @@ from chainweaver import (
     tool,
 )
 from chainweaver.governance import GovernanceSettings, GovernanceStore
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig, TaskSettings
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, TaskSettings
 from chainweaver.mcp.fastmcp_seams import running_docket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.tasks]
@@ -127,7 +127,7 @@ def flow_server(queue: str, name: str, shared: GovernanceSettings | None, *,
                                                    name=name),
                       security=SecurityConfig(audit_hook=audit.append
                                               if audit is not None else None),
-                      serving=ServingConfig(governance=shared))
+                      governance=shared)
 
 
 @asynccontextmanager

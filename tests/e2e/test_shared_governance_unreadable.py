@@ -28,7 +28,7 @@ from chainweaver import Flow, FlowGovernance, FlowLifecycle, FlowStep
 from chainweaver.cli import main
 from chainweaver.governance import GovernanceSettings, GovernanceStore
 from chainweaver.governance.state import UNREADABLE
-from chainweaver.mcp import FlowServer, ServingConfig
+from chainweaver.mcp import FlowServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.tasks]
 
@@ -56,8 +56,8 @@ def replica(governance: GovernanceSettings, **options: object) -> FlowServer:
     executor = build_catalogue()
     for flow in options.pop("extra", ()):  # type: ignore[attr-defined]
         executor.registry.register_flow(flow)
-    return FlowServer(executor, expose_schemas=True, expose_prompts=True,
-                      serving=ServingConfig(governance=governance), **options)  # type: ignore[arg-type]
+    return FlowServer(executor, expose_schemas=True, expose_prompts=True, **options,
+                      governance=governance)  # type: ignore[arg-type]
 
 
 def applied(server: FlowServer) -> int:

@@ -41,9 +41,10 @@ def replica(queue: str, concurrency: int | None, audit: list[AuditEvent]) -> Flo
     for flow in load_flows(find_flow_files([SERVERS / "task_flows" / "refund.flow.yaml"]),
                            tools=executor.tools):
         executor.registry.register_flow(dataclasses.replace(flow, version="1.0.0"))
-    return FlowServer(executor, tasks=queue, approval="elicit",
-                      task_settings=TaskSettings(concurrency=concurrency, name="cw-attack"),
-                      policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
+    return FlowServer(executor,
+                      tasks=TaskSettings(url=queue, concurrency=concurrency, name="cw-attack"),
+                      policy=ExposurePolicy(allowed_side_effects=["read", "write"],
+                                            approval="elicit"),
                       security=SecurityConfig(audit_hook=audit.append))
 
 

@@ -291,8 +291,8 @@ def _in_process_server(queue: str, version: str, concurrency: int | None,
     for flow in load_flows(find_flow_files([FLOWS / f"{name}.flow.yaml" for name in flows]),
                            tools=executor.tools):
         executor.registry.register_flow(dataclasses.replace(flow, version=version))
-    return FlowServer(executor, tasks=queue,
-                      task_settings=TaskSettings(concurrency=concurrency, name="cw-inproc"),
+    return FlowServer(executor,
+                      tasks=TaskSettings(url=queue, concurrency=concurrency, name="cw-inproc"),
                       **options)
 
 
@@ -325,8 +325,8 @@ async def test_a_worker_that_would_not_ask_for_approval_does_not_run_the_task(
     monkeypatch.setenv("CW_TASK_REDIS", queue)  # the tool counts its runs in Redis
 
     write = ["read", "write"]
-    replica = _in_process_server(queue, "1.0.0", 0, ("refund",), approval="elicit",
-                                 policy=ExposurePolicy(allowed_side_effects=write))
+    replica = _in_process_server(queue, "1.0.0", 0, ("refund",), policy=ExposurePolicy(
+        allowed_side_effects=write, approval="elicit"))
     careless = _in_process_server(queue, "1.0.0", None, ("refund",), policy=ExposurePolicy(
         allowed_side_effects=write, allow_requires_approval=True))
     async with Client(replica.fastmcp) as on_replica:

@@ -69,10 +69,13 @@ def bad_values() -> list[tuple[str, Any, Any]]:
         cases.append((setting, lambda v, s=setting: FlowServer(build_catalogue(), **{s: v}),
                       {"flow_timeout": 1}))
     for value in ["", "  ", 5, None]:
-        cases.append(("name", lambda v: FlowServer(build_catalogue(), name=v), value))
+        cases.append(("name", lambda v: FlowServer(build_catalogue(),
+                                                   serving=ServingConfig(name=v)), value))
     for value in ["", 5]:
-        cases.append(("version", lambda v: FlowServer(build_catalogue(), version=v), value))
-    cases.append(("instructions", lambda v: FlowServer(build_catalogue(), instructions=v), 5))
+        cases.append(("version", lambda v: FlowServer(build_catalogue(),
+                                                      serving=ServingConfig(version=v)), value))
+    cases.append(("instructions", lambda v: FlowServer(build_catalogue(),
+                                                       serving=ServingConfig(instructions=v)), 5))
     cases.append(("prompts", lambda v: FlowServer(build_catalogue(), expose_prompts=True,
                                                   prompts=v), "a prompt"))
     cases.append(("executor", lambda v: FlowServer(v), "an executor"))
@@ -120,7 +123,7 @@ def test_the_hook_types_and_settings_are_exported() -> None:
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_server_info_names_chainweaver_and_its_version(mode: str) -> None:
     default = FlowServer(build_catalogue())
-    named = FlowServer(build_catalogue(), name="bookshop", version="2.3.1")
+    named = FlowServer(build_catalogue(), serving=ServingConfig(name="bookshop", version="2.3.1"))
     async with Client(default.fastmcp, mode=mode) as client:
         info = client.server_info if mode == "auto" else client.initialize_result.server_info
         assert (info.name, info.version) == ("chainweaver", chainweaver.__version__)

@@ -253,7 +253,7 @@ def test_the_kept_levels_are_bounded_whatever_sessions_send() -> None:
 
 async def test_a_server_that_keeps_no_sessions_keeps_no_level() -> None:
     server = flow_server()
-    server._gate.keeps_sessions = False  # as serve("streamable-http", stateless=True) sets
+    server._gate.without_sessions()  # as serve("streamable-http", stateless=True) does
     result, reports = await call_with_reports(server, "legacy")
     assert result.structured_content == {"order_id": "A-1", "cents": 120}
     assert reports.logs == []  # asked for, but there is no session to keep it for

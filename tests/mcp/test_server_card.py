@@ -28,7 +28,7 @@ from support.tokens import AUDIENCE, ISSUER, KeyPair
 
 from chainweaver import Flow, FlowExecutor, FlowGovernance, FlowRegistry, FlowStep
 from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig, visible_claim
-from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext
+from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.publish.card import CARD_MEDIA_TYPE
 
 SEARCH = {"product_search", "failing_flow"}

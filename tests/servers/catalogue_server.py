@@ -28,6 +28,7 @@ from chainweaver.mcp import (  # noqa: E402
     FlowServer,
     GateContext,
     SecurityConfig,
+    ServingConfig,
 )
 
 
@@ -67,13 +68,13 @@ def main() -> None:
 
     server = FlowServer(
         executor,
-        name="catalogue",
         expose_schemas=args.expose,
         expose_prompts=args.expose,
         security=SecurityConfig(
             authenticator=authenticate if args.token else None,
             audit_hook=audit if args.audit else None,
         ),
+        serving=ServingConfig(name="catalogue"),
     )
     server.serve(args.transport, host="127.0.0.1", port=args.port)
 

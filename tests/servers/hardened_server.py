@@ -164,12 +164,11 @@ def build_server(args: argparse.Namespace) -> FlowServer:
         options["audit_hook"] = audit
     return FlowServer(
         executor,
-        name="hardened",
         expose_schemas=True,
         expose_prompts=True,
         security=SecurityConfig(hook_timeout=args.hook_timeout, error_detail=args.error_detail,
                                 **options),
-        serving=ServingConfig(flow_timeout=args.flow_timeout),
+        serving=ServingConfig(flow_timeout=args.flow_timeout, name="hardened"),
     )
 
 

@@ -14,7 +14,7 @@ import sys
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig
 from chainweaver.mcp.config import RunHistory
 
 
@@ -51,8 +51,7 @@ def main() -> None:
     registry.register_flow(Flow("typed_blob", "Any size, typed.", [FlowStep("make_typed_blob")],
                                 output_schema=Blob))
     history = RunHistory() if "--history" in sys.argv else None
-    server = FlowServer(executor, security=SecurityConfig(audit_hook=audit),
-                        serving=ServingConfig(run_history=history))
+    server = FlowServer(executor, security=SecurityConfig(audit_hook=audit), run_history=history)
     if sys.argv[1] == "stdio":
         server.serve()
     else:

@@ -18,7 +18,7 @@ from support.tokens import AUDIENCE, ISSUER  # noqa: E402
 
 from chainweaver.executor import FlowExecutor  # noqa: E402
 from chainweaver.files import find_flow_files, load_flows  # noqa: E402
-from chainweaver.mcp import ExposurePolicy, FlowServer, Visibility  # noqa: E402
+from chainweaver.mcp import ExposurePolicy, FlowServer, SecurityConfig, Visibility  # noqa: E402
 from chainweaver.registry import FlowRegistry  # noqa: E402
 
 FLOWS = Path(__file__).resolve().parent / "task_flows"
@@ -34,9 +34,11 @@ def main() -> None:
         executor.registry.register_flow(flow)
     rule = Visibility(lambda caller, flow: flow.name in caller.claims.get("flows", []),
                       claims=("flows",))
-    server = FlowServer(executor, tasks="memory://", visible=rule,
+    server = FlowServer(executor, tasks="memory://",
                         policy=ExposurePolicy(allowed_side_effects=["read", "write"]),
-                        auth=JWTVerifier(public_key=key, issuer=ISSUER, audience=AUDIENCE))
+                        security=SecurityConfig(
+                            visible=rule,
+                            auth=JWTVerifier(public_key=key, issuer=ISSUER, audience=AUDIENCE)))
     server.serve("streamable-http", host="127.0.0.1", port=port)
 
 

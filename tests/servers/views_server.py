@@ -57,8 +57,8 @@ def main() -> None:
         security["audit_hook"] = JsonlAuditLog(args.audit_log, fsync_every=1)
     executor = build_catalogue()
     server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
-                        auth=verifier, visible=visible_claim("teams"),
-                        security=SecurityConfig(**security))
+                        security=SecurityConfig(**security, auth=verifier,
+                                                visible=visible_claim("teams")))
     if args.watch:
         from chainweaver.watch import FlowFileWatcher
 

@@ -16,7 +16,7 @@ from fastmcp.exceptions import DisabledError, NotFoundError, ToolError, Validati
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
-from chainweaver.mcp.gate.hooks import GATE_REFUSED
+from chainweaver.mcp.hooks import GATE_REFUSED
 
 # Below logging.DEBUG (10): only a handler set to this level or lower sees it.
 MISTAKE_LOG_LEVEL = 5

@@ -24,6 +24,7 @@ from fastmcp.utilities.versions import VersionSpec
 from chainweaver.errors import InvalidVersionError
 from chainweaver.executor import FlowExecutor
 from chainweaver.mcp.components import prompt_render
+from chainweaver.mcp.components.cache import ComponentCache
 from chainweaver.mcp.components.flow_tool import FlowTool
 from chainweaver.mcp.components.prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
 from chainweaver.mcp.components.resources import (
@@ -41,7 +42,6 @@ from chainweaver.mcp.live.cursors import INVALID_CURSOR, LIST_AGAIN, fingerprint
 from chainweaver.mcp.publish.exposure import (
     INDEX_URI,
     ExposedFlow,
-    Exposure,
     LiveExposure,
     PromptEntry,
 )
@@ -100,6 +100,10 @@ class FlowProvider(Provider):
 
     ``exposure`` is the server's live reference: every read answers from the snapshot
     the current request pinned at entry, so one request never mixes two snapshots.
+    ``components``: where the components it builds are kept (the server's change
+    notifier drops those of flows no longer published). ``task_runner``: with a task
+    backend, how the one task runner of this provider's flows is built
+    (:mod:`chainweaver.mcp.tasks`).
     """
 
     def __init__(
@@ -114,6 +118,8 @@ class FlowProvider(Provider):
         views: Views | None = None,
         run_log: RunLog | None = None,
         outputs: RunLog | None = None,
+        components: ComponentCache | None = None,
+        task_runner: Callable[[FlowProvider], Tool] | None = None,
     ) -> None:
         super().__init__()
         self.exposure = exposure
@@ -122,8 +128,7 @@ class FlowProvider(Provider):
         self.error_detail = error_detail
         self.flow_timeout = flow_timeout
         self.runs = runs or RunSettings()
-        # (kind, name) -> (what the component was built from, the component)
-        self._cache: dict[tuple[str, str], tuple[object, Any]] = {}
+        self.components = components if components is not None else ComponentCache(owner)
         self._template = SchemaTemplate.build() if exposure.expose_schemas else None
         self.views = views or Views(None)
         self.run_log = run_log
@@ -133,8 +138,8 @@ class FlowProvider(Provider):
         self.run_resources = RunResources(self.outputs, exposure, error_detail) \
             if self.outputs is not None else None
         self._run_templates = run_templates() if run_log is not None else []
-        # Set by FlowServer when it has a task backend (chainweaver.mcp.tasks.extension).
-        self.task_runner: Tool | None = None
+        # Last: the runner runs this provider's flows.
+        self.task_runner = task_runner(self) if task_runner is not None else None
 
     def __repr__(self) -> str:
         return f"FlowProvider(prefix={self.exposure.policy.server_prefix!r})"
@@ -146,7 +151,7 @@ class FlowProvider(Provider):
         Each is built on first use and then cached; this shows that a client
         connecting, or a lookup, does not build the whole catalogue.
         """
-        return len(self._cache)
+        return len(self.components)
 
     def view(self) -> View:
         """The current caller's view of the exposure: every get and list goes through it.
@@ -222,28 +227,6 @@ class FlowProvider(Provider):
         page.more = page.offset + page.size < len(listed)
         return listed[page.offset:page.offset + page.size]
 
-    def forget_unpublished(self, exposure: Exposure) -> None:
-        """Drop the components of flows ``exposure`` no longer publishes as they were
-        (after a snapshot swap; safe from any thread). A request still on an older
-        snapshot rebuilds what it needs."""
-        published = {id(exposed) for exposed in exposure.tools.values()}
-        for key, entry in list(self._cache.items()):
-            source = entry[0]
-            if isinstance(source, ExposedFlow) and id(source) not in published:
-                if self._cache.get(key) is entry:
-                    self._cache.pop(key, None)
-
-    def _cached(self, kind: str, key: str, source: object, build: Callable[[], Any]) -> Any:
-        # A name may be published from another exposed flow after a change: a
-        # component is reused only for the very decision it was built from.
-        cached = self._cache.get((kind, key))
-        if cached is not None and cached[0] is source:
-            return cached[1]
-        component = build()
-        stamp_owner(component, self.owner)
-        self._cache[(kind, key)] = (source, component)
-        return component
-
     # Each request resolves its name through the exposure once; lists walk the
     # catalogue's entries. Components are built on first use and cached.
 
@@ -297,7 +280,7 @@ class FlowProvider(Provider):
         return self._tool(exposed)
 
     def _tool(self, exposed: ExposedFlow) -> FlowTool:
-        return self._cached("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
+        return self.components.get("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
             runs=self.runs, live=self.exposure, views=self.views, view=self.view,
             run_log=self.run_log, outputs=self.outputs))
@@ -325,7 +308,7 @@ class FlowProvider(Provider):
 
     def _schema_resource(self, exposed: ExposedFlow) -> Resource:
         assert exposed.schema_uri is not None
-        return self._cached("resource", exposed.schema_uri, exposed,
+        return self.components.get("resource", exposed.schema_uri, exposed,
                             lambda: schema_resource(exposed))
 
     def _index_resource(self, view: View) -> Resource:
@@ -400,7 +383,7 @@ class FlowProvider(Provider):
 
         source: object = next((s for s in (entry.exposed_flow, entry.prompt)
                                if s is not None), self.exposure)
-        return self._cached("prompt", entry.name, source, build)
+        return self.components.get("prompt", entry.name, source, build)
 
     async def _list_prompts(self) -> Sequence[Prompt]:
         view = self.view()

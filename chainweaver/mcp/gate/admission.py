@@ -23,8 +23,8 @@ from fastmcp.server.dependencies import get_access_token
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
-from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity, RequestKind
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure, LiveExposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver
@@ -101,15 +101,37 @@ class Admission:
     run: RunNote | None = field(default=None, compare=False)  # an admitted call's run
     runs_root: str = RUNS_URI
 
-    def but(self, **changes: Any) -> Admission:
+    def _but(self, **changes: Any) -> Admission:
         """This record with ``changes``: a new record (this one never changes).
 
         What ``dataclasses.replace`` does, without its per-call field introspection:
-        a request makes several records, and that cost showed on every call."""
+        a request makes several records, and that cost showed on every call. Other
+        modules make records through the named factories below."""
         record = object.__new__(Admission)
         record.__dict__.update(self.__dict__)
         record.__dict__.update(changes)
         return record
+
+    def listing(self, kind: RequestKind, name: str) -> Admission:
+        """This admitted request's record for a list, completion, subscription or task
+        request served inside it (one a tool the gate admitted makes, or one a
+        parent's ``MountedGate`` admitted for it): decided, reaching no flow."""
+        return self._but(kind=kind, name=name, target=None, decided=True)
+
+    def reaching_none(self) -> Admission:
+        """This undecided record, decided: the request reaches no flow of its gate's
+        server (a name a mounted server does not publish to this caller)."""
+        return self._but(decided=True)
+
+    def named(self, name: str, runs_root: str) -> Admission:
+        """This record as a server's own chain names the request (a parent's
+        ``MountedGate`` admitted it under the parent's names), with its run resources
+        at ``runs_root``."""
+        return self._but(name=name, runs_root=runs_root)
+
+    def watched_by(self, observers: tuple[RunObserver, ...]) -> Admission:
+        """This record with ``observers`` also told of the admitted run's steps."""
+        return self._but(observers=(*self.observers, *observers))
 
     def snapshot_of(self, live: LiveExposure) -> Exposure | None:
         """The snapshot ``live`` answers from for this request (None: not pinned)."""
@@ -194,10 +216,53 @@ def pinned(request: object, live: LiveExposure,
     """
     held = _ADMISSION.get()
     if held is None or held.request is not request:
-        return _BLANK.but(request=request, pins=((live, live.latest),), learn=learn)
+        return _BLANK._but(request=request, pins=((live, live.latest),), learn=learn)
     if held.snapshot_of(live) is None:
-        return held.but(pins=(*held.pins, (live, live.latest)), learn=learn or held.learn)
-    return None if learn is None else held.but(learn=learn)
+        return held._but(pins=(*held.pins, (live, live.latest)), learn=learn or held.learn)
+    return None if learn is None else held._but(learn=learn)
+
+
+def gate_record(held: Admission | None, caller: CallerIdentity, view: View, owner: str,
+                kind: RequestKind, name: str, target: ExposedFlow | None, *,
+                decided: bool = True,
+                audit_approval: Callable[[str, str], Awaitable[None]] | None = None,
+                run: RunNote | None = None, runs_root: str = RUNS_URI) -> Admission:
+    """The admission ``owner``'s gate made of a request of ``caller`` seeing ``view``,
+    inside ``held`` (the request's record so far, None: none yet); ``decided`` False:
+    while the gate resolves the request's name. ``audit_approval``: how a call's
+    approval answers are audited; ``run``: where the run a call starts notes what its
+    audit needs; ``runs_root``: where the request's client reaches the run resources.
+    """
+    base = held or Admission(object())
+    # Another server's gate decided this request first (this server is mounted in
+    # it): keep its record, for its own components, and make this gate's inside it.
+    foreign = held is not None and held.owner not in (None, owner)
+    outer = held if foreign else base.outer
+    observers = () if foreign else base.observers
+    return base._but(caller=caller, view=view, owner=owner, kind=kind, name=name,
+                     target=target, decided=decided, audit_approval=audit_approval,
+                     outer=outer, observers=observers, run=run, runs_root=runs_root)
+
+
+def list_request(session: object, page: ListPage) -> Admission:
+    """The admission a list request starts with: the page it asks for (the gate's first
+    step pins its snapshot in the same record: same request, its ``session``)."""
+    return Admission(session, page=page)
+
+
+def task_request(session: object, owner: str, method: str,
+                 target: ExposedFlow | None) -> Admission:
+    """The admission of a ``tasks/*`` request (``method``) served by ``owner``'s tasks
+    extension, with the flow its task runs (only the task's id names it): the gate's,
+    or, for a request no gate admitted, a new one of ``session``."""
+    held = _ADMISSION.get() or Admission(session)
+    return held._but(owner=owner, kind="task", name=method, target=target, decided=True)
+
+
+def task_leg(execution: object, caller: CallerIdentity | None, runs_root: str) -> Admission:
+    """The admission a background task's leg runs under: as the ``caller`` that created
+    the task (None: it kept no view grant), its client reading runs at ``runs_root``."""
+    return Admission(execution, caller=caller, runs_root=runs_root)
 
 
 def pinned_snapshot(live: LiveExposure) -> Exposure | None:

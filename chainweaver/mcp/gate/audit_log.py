@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chainweaver.mcp.gate.hooks import MAX_AUDIT_EVENT_BYTES, AuditEvent
+from chainweaver.mcp.hooks import MAX_AUDIT_EVENT_BYTES, AuditEvent
 
 # A summary line's key when more distinct (caller, kind, reason) keys were refused in
 # one window than a summary keeps.

@@ -1,5 +1,5 @@
 """What one message may carry: the operator's byte cap on a rendered prompt or resource
-read (``ServingConfig.max_body_bytes``), and the wire limit every result stays under.
+read (``SecurityConfig.max_body_bytes``), and the wire limit every result stays under.
 
 The gate (:mod:`.security`) measures the body an admitted prompt or read produced
 before it leaves the server. Two bounds apply: the operator's cap, on the body itself
@@ -22,7 +22,7 @@ from typing import Any
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
-from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.hooks import RequestKind
 from chainweaver.mcp.publish.decision import GUIDE_PROMPT_NAME, INDEX_URI
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 

@@ -32,7 +32,7 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 from fastmcp.server.transforms import Transform
 from pydantic import AnyUrl
 
-from chainweaver.mcp.gate.hooks import RequestKind
+from chainweaver.mcp.hooks import RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 
@@ -168,9 +168,9 @@ PinRequest = Callable[[MiddlewareContext, Any], Awaitable[Any]]
 
 class GateHooks(Middleware):
     """FastMCP's hooks the gate and its mounted twin take over: every request is pinned
-    to a snapshot first (``pin``), then a call, read or render goes through ``_guard``
+    to a snapshot first (``pin``), then a call, read or render goes through ``guard``
     (authenticated, rate-limited, authorized and audited), a list through
-    ``_guard_listing`` (the same, never authorized: the caller's view narrows it)."""
+    ``guard_listing`` (the same, never authorized: the caller's view narrows it)."""
 
     pin: PinRequest | None = None
 
@@ -183,15 +183,15 @@ class GateHooks(Middleware):
             return await super().__call__(context, call_next)
         kind, name = target
         if self.pin is None:
-            return await self._guard(kind, name, context, call_next)
+            return await self.guard(kind, name, context, call_next)
         return await self.pin(context,
-                              lambda pinned: self._guard(kind, name, pinned, call_next))
+                              lambda pinned: self.guard(kind, name, pinned, call_next))
 
-    async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
+    async def guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
                      call_next: Any) -> Any:
         raise NotImplementedError
 
-    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+    async def guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any) -> Any:
         raise NotImplementedError
 
@@ -201,15 +201,15 @@ class GateHooks(Middleware):
         return await self.pin(context, call_next)
 
     async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "tools/list", context, call_next)
+        return await self.guard_listing("list", "tools/list", context, call_next)
 
     async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "resources/list", context, call_next)
+        return await self.guard_listing("list", "resources/list", context, call_next)
 
     async def on_list_resource_templates(self, context: MiddlewareContext,
                                          call_next: Any) -> Any:
-        return await self._guard_listing("list", "resources/templates/list", context,
+        return await self.guard_listing("list", "resources/templates/list", context,
                                          call_next)
 
     async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self._guard_listing("list", "prompts/list", context, call_next)
+        return await self.guard_listing("list", "prompts/list", context, call_next)

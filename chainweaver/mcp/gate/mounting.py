@@ -31,10 +31,10 @@ from chainweaver.mcp.gate.composition import (
     owned_meta,
     runs_root,
 )
-from chainweaver.mcp.gate.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.requests import completion_target, gate_for
 from chainweaver.mcp.gate.security import GateRefused, SecurityGate
+from chainweaver.mcp.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
@@ -70,21 +70,21 @@ class MountedGate(GateHooks):
                 and isinstance(params.get("name"), str):
             problem = malformed_prompt_request(params)
             if problem is not None:
-                return await self._guard("prompt", params["name"], context,
+                return await self.guard("prompt", params["name"], context,
                                          refuse_malformed(problem), call_next)
         if context.method == "completion/complete":
-            return await self._guard_listing("completion", completion_target(params),
+            return await self.guard_listing("completion", completion_target(params),
                                              context, call_next)
         if context.method == "logging/setLevel":  # the parent's clients' level, for runs
             return await log_level.serve_set_level(context, call_next,
                                                    sessions=self.gate.keeps_sessions)
         return await call_next(context)
 
-    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+    async def guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any) -> Any:
-        return await self.gate._guard_listing(kind, name, context, call_next, mounted=True)
+        return await self.gate.guard_listing(kind, name, context, call_next, mounted=True)
 
-    async def _guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
+    async def guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
                      call_next: Any, otherwise: Any = None) -> Any:
         parent = context.fastmcp_context.fastmcp if context.fastmcp_context else None
         if parent is None:
@@ -105,7 +105,7 @@ class MountedGate(GateHooks):
         if meta is None and not run_read:
             # Not this server's, for this caller: served as the gate decided, so no
             # later lookup finds a flow of this server under the name either.
-            with admission.admitted(probe.but(decided=True)):
+            with admission.admitted(probe.reaching_none()):
                 return await (otherwise or call_next)(context)
         exposed = flow_of(self.gate.exposure, meta) if meta is not None else None
 
@@ -124,7 +124,7 @@ class MountedGate(GateHooks):
         nothing is audited: this only asks whether the request is this server's."""
         gate = gate_for(kind, name, None, get_http_headers(include_all=True))
         try:
-            return await self.gate._authenticate(gate)
+            return await self.gate.authenticate(gate)
         except GateRefused:
             return None
 
@@ -132,8 +132,7 @@ class MountedGate(GateHooks):
                ) -> Admission:
         """An undecided admission of ``caller``'s request (the token's caller when
         None), for looking its name up in that caller's view."""
-        return self.gate._record(admission.current(), caller or caller_from_token(), kind,
-                                 name, None, decided=False)
+        return self.gate.undecided(caller or caller_from_token(), kind, name)
 
 
 class MountedCompletions:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext, RequestKind
+from chainweaver.mcp.hooks import CallerIdentity, GateContext, RequestKind
 from chainweaver.mcp.publish.decision import INDEX_URI
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 

@@ -1,13 +1,16 @@
 """What the gate reads of a request and its result: the name a completion or a task
-request refers to, the text a result returned (as the audit hashes it), and the
-request as its hooks see it."""
+request refers to, the text a result returned and what the audit records of it (for
+calls and background tasks alike), and the request as its hooks see it."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from chainweaver.mcp.gate.hooks import CallerIdentity, GateContext, RequestKind
+from chainweaver.mcp.gate.admission import RunNote
+from chainweaver.mcp.hooks import CallerIdentity, GateContext, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow
 
 
@@ -22,6 +25,44 @@ def payload_text(kind: RequestKind, result: Any) -> str:
             c.content if isinstance(c.content, str) else c.content.hex() for c in result.contents
         )
     return "\n".join(getattr(m.content, "text", "") for m in result.messages)
+
+
+# The error type audited for a result no transport can send (text that is not UTF-8).
+UNSENDABLE = "UnsendableResult"
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """What the audit records of an admitted request that returned a result (an
+    :class:`~chainweaver.mcp.hooks.AuditEvent` of phase ``"completed"``)."""
+
+    outcome: Literal["ok", "error"]
+    error_type: str | None = None
+    result_sha256: str | None = None
+    result_length: int | None = None
+
+
+def completed(kind: RequestKind, result: Any, note: RunNote | None = None) -> Completed:
+    """The audit of ``result``, for a call served inline and a background task's leg
+    alike, so both record the same digest for the same result: the SHA-256 and UTF-8
+    length of the text it returned; a flow call's ``isError`` result is an error, with
+    the run's error type from ``note`` (which ``error_detail`` may keep from the
+    client). An output sent as a resource link is audited by its own digest, as the
+    link reads it back (the result holds a preview, and an isError flag when the flow
+    has an output schema). A result that is not UTF-8 is an error, ``UnsendableResult``,
+    with no digest: no transport can send it."""
+    try:
+        data = payload_text(kind, result).encode("utf-8")
+    except UnicodeEncodeError:
+        return Completed("error", UNSENDABLE)
+    failed = kind == "tool" and bool(getattr(result, "is_error", False))
+    digest, length = hashlib.sha256(data).hexdigest(), len(data)
+    if note is not None and note.output_sha256 is not None \
+            and note.output_length is not None:
+        digest, length, failed = note.output_sha256, note.output_length, False
+    return Completed("error" if failed else "ok",
+                     note.error_type if note is not None and failed else None,
+                     digest, length)
 
 
 def task_id_of(params: Any) -> str | None:

@@ -21,7 +21,6 @@ logged and ignored when it is the audit hook: a broken hook never breaks the ser
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 import time
@@ -48,7 +47,20 @@ from chainweaver.mcp.gate.composition import (
     reached_directly,
     runs_root,
 )
-from chainweaver.mcp.gate.hooks import (
+from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
+from chainweaver.mcp.gate.rate_limit import budget_name
+from chainweaver.mcp.gate.requests import (
+    UNSENDABLE,
+    completed,
+    completion_target,
+    gate_for,
+    task_id_of,
+    with_caller,
+)
+from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
+from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.hooks import (
+    ANONYMOUS,
     GATE_REFUSED,
     AuditEvent,
     AuthorizationDecision,
@@ -58,17 +70,6 @@ from chainweaver.mcp.gate.hooks import (
     approval_decision,
     deliver_audit,
 )
-from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
-from chainweaver.mcp.gate.rate_limit import budget_name
-from chainweaver.mcp.gate.requests import (
-    completion_target,
-    gate_for,
-    payload_text,
-    task_id_of,
-    with_caller,
-)
-from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
-from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
@@ -107,7 +108,9 @@ class SecurityGate(GateHooks):
                  views: Views | None = None, *,
                  refusals: Callable[[GateContext, Exposure, str], None] | None = None,
                  observe: Observe | None = None, watch_run: WatchRun | None = None,
-                 body_limit: int | None = None, pin: PinRequest | None = None) -> None:
+                 body_limit: int | None = None, pin: PinRequest | None = None,
+                 run_target: Callable[[str], Awaitable[ExposedFlow | None]] | None = None
+                 ) -> None:
         self.exposure = exposure
         self.pin = pin
         self.refusals = refusals
@@ -122,9 +125,14 @@ class SecurityGate(GateHooks):
         self.active = config.active
         self._warned_composition = False
         self.keeps_sessions = True  # False while serving stateless HTTP
-        # With a run history: the flow of the caller's run a run URI names (set by
-        # FlowServer; see chainweaver.mcp.components.run_resources).
-        self.run_target: Callable[[str], Awaitable[ExposedFlow | None]] | None = None
+        # With run resources: the flow of the caller's run a run URI names
+        # (chainweaver.mcp.components.run_resources).
+        self.run_target = run_target
+
+    def without_sessions(self) -> None:
+        """Serving stateless HTTP: no session keeps a log level (``logging/setLevel``
+        answers for the request alone)."""
+        self.keeps_sessions = False
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         # The only hook that sees prompts/get params before the MCP SDK validates
@@ -135,13 +143,13 @@ class SecurityGate(GateHooks):
             problem = malformed_prompt_request(params)
             if problem is not None:
                 name = params.get("name")
-                return await self._guard("prompt", name if isinstance(name, str) else "",
+                return await self.guard("prompt", name if isinstance(name, str) else "",
                                          context, refuse_malformed(problem))
         if context.method == "completion/complete":
-            return await self._guard_listing("completion", completion_target(params),
+            return await self.guard_listing("completion", completion_target(params),
                                              context, call_next)
         if context.method in SUBSCRIPTION_METHODS:
-            return await self._guard_listing("subscription", context.method, context,
+            return await self.guard_listing("subscription", context.method, context,
                                              call_next)
         if context.method in TASK_METHODS:
             return await self._guard_task(context, call_next)
@@ -155,10 +163,10 @@ class SecurityGate(GateHooks):
         ``tasks/update`` (``kind="task"``, the method as name), and serve them as the
         caller: the tasks extension answers only that caller's tasks, in its view."""
         task_id = task_id_of(context.message)
-        return await self._guard_listing("task", context.method or "", context, call_next,
+        return await self.guard_listing("task", context.method or "", context, call_next,
                                          task_id=task_id)
 
-    async def _guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
+    async def guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any, *, mounted: bool = False,
                              task_id: str | None = None) -> Any:
         """Authenticate, rate-limit and audit a list, a completion, a subscription or a
@@ -170,17 +178,19 @@ class SecurityGate(GateHooks):
         if nested is not None:
             # Admitted by this gate already: by the parent's MountedGate, or this is a
             # list a tool the gate admitted makes (resources_as_tools / prompts_as_tools).
-            listing = nested.but(kind=kind, name=name, target=None, decided=True)
+            listing = nested.listing(kind, name)
             with admission.admitted(listing):
                 return await self.serving.count(listing, context, call_next)
         if not (mounted or reached_directly(self, context)):
             return await call_next(context)
         gate = GateContext(kind, name, None, None, get_http_headers(include_all=True))
         if not self.active:
-            return await self.serving.serve(self._record(held, caller_from_token(), kind,
-                                                         name, None), context, call_next)
+            token_caller = caller_from_token()
+            return await self.serving.serve(admission.gate_record(
+                held, token_caller, self.views.of(self.exposure, token_caller), self.owner,
+                kind, name, None), context, call_next)
         try:
-            caller = await self._authenticate(gate)
+            caller = await self.authenticate(gate)
             await self._limit(gate, caller)
         except GateRefused as refused:
             await self._audit(gate, refused.caller, "denied", refused.reason, task_id=task_id)
@@ -188,38 +198,32 @@ class SecurityGate(GateHooks):
         admission.learn_caller(caller)
         await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
-        result = await self._run_admitted(self._record(held, caller, kind, name, None),
-                                          context, call_next, gate, started,
+        record = admission.gate_record(held, caller, self.views.of(self.exposure, caller),
+                                       self.owner, kind, name, None)
+        result = await self._run_admitted(record, context, call_next, gate, started,
                                           task_id=task_id, count=not mounted)
         await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
                           task_id=task_id)
         return result
 
-    def _record(self, held: Admission | None, caller: CallerIdentity, kind: RequestKind,
-                name: str, target: ExposedFlow | None, *, gate: GateContext | None = None,
-                decided: bool = True, view: View | None = None, run: RunNote | None = None,
-                runs_root: str = RUNS_URI) -> Admission:
-        """The admission of a request of ``caller`` this gate decided (``decided``
-        False: while it resolves the request's name); ``gate``: the request as the audit
-        hook saw it, for a call's approval audits; ``runs_root``: where its client
-        reaches the run resources."""
-        approvals: Callable[[str, str], Awaitable[None]] | None = None
-        if kind == "tool" and decided and self.audit_hook is not None and gate is not None:
-            async def audit(step_id: str, answer: str) -> None:
-                await self._audit(gate, caller, approval_decision(answer), answer,
-                                  phase="approval", step_id=step_id)
-            approvals = audit
-        base = held or Admission(object())
-        # Another server's gate decided this request first (this server is mounted in
-        # it): keep its record, for its own components, and make this gate's inside it.
-        foreign = held is not None and held.owner not in (None, self.owner)
-        outer = held if foreign else base.outer
-        observers = () if foreign else base.observers
-        return base.but(caller=caller,
-                        view=view or self.views.of(self.exposure, caller), owner=self.owner,
-                        kind=kind, name=name, target=target, decided=decided,
-                        audit_approval=approvals, outer=outer, observers=observers,
-                        run=run, runs_root=runs_root)
+    def undecided(self, caller: CallerIdentity, kind: RequestKind, name: str) -> Admission:
+        """An undecided admission of ``caller``'s request, inside the request's record
+        so far: for looking its name up in that caller's view."""
+        return admission.gate_record(admission.current(), caller,
+                                     self.views.of(self.exposure, caller), self.owner, kind,
+                                     name, None, decided=False)
+
+    def _approvals(self, gate: GateContext, caller: CallerIdentity
+                   ) -> Callable[[str, str], Awaitable[None]] | None:
+        """How the approval answers of a call admitted as ``gate`` are audited."""
+        if self.audit_hook is None:
+            return None
+
+        async def audit(step_id: str, answer: str) -> None:
+            await self._audit(gate, caller, approval_decision(answer), answer,
+                              phase="approval", step_id=step_id)
+
+        return audit
 
     async def _run_admitted(self, record: Admission, context: MiddlewareContext,
                             call_next: Any, gate: GateContext, started: float,
@@ -275,7 +279,7 @@ class SecurityGate(GateHooks):
         meta = owned_meta(await find_component(server, kind, name), self.owner)
         return None if meta is None else flow_of(self.exposure, meta)
 
-    async def _guard(
+    async def guard(
         self, kind: RequestKind, name: str, context: MiddlewareContext, call_next: Any
     ) -> Any:
         held = admission.current()
@@ -332,15 +336,15 @@ class SecurityGate(GateHooks):
             token_caller = admitted or caller_from_token()
             view = self.views.of(self.exposure, token_caller)
             exposed = await self._resolve(held, token_caller, kind, name, resolve, view)
-            return await self.serving.serve(self._record(
-                held, token_caller, kind, name, exposed, view=view, runs_root=runs_root),
-                context, call_next, count=not mounted)
+            return await self.serving.serve(admission.gate_record(
+                held, token_caller, view, self.owner, kind, name, exposed,
+                runs_root=runs_root), context, call_next, count=not mounted)
         headers = get_http_headers(include_all=True)
         gate = gate_for(kind, name, None, headers)
         caller: CallerIdentity | None = admitted
         try:
             if admitted is None:
-                caller = authenticated or await self._authenticate(gate)
+                caller = authenticated or await self.authenticate(gate)
             assert caller is not None
             view = self.views.of(self.exposure, caller)
             exposed = await self._resolve(held, caller, kind, name, resolve, view)
@@ -359,32 +363,20 @@ class SecurityGate(GateHooks):
         started = time.perf_counter()
         # Where the run a call starts notes what its audit needs (see RunNote).
         note = RunNote() if kind == "tool" else None
-        record = self._record(held, caller, kind, name, exposed, gate=gate, view=view,
-                              run=note, runs_root=runs_root)
+        record = admission.gate_record(
+            held, caller, view, self.owner, kind, name, exposed, run=note,
+            audit_approval=self._approvals(gate, caller) if kind == "tool" else None,
+            runs_root=runs_root)
         result = await self._run_admitted(record, context, call_next, gate, started,
                                           count=not mounted)
-        try:
-            data = payload_text(kind, result).encode("utf-8")
-        except UnicodeEncodeError:
-            # The transport cannot send it either: never audit "ok" for a reply the
-            # client will not receive.
-            await self._audit(gate, caller, "allowed", "ok", started=started,
-                              outcome="error", error_type="UnsendableResult")
-            raise MCPError(code=INTERNAL_ERROR, message="The result cannot be sent") from None
-        failed = kind == "tool" and bool(getattr(result, "is_error", False))
-        digest, length = hashlib.sha256(data).hexdigest(), len(data)
-        if note is not None and note.output_sha256 is not None \
-                and note.output_length is not None:
-            # The output went as a resource link (an isError result for a flow with an
-            # output schema, yet the run succeeded): the digest of the output itself,
-            # which the link reads back (the result holds a preview).
-            digest, length, failed = note.output_sha256, note.output_length, False
-        await self._audit(
-            gate, caller, "allowed", "ok", started=started,
-            outcome="error" if failed else "ok",
-            error_type=note.error_type if note is not None and failed else None,
-            result_sha256=digest, result_length=length,
-        )
+        done = completed(kind, result, note)
+        await self._audit(gate, caller, "allowed", "ok", started=started,
+                          outcome=done.outcome, error_type=done.error_type,
+                          result_sha256=done.result_sha256, result_length=done.result_length)
+        if done.error_type == UNSENDABLE:
+            # The transport cannot send it either: audited as an error, never "ok" for a
+            # reply the client will not receive.
+            raise MCPError(code=INTERNAL_ERROR, message="The result cannot be sent")
         return result
 
     def _unsupported_composition(self, kind: RequestKind, name: str) -> MCPError:
@@ -411,12 +403,28 @@ class SecurityGate(GateHooks):
         if resolve is None:
             exposed = self.published_target(kind, name)
         else:
-            with admission.admitted(self._record(held, caller, kind, name, None,
-                                                 decided=False, view=view)):
+            with admission.admitted(admission.gate_record(held, caller, view, self.owner,
+                                                          kind, name, None, decided=False)):
                 exposed = await resolve()
         return exposed if view.allows(exposed) else None
 
-    async def _authenticate(self, gate: GateContext) -> CallerIdentity:
+    async def admit_outside_mcp(self, gate: GateContext, caller: CallerIdentity | None
+                                ) -> CallerIdentity | None:
+        """Admit a request made outside MCP (the server card): the authenticator (if
+        set) replaces ``caller``, then the limiter; audited. None: unauthenticated."""
+        try:
+            if self.authenticator is not None:
+                caller = await self.authenticate(gate)
+            await self._limit(gate, caller or ANONYMOUS)
+        except GateRefused as refused:
+            await self._audit(gate, refused.caller, "denied", refused.reason)
+            if refused.reason == "unauthenticated":
+                return None
+            raise
+        await self._audit(gate, caller, "allowed", "ok")
+        return caller
+
+    async def authenticate(self, gate: GateContext) -> CallerIdentity:
         """The authenticator's caller; without one, the verified token's (or anonymous)."""
         if self.authenticator is None:
             return caller_from_token()

@@ -60,8 +60,7 @@ class AdmittedServing:
         parent's, namespaced one), where its run resources are at ``runs_root``."""
         if self.observe is None or record is None:
             return await call_next(context)
-        own = record.but(name=local_name(record.kind, context.message, record.name),
-                         runs_root=runs_root)
+        own = record.named(local_name(record.kind, context.message, record.name), runs_root)
         return await self.observe(own, context, lambda: call_next(context))
 
     async def _served(self, record: Admission, context: MiddlewareContext,

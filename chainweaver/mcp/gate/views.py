@@ -27,7 +27,7 @@ from typing import Any, TypeGuard, TypeVar
 
 from chainweaver.errors import ExposureConfigError
 from chainweaver.flows import Flow
-from chainweaver.mcp.gate.hooks import ANONYMOUS, CallerIdentity
+from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity
 from chainweaver.mcp.publish.decision import ExposedFlow
 from chainweaver.mcp.publish.exposure import LiveExposure
 

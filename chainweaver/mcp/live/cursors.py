@@ -34,7 +34,7 @@ from fastmcp.server.dependencies import bind_request_context
 from fastmcp.server.providers import LocalProvider
 from mcp import MCPError
 
-from chainweaver.mcp.gate.admission import Admission, ListPage, admitted
+from chainweaver.mcp.gate.admission import ListPage, admitted, list_request
 from chainweaver.mcp.gate.body_cap import MESSAGE_BUDGET
 
 LIST_AGAIN = ("the published list changed since this cursor was issued; "
@@ -83,7 +83,7 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
         # The request's admission starts here, with the page it asks for; the gate's
         # first step pins its snapshot in the same record (same request: its session).
         # The provider checks the cursor inside the gate (see FlowProvider._page).
-        with admitted(Admission(ctx.session, page=page)):
+        with admitted(list_request(ctx.session, page)):
             if by_provider:
                 result = await _serve_page(server, method, ctx)
             else:

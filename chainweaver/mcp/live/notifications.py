@@ -35,7 +35,6 @@ import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.server.dependencies import get_context, get_http_request
 from fastmcp.server.middleware import MiddlewareContext
-from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
@@ -49,14 +48,15 @@ from mcp.server.subscriptions import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from chainweaver.mcp.fastmcp_seams import (
+    advertise_no_notifications,
     forget_request_handler,
     low_level_server,
     on_connection_close,
 )
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import admitted, caller_from_token, pinned
-from chainweaver.mcp.gate.hooks import CallerIdentity
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.hooks import CallerIdentity
 from chainweaver.mcp.live.cursors import paged_by_view
 from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
 
@@ -211,9 +211,7 @@ class ChangeNotifier:
     def without_back_channel(self, server: FastMCP) -> None:
         """Serving stateless HTTP: 2025-11-25 sessions cannot be notified, so do not
         advertise ``listChanged`` or ``resources.subscribe`` to them."""
-        low = low_level_server(server)
-        if low is not None:
-            low.notification_options = NotificationOptions()
+        advertise_no_notifications(server)
         for method in ("resources/subscribe", "resources/unsubscribe"):
             forget_request_handler(server, method)
 
@@ -447,10 +445,11 @@ class SnapshotPins:
     :class:`~chainweaver.mcp.gate.composition.GateHooks`): one snapshot per request,
     and 2025-11-25 sessions kept, each with the caller it follows."""
 
-    def __init__(self, live: LiveExposure, notifier: ChangeNotifier) -> None:
+    def __init__(self, live: LiveExposure, notifier: ChangeNotifier,
+                 keep_alive: object = None) -> None:
         self.live = live
         self.notifier = notifier
-        self.keep_alive: object = None  # what must live as long as this server serves
+        self.keep_alive = keep_alive  # what must live as long as this server serves
 
     async def serve(self, context: MiddlewareContext, call_next: Any) -> Any:
         """``call_next(context)`` with this server's snapshot pinned for the request."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import mcp_types
+from fastmcp import FastMCP
 from fastmcp.server.context import Context
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, StrictBool, ValidationError
@@ -46,23 +47,27 @@ class ApprovalNonces:
     By default in this process: a bounded record (at most ``limit`` states) kept until
     each state expires. When it is full, the state that expires first is forgotten and
     every state expiring no later than it is refused from then on, so a forgotten state
-    can never be replayed. ``shared``, when set (a server with a Redis tasks backend
-    sets it), marks a state in a store every replica shares; it answers ``None`` when
+    can never be replayed. ``shared`` (a server with a task backend gives it:
+    :func:`chainweaver.mcp.tasks.setup.approval_marks`) finds, for the server a call
+    runs on, how to mark a state in a store every replica shares; it finds none while
     that store is not running, and the process record answers instead.
     """
 
-    def __init__(self, limit: int = MAX_USED_STATES) -> None:
+    def __init__(self, limit: int = MAX_USED_STATES, *,
+                 shared: Callable[[FastMCP], SharedMark | None] | None = None) -> None:
         self.limit = limit
-        self.shared: Callable[[], SharedMark | None] | None = None
+        self.shared = shared
         self._used: dict[str, float] = {}
         self._expiries: list[tuple[float, str]] = []  # a heap: the next to expire first
         self._floor = 0.0  # states expiring at or before this are refused
         self._lock = threading.Lock()
 
-    async def use(self, nonce: str, expires: float) -> bool:
-        """Mark the state ``nonce`` (valid until ``expires``, a time.time()) as used;
-        False when it was used already or can no longer be told apart from one that was."""
-        mark = self.shared() if self.shared is not None else None
+    async def use(self, nonce: str, expires: float, server: FastMCP | None = None) -> bool:
+        """Mark the state ``nonce`` (valid until ``expires``, a time.time()) as used on
+        ``server`` (the one the call runs on); False when it was used already or can no
+        longer be told apart from one that was."""
+        mark = self.shared(server) if self.shared is not None and server is not None \
+            else None
         if mark is not None:
             answer = await mark(nonce, expires)
             if answer is not None:
@@ -105,12 +110,16 @@ class RunSettings:
 
     @classmethod
     def build(cls, approval: bool, approval_timeout: float,
-              keys: tuple[bytes, ...] | None, notifications: bool = True) -> RunSettings:
+              keys: tuple[bytes, ...] | None, notifications: bool = True, *,
+              shared_nonces: Callable[[FastMCP], SharedMark | None] | None = None
+              ) -> RunSettings:
+        """A server's settings; ``shared_nonces``: see :class:`ApprovalNonces`."""
+        nonces = ApprovalNonces(shared=shared_nonces)
         if not keys:
-            return cls(approval, approval_timeout, notifications)
+            return cls(approval, approval_timeout, notifications, nonces=nonces)
         derived = tuple(hashlib.sha256(b"chainweaver/approval-state:" + key).digest()
                         for key in keys)
-        return cls(approval, approval_timeout, notifications, derived)
+        return cls(approval, approval_timeout, notifications, derived, nonces)
 
 
 class ApprovalAnswer(BaseModel):
@@ -351,7 +360,11 @@ class Approval:
             return True
         if expires < time.time():
             return False
-        return await self._settings.nonces.use(nonce, float(expires))
+        try:
+            server: FastMCP | None = self._ctx.fastmcp
+        except RuntimeError:  # the server is gone: the process record answers
+            server = None
+        return await self._settings.nonces.use(nonce, float(expires), server)
 
     def _sign(self, body: str, secret: bytes | None = None) -> str:
         key = self._settings.secrets[0] if secret is None else secret

@@ -44,8 +44,8 @@ from opentelemetry import metrics as otel_metrics
 from chainweaver import __version__
 from chainweaver.executor import StepRecord
 from chainweaver.mcp.gate.admission import Admission
-from chainweaver.mcp.gate.hooks import GATE_REFUSED, GateContext
 from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name, budget_name_of
+from chainweaver.mcp.hooks import GATE_REFUSED, GateContext
 from chainweaver.mcp.publish.exposure import Exposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver

@@ -3,7 +3,7 @@ that stores it and tells subscribers, and large outputs sent as resource links.
 
 Every flow run started through MCP (a ``tools/call`` or a background task's leg) gets
 a run id, carried in its result's ``_meta``. With a run history configured
-(``ServingConfig(run_history=RunHistory(...))``) its record is saved when it starts,
+(``FlowServer(run_history=RunHistory(...))``) its record is saved when it starts,
 when it waits for approval and when it ends; every failed, cancelled or refused run is
 logged at warning, with its id, flow, version, step and error type, whatever the
 client was told.
@@ -23,31 +23,39 @@ from typing import TYPE_CHECKING, Any
 from fastmcp.tools.base import ToolResult
 from mcp_types import ResourceLink, TextContent
 
+from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, sent_size
-from chainweaver.mcp.publish.run_uris import RUNS_URI, output_uri
+from chainweaver.mcp.publish.run_uris import RUNS_URI, output_uri, run_uri
 from chainweaver.mcp.runs.records import (
     FINISHED,
+    MemoryRunStore,
     RunRecord,
     RunStatus,
     RunStore,
     RunStoreError,
     new_run_id,
 )
-from chainweaver.mcp.runs.spill import SpillStore
+from chainweaver.mcp.runs.spill import (
+    SPILL_MAX_AGE,
+    SPILL_MAX_BYTES,
+    SPILL_MAX_OUTPUTS,
+    SpillStore,
+)
 from chainweaver.mcp.runs.step_names import StepNames, step_entry
 from chainweaver.run_events import RunObserver
 
 if TYPE_CHECKING:
     from chainweaver.executor import ExecutionResult, StepRecord
-    from chainweaver.mcp.config import RunHistory
     from chainweaver.mcp.publish.exposure import ExposedFlow
 
 logger = logging.getLogger("chainweaver.mcp.runs")
 
 OUTPUT_MIME = "application/json"
 PREVIEW_BYTES = 1024
+# Told of a run's status change: (its caller's id, its flow's name, the URIs updated).
+RunUpdated = Callable[[str, str, list[str]], Awaitable[None]]
 
 
 def state_run_id(caller_id: str, state: str) -> str:
@@ -73,21 +81,40 @@ class RunStart:
 
 class RunLog:
     """The server's run history: its store and output limit, and who is told of each
-    status change (``updated``: the change notifier's, set by FlowServer).
+    status change (``updated(caller_id, flow_name, uris)``: the server's change
+    notifier, told the run's URI and the listing's).
 
     ``records`` False: no run history, only the outputs too large to send in one
     message, each kept with the record of its run in the server's output spill (a
     :class:`~.spill.SpillStore`). ``task_links`` False: a background task's output
     is not linked from here (a spill that another process's task worker cannot reach).
+    Servers build theirs with :meth:`open` or :meth:`spill`.
     """
 
     def __init__(self, settings: RunHistory, store: RunStore, *,
-                 records: bool = True, task_links: bool = True) -> None:
+                 records: bool = True, task_links: bool = True,
+                 updated: RunUpdated | None = None) -> None:
         self.settings = settings
         self.store = store
         self.records = records
         self.task_links = task_links
-        self.updated: Callable[[RunRecord], Awaitable[None]] | None = None
+        self.updated = updated
+
+    @classmethod
+    def open(cls, settings: RunHistory, updated: RunUpdated | None = None) -> RunLog:
+        """The run log a server's ``run_history`` asks for."""
+        return cls(settings, open_store(settings), updated=updated)
+
+    @classmethod
+    def spill(cls, *, task_links: bool = True) -> RunLog:
+        """Where a server without a run history keeps outputs too large to send: its
+        output spill (:mod:`.spill`). ``task_links`` False: its background tasks may
+        run in other processes (a shared task backend), whose spills no client
+        reaches."""
+        settings = RunHistory(max_runs=SPILL_MAX_OUTPUTS, max_age=SPILL_MAX_AGE,
+                              max_output_bytes=SPILL_MAX_BYTES)
+        return cls(settings, SpillStore(SPILL_MAX_OUTPUTS, SPILL_MAX_AGE, SPILL_MAX_BYTES),
+                   records=False, task_links=task_links)
 
     async def save(self, record: RunRecord, *, new: bool = False,
                    changed: bool = True) -> None:
@@ -98,7 +125,7 @@ class RunLog:
                            type(error).__name__)
             return
         if changed and self.updated is not None:
-            await self.updated(record)
+            await self.updated(record.caller, record.flow, [run_uri(record.run_id), RUNS_URI])
 
     async def forget(self, run_id: str) -> None:
         """Delete a record; when the store fails (it logged why), retention drops it."""
@@ -122,6 +149,16 @@ class RunLog:
         record.status, record.ended_at = "cancelled", time.time()
         log_unsuccessful(record)
         await self.save(record)
+
+
+def open_store(settings: RunHistory) -> RunStore:
+    """The store a ``RunHistory(store=...)`` URL names."""
+    if settings.store.startswith("memory://"):
+        return MemoryRunStore(settings.max_runs, settings.max_age, settings.max_output_bytes)
+    from chainweaver.mcp.runs.redis_records import RedisRunStore
+
+    return RedisRunStore(settings.store, max_runs=settings.max_runs, max_age=settings.max_age,
+                         prefix=settings.prefix)
 
 
 def log_unsuccessful(record: RunRecord) -> None:
@@ -396,7 +433,9 @@ def output_meta(record: RunRecord) -> dict[str, Any] | None:
 
 
 def run_start(run_id: str | None, caller_id: str, note: RunNote | None = None,
-              task_id: str | None = None) -> RunStart:
+              task_id: str | None = None, *, deliveries: int = 1) -> RunStart:
+    """Which run a flow tool's run is: ``run_id`` continued, or (None) a new one."""
     if run_id is None:
-        return RunStart(new_run_id(), caller_id, task_id, note or RunNote(), fresh=True)
-    return RunStart(run_id, caller_id, task_id, note or RunNote())
+        return RunStart(new_run_id(), caller_id, task_id, note or RunNote(), fresh=True,
+                        deliveries=deliveries)
+    return RunStart(run_id, caller_id, task_id, note or RunNote(), deliveries=deliveries)

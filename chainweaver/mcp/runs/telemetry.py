@@ -3,9 +3,10 @@
 They nest under FastMCP's own ``tools/call {name}`` SERVER span (FastMCP opens it
 around its whole middleware chain). The flow span is not made current, so spans that
 tools open themselves nest under FastMCP's span, beside it. Attributes are the flow's
-name, version and tool name, and per step its id, status, attempts and duration (plus
-the error type and fallback when the tool result's metadata carries them, which ``error_detail``
-governs). Never argument values, outputs or error messages.
+name, version and tool name, and per step its id, status, attempts and duration, plus
+its error type (unless ``error_detail`` is ``"generic"``) and fallback: what the tool
+result's ``_meta`` tells the caller, read from the step records themselves. Never
+argument values, outputs or error messages.
 
 Step spans come from the run itself: the security gate serves each admitted call
 through :meth:`FlowTelemetry.watch`, which puts a run observer in the request's
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import time
 from asyncio import CancelledError
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -30,7 +31,7 @@ from chainweaver.executor import StepRecord
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
-from chainweaver.mcp.runs.step_names import StepNames, step_entry, step_names
+from chainweaver.mcp.runs.step_names import ALL_VISIBLE, StepNames, step_names
 from chainweaver.run_events import RunObserver
 
 TRACER = trace.get_tracer("chainweaver", __version__)
@@ -72,7 +73,7 @@ class FlowTelemetry:
             watching += (counter,)
         started = time.perf_counter()
         try:
-            result = await serve(record.but(observers=(*record.observers, *watching)))
+            result = await serve(record.watched_by(watching))
         except BaseException as error:
             self._run_finished(counter, "cancelled" if isinstance(error, CancelledError)
                                else "failed", started)
@@ -110,8 +111,8 @@ class StepSpans(RunObserver):
 
     def step_finished(self, record: StepRecord) -> None:
         if self.parent.is_recording():
-            _step_spans(self.parent, [step_entry(record, self.error_detail, self.names)],
-                        self.run_started_ns)
+            _step_spans(self.parent, (record,), self.run_started_ns, self.names,
+                        self.error_detail)
 
 
 def flow_attributes(exposed: ExposedFlow, tool_name: str) -> dict[str, str]:
@@ -120,28 +121,30 @@ def flow_attributes(exposed: ExposedFlow, tool_name: str) -> dict[str, str]:
             "chainweaver.flow.tool": tool_name}
 
 
-def _step_spans(parent: Span, steps: Sequence[Any], start_ns: int) -> None:
-    """One span per step, each placed at its own start after ``start_ns``."""
+def _step_spans(parent: Span, records: Sequence[StepRecord], start_ns: int,
+                names: StepNames, error_detail: str) -> None:
+    """One span per step record, each placed at its own start after ``start_ns``, named
+    and described as the caller may see it (what ``run_meta`` tells the caller)."""
     context = trace.set_span_in_context(parent)
-    for step in steps:
-        if not isinstance(step, Mapping):
-            continue
-        begin = start_ns + int(float(step.get("started_ms", 0.0)) * 1_000_000)
-        duration_ns = int(float(step.get("duration_ms", 0.0)) * 1_000_000)
+    for record in records:
+        begin = start_ns + int(record.started_ms * 1_000_000)
+        step_id = names.label(record.step_id)
         attributes: dict[str, Any] = {
-            "chainweaver.step.id": str(step.get("id", "")),
-            "chainweaver.step.status": str(step.get("status", "")),
-            "chainweaver.step.attempts": int(step.get("attempts", 0)),
-            "chainweaver.step.duration_ms": float(step.get("duration_ms", 0.0)),
+            "chainweaver.step.id": step_id,
+            "chainweaver.step.status": record.status,
+            "chainweaver.step.attempts": record.attempts,
+            "chainweaver.step.duration_ms": round(record.duration_ms, 3),
         }
-        for key in ("error", "fallback"):
-            if isinstance(step.get(key), str):
-                attributes[f"chainweaver.step.{key}"] = step[key]
-        span = TRACER.start_span(f"chainweaver.step {attributes['chainweaver.step.id']}",
-                                 context=context, start_time=begin, attributes=attributes)
-        if step.get("status") == "failed":
+        if record.error is not None and error_detail != "generic":
+            attributes["chainweaver.step.error"] = record.error.type
+        if record.fallback is not None:
+            attributes["chainweaver.step.fallback"] = record.fallback
+        span = TRACER.start_span(f"chainweaver.step {step_id}", context=context,
+                                 start_time=begin, attributes=attributes)
+        if record.status == "failed":
             span.set_status(Status(StatusCode.ERROR, "step failed"))
-        nested = step.get("steps")
-        if isinstance(nested, Sequence):
-            _step_spans(span, nested, begin)  # a sub-flow's steps count from its start
-        span.end(end_time=begin + duration_ns)
+        if record.steps is not None and not names.hides(record.step_id):
+            # A visible sub-flow's steps count from its start.
+            _step_spans(span, record.steps, begin,
+                        names.inner(record.step_id) or ALL_VISIBLE, error_detail)
+        span.end(end_time=begin + int(record.duration_ms * 1_000_000))

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -61,10 +60,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from chainweaver.mcp.fastmcp_seams import check_task_request, running_docket
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
-from chainweaver.mcp.runs.approval import SharedMark, declared_elicitation
+from chainweaver.mcp.runs.approval import declared_elicitation
 from chainweaver.mcp.runs.recording import RunRecorder, run_start
 from chainweaver.mcp.runs.step_names import ALL_VISIBLE
 from chainweaver.mcp.tasks.durable import as_seen, mark_queued
@@ -94,34 +92,6 @@ class FlowTasksExtension(TasksExtension):
         super().__init__(**settings)
         self.provider = provider
         self.audit = audit
-        # An approval state a 2026-07-28 client echoes is used up in the task backend's
-        # store: with Redis, every replica on it refuses a replay (see runs.ApprovalNonces).
-        provider.runs.nonces.shared = self._approval_states
-
-    def _approval_states(self) -> SharedMark | None:
-        """Marks an approval state as used in the running Docket's Redis (None: not
-        running, and the process record answers)."""
-        try:
-            docket = _server_docket(self.server)
-        except RuntimeError:  # not registered on a server (yet)
-            return None
-        if docket is None:
-            return None
-        running: Docket = docket
-
-        async def mark(nonce: str, expires: float) -> bool | None:
-            ttl = max(1, int(expires - time.time()) + 1)
-            try:
-                async with running.redis() as redis:
-                    return bool(await redis.set(
-                        running.key(f"chainweaver:approval-state:{nonce}"), "1",
-                        nx=True, ex=ttl))
-            except Exception as error:  # cannot tell whether it was used: refused
-                logger.warning("approval state refused: the task store failed (%s)",
-                               type(error).__name__)
-                return False
-
-        return mark
 
     async def intercept_tool_call(
         self,
@@ -200,7 +170,7 @@ class FlowTasksExtension(TasksExtension):
             payload["runs_root"] = held.runs_root
         created = await create_task(await self.registered_runner(), payload, context)
         await mark_queued(self.docket, get_task_scope(), created.task_id)
-        run.task_id = created.task_id
+        run = dataclasses.replace(run, task_id=created.task_id)
         await RunRecorder(self.provider.run_log, exposed, run, ALL_VISIBLE).begin()
         await self.audit.record(exposed, created.task_id, "working", caller_id,
                                 phase="decision", reason="created")
@@ -221,10 +191,8 @@ class FlowTasksExtension(TasksExtension):
             exposed = await self.reachable_flow(params.task_id)
             # The request's admission, with the flow its task runs (only the task's id
             # names it): the provider finds the task runner only inside one.
-            held = admission.current() or Admission(ctx.session)
-            with admission.admitted(dataclasses.replace(
-                    held, owner=self.provider.owner, kind="task", name=method,
-                    target=exposed, decided=True)):
+            with admission.admitted(admission.task_request(ctx.session, self.provider.owner,
+                                                           method, exposed)):
                 if method == "tasks/cancel" and exposed is not None:
                     return await self._cancel(exposed, params.task_id, handler, ctx, params)
                 result = await handler(ctx, params)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import logging
 import threading
 import time
@@ -33,16 +32,16 @@ from pydantic import PrivateAttr
 
 from chainweaver.checkpoints import INTERRUPTED
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import Admission, RunNote
-from chainweaver.mcp.gate.hooks import (
+from chainweaver.mcp.gate.admission import RunNote
+from chainweaver.mcp.gate.requests import completed
+from chainweaver.mcp.gate.views import Views
+from chainweaver.mcp.hooks import (
     AuditEvent,
     AuditHook,
     CallerIdentity,
     approval_decision,
     deliver_audit,
 )
-from chainweaver.mcp.gate.requests import payload_text
-from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.approval import ApprovalInTask
@@ -94,26 +93,18 @@ class TaskAudit:
                      step_id: str | None = None, note: RunNote | None = None) -> None:
         if self.hook is None:
             return
-        digest = length = error_type = None
-        outcome: Literal["ok", "error"] | None = None
-        if result is not None:
-            # Hashed as the gate hashes a call's result, so a task's digest and a call's
-            # agree for the same result.
-            data = payload_text("tool", result).encode("utf-8", "surrogatepass")
-            digest, length = hashlib.sha256(data).hexdigest(), len(data)
-            outcome = "error" if result.is_error else "ok"
-            if note is not None and note.output_sha256 is not None:
-                # Sent as a resource link: the output's own digest, as for a call.
-                digest, length, outcome = note.output_sha256, note.output_length, "ok"
-            if outcome == "error" and note is not None:
-                error_type = note.error_type
+        # Audited as the gate audits a call's result (one builder): a task's digest and
+        # a call's agree for the same result.
+        done = completed("tool", result, note) if result is not None else None
         event = AuditEvent(
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
             caller_id=caller_id,
             decision=approval_decision(reason) if phase == "approval" else "allowed",
-            reason=reason, outcome=outcome, error_type=error_type, result_sha256=digest,
-            result_length=length,
+            reason=reason, outcome=done.outcome if done else None,
+            error_type=done.error_type if done else None,
+            result_sha256=done.result_sha256 if done else None,
+            result_length=done.result_length if done else None,
             task_id=task_id, task_status=status, step_id=step_id)
         await deliver_audit(self.hook, event, self.timeout)
 
@@ -132,16 +123,16 @@ class FlowTaskRunner(FastMCPTool):
     _metrics: ServerMetrics | None = PrivateAttr(default=None)
 
     @classmethod
-    def build(cls, provider: FlowProvider, audit: TaskAudit) -> FlowTaskRunner:
+    def build(cls, provider: FlowProvider, audit: TaskAudit,
+              metrics: ServerMetrics | None = None) -> FlowTaskRunner:
+        """The runner of ``provider``'s flows; ``metrics``: where its runs and steps are
+        counted (``chainweaver.runs`` and ``.steps``, like an inline run's)."""
         runner = cls(name=RUNNER_NAME, parameters={"type": "object"},
                      task_config=TaskConfig(mode="optional"))
         runner._provider = provider
         runner._audit = audit
+        runner._metrics = metrics
         return runner
-
-    def count_runs(self, metrics: ServerMetrics) -> None:
-        """Count the runs of task legs in ``chainweaver.runs`` and ``.steps``."""
-        self._metrics = metrics
 
     async def run(  # Docket injects the dependencies
         self,
@@ -157,7 +148,7 @@ class FlowTaskRunner(FastMCPTool):
         root = root if isinstance(root, str) else RUNS_URI  # where its client reads runs
         if caller is None and root == RUNS_URI:
             return await self._run_leg(arguments, ctx, execution, docket)
-        with admission.admitted(Admission(execution, caller=caller, runs_root=root)):
+        with admission.admitted(admission.task_leg(execution, caller, root)):
             return await self._run_leg(arguments, ctx, execution, docket)
 
     async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
@@ -187,10 +178,11 @@ class FlowTaskRunner(FastMCPTool):
         asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True),
                                 caller_id=caller_id)
         note = RunNote()
-        # The caller id as the gate admitted it, whatever it holds ("" included).
+        # The caller id as the gate admitted it, whatever it holds ("" included); the
+        # run record says how often it was delivered.
         run = run_start(arguments.get("run"),
-                        caller_id if isinstance(caller_id, str) else "anonymous", note, task_id)
-        run.deliveries = max(deliveries, 1)  # the run record says how often
+                        caller_id if isinstance(caller_id, str) else "anonymous", note,
+                        task_id, deliveries=max(deliveries, 1))
         metrics = self._metrics
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,13 +14,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 from chainweaver.errors import ExposureConfigError
 from chainweaver.flows import TASK_MODES, TaskMode
-from chainweaver.mcp.config import SecurityConfig, check_seconds, check_text
-from chainweaver.mcp.fastmcp_seams import lifespan_manager
+from chainweaver.mcp.checks import check_seconds, check_text
+from chainweaver.mcp.config import SecurityConfig
+from chainweaver.mcp.fastmcp_seams import lifespan_manager, running_docket
+from chainweaver.mcp.runs.approval import SharedMark
+from chainweaver.mcp.runs.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
+    from fastmcp.tools.base import Tool
 
     from chainweaver.mcp.components.provider import FlowProvider
+
+logger = logging.getLogger("chainweaver.mcp")
 
 TASK_URL_SCHEMES = ("memory://", "redis://", "rediss://")
 
@@ -99,22 +108,61 @@ def check_tasks(tasks: object, mode: object = None, settings: object = None
     return chosen
 
 
-def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig, url: str,
+def flow_task_runner(security: SecurityConfig, metrics: ServerMetrics
+                     ) -> Callable[[FlowProvider], Tool]:
+    """How a provider builds the one task runner of its flows (see :mod:`.runner`); a
+    task leg's run counts in ``chainweaver.runs`` and ``.steps`` like an inline one."""
+    runner, audit = _tasks_extra()
+    task_audit = audit(security.audit_hook, security.hook_timeout)
+    return lambda provider: runner.build(provider, task_audit, metrics)
+
+
+def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig,
               settings: TaskSettings) -> None:
-    """Register the tasks extension and the one task runner (see ``tasks.py``)."""
+    """Register the tasks extension (see :mod:`.extension`), for the task runner
+    ``provider`` built."""
+    from chainweaver.mcp.tasks.extension import FlowTasksExtension
+    from chainweaver.mcp.tasks.runner import TaskAudit
+
+    if settings.encryption_key is not None:
+        _set_encryption_key(settings.encryption_key)
+    audit = TaskAudit(security.audit_hook, security.hook_timeout)
+    fastmcp.add_extension(FlowTasksExtension(provider, audit, url=settings.url,
+                                             **settings.extension_options()))
+
+
+def approval_marks(server: FastMCP) -> SharedMark | None:
+    """How an approval state is marked used in the task backend's store while
+    ``server`` runs it (None: not running; the process record answers): with Redis,
+    every replica on it then refuses a replay (see
+    :class:`~chainweaver.mcp.runs.approval.ApprovalNonces`)."""
+    docket = running_docket(server)
+    if docket is None:
+        return None
+
+    async def mark(nonce: str, expires: float) -> bool | None:
+        ttl = max(1, int(expires - time.time()) + 1)
+        try:
+            async with docket.redis() as redis:
+                return bool(await redis.set(
+                    docket.key(f"chainweaver:approval-state:{nonce}"), "1", nx=True, ex=ttl))
+        except Exception as error:  # cannot tell whether it was used: refused
+            logger.warning("approval state refused: the task store failed (%s)",
+                           type(error).__name__)
+            return False
+
+    return mark
+
+
+def _tasks_extra() -> tuple[Any, Any]:
+    """The task runner and its audit (FlowTaskRunner, TaskAudit): the tasks extra."""
     try:
-        from chainweaver.mcp.tasks.extension import FlowTasksExtension
         from chainweaver.mcp.tasks.runner import FlowTaskRunner, TaskAudit
     except ImportError as missing:  # pragma: no cover - depends on the installed extras
         raise ExposureConfigError(
             "background tasks need the tasks extra: pip install -e '.[mcp,tasks]' in a "
             f"clone of ChainWeaver ({missing})") from None
-    if settings.encryption_key is not None:
-        _set_encryption_key(settings.encryption_key)
-    audit = TaskAudit(security.audit_hook, security.hook_timeout)
-    provider.task_runner = FlowTaskRunner.build(provider, audit)
-    fastmcp.add_extension(FlowTasksExtension(provider, audit, url=url,
-                                             **settings.extension_options()))
+    return FlowTaskRunner, TaskAudit
 
 
 def worker_lifespan(fastmcp: FastMCP) -> AbstractAsyncContextManager[Any]:
