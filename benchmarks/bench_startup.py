@@ -12,7 +12,7 @@
    configuration runs in a fresh process (the freeze is process-wide), taking turns.
 
 Run: ``python benchmarks/bench_startup.py [--small N] [--large N] [--repeats N]
-[--list-sizes N,N] [--list-rounds N] [--quick]``. See benchmarks/README.md.
+[--list-sizes N,N] [--list-rounds N] [--list-calls N] [--quick]``. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -239,9 +239,9 @@ def run_worker(flows: int, variant: str, calls: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_lists(sizes: Iterable[int], rounds: int) -> None:
+def bench_lists(sizes: Iterable[int], rounds: int, calls_per_kind: int | None = None) -> None:
     for flows in sizes:
-        calls = list_calls(flows)
+        calls = calls_per_kind or list_calls(flows)
         section(f"3. Lists at {flows} flows, both flags, without and with gc.freeze() "
                 f"({rounds} rounds x {calls} calls per kind, each in a fresh process)")
         warm: dict[str, dict[str, list[float]]] = {
@@ -289,6 +289,9 @@ def main() -> None:
                         help="catalogue sizes for the list section (1000,20000)")
     parser.add_argument("--list-rounds", type=int, default=2,
                         help="fresh processes per size and variant (2)")
+    parser.add_argument("--list-calls", type=int, default=None,
+                        help="measured calls per kind in each list process "
+                             "(default: 20, fewer above 2,000 flows)")
     parser.add_argument("--lists-only", action="store_true",
                         help="run section 3 only")
     parser.add_argument("--quick", action="store_true",
@@ -303,7 +306,7 @@ def main() -> None:
         return
     if args.quick:
         args.small, args.large, args.repeats = 10, 400, 3
-        args.list_sizes, args.list_rounds = "100,400", 1
+        args.list_sizes, args.list_rounds, args.list_calls = "100,400", 1, 3
     sizes = [int(size) for size in args.list_sizes.split(",") if size]
 
     print(f"Start-up benchmark: {args.small} and {args.large} flows, {args.repeats} "
@@ -312,7 +315,7 @@ def main() -> None:
     if not args.lists_only:
         asyncio.run(bench_start(args.small, args.large, args.repeats))
         bench_parts(args.large, max(3, args.repeats // 2))
-    bench_lists(sizes, args.list_rounds)
+    bench_lists(sizes, args.list_rounds, args.list_calls)
     print(f"\n(whole run {time.perf_counter() - started:.0f} s)")
 
 

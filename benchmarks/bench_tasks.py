@@ -257,7 +257,7 @@ async def redis_throughput(flows: Path, total: int) -> float | None:
     return ratio
 
 
-async def durable_cost(flows: Path, total: int) -> float | None:
+async def durable_cost(flows: Path, total: int, rounds: int) -> float | None:
     binary = shutil.which("redis-server")
     if binary is None:
         print("== 4. skipped: redis-server is not installed ==")
@@ -265,7 +265,7 @@ async def durable_cost(flows: Path, total: int) -> float | None:
     print(f"== 4. {total} short tasks on Redis, 1 worker: with checkpoints vs without ==")
     times: dict[bool, list[float]] = {True: [], False: []}
     with local_redis(binary) as url:
-        for _ in range(3):  # in turns, so noise hits both
+        for _ in range(rounds):  # in turns, so noise hits both
             for durable in (False, True):
                 rate = await _workers_run(flows, url, 1, total, durable=durable, quiet=True)
                 times[durable].append(1 / rate)
@@ -387,7 +387,9 @@ async def main() -> None:
     handle = await handle_latency(flows, args.calls)
     memory = await memory_throughput(flows, args.tasks)
     scale = None if args.no_redis else await redis_throughput(flows, args.tasks)
-    durable = None if args.no_redis else await durable_cost(flows, args.tasks)
+    # Three rounds of each side (a worker process started for each); one in a smoke run.
+    rounds = 1 if args.quick else 3
+    durable = None if args.no_redis else await durable_cost(flows, args.tasks, rounds)
     growth, added = await startup(2000 if args.quick else 20000)
     print("== Summary ==")
     print(f"  task handle / plain call: {handle:.2f}x")

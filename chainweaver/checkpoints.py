@@ -9,8 +9,8 @@ each completed. A step that was running when the run stopped is run again only w
 its tools are idempotent or take an :data:`~chainweaver.IdempotencyKey`; otherwise the
 run fails with ``InterruptedStepError`` ("interrupted while running a non-idempotent
 step") and nothing runs. A run id whose checkpoints were written by another flow
-version, another plan or another input refuses to resume
-(:class:`CheckpointMismatchError`).
+version, another plan or another input, or that it cannot read (damaged, edited by
+hand, written by another release), refuses to resume (:class:`CheckpointMismatchError`).
 
 A :class:`CheckpointStore` keeps a few byte strings per run id; this module has the
 in-memory one, :mod:`chainweaver.checkpoints_redis` the Redis one.
@@ -105,10 +105,12 @@ class Durable:
     then written as steps start (only those that must not run twice) and end."""
 
     def __init__(self, store: CheckpointStore, run_id: str, head: dict[str, str],
-                 entries: Mapping[str, bytes]) -> None:
+                 entries: Mapping[str, bytes],
+                 saved: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.store = store
         self.run_id = run_id
         self.entries = entries
+        self.saved = saved or {}  # step id -> what it gave, read and checked by open()
         # Written with the first entry of a new run (one round trip fewer).
         self.pending_head: bytes | None = None if entries else json.dumps(head).encode()
         self.restored = 0
@@ -122,9 +124,13 @@ class Durable:
                 "plan": plan_fingerprint(plan), "input": hashlib.sha256(
                     pydantic_core.to_json(state.flow_input)).hexdigest()}
         entries = await store.load(run_id)
-        if entries:
-            _check(run_id, head, json.loads(entries[_HEAD]) if _HEAD in entries else {})
-        return cls(store, run_id, head, entries)
+        if not entries:
+            return cls(store, run_id, head, entries)
+        _check(run_id, head, _read(run_id, "its head", entries[_HEAD])
+               if _HEAD in entries else {})
+        saved = {planned.id: _saved_step(run_id, planned, entries[_DONE + planned.id])
+                 for planned in plan.steps if _DONE + planned.id in entries}
+        return cls(store, run_id, head, entries, saved)
 
     def restore(self, state: RunState) -> None:
         """Put the checkpointed steps into ``state`` (they count as done), or fail the
@@ -133,9 +139,9 @@ class Durable:
             return
         done: set[int] = set()
         for planned in state.plan.steps:
-            saved = self.entries.get(_DONE + planned.id)
+            saved = self.saved.get(planned.id)
             if saved is not None:
-                self._restore_step(state, planned, json.loads(saved))
+                self._restore_step(state, planned, saved)
                 done.add(planned.position)
             elif _RUNNING + planned.id in self.entries and not rerunnable(planned):
                 _interrupted(state, planned)
@@ -209,6 +215,52 @@ def _check(run_id: str, head: dict[str, str], saved: dict[str, str]) -> None:
         raise CheckpointMismatchError(
             f"run {run_id!r} of flow {head['flow']!r} {head['version']} was started with "
             "another input: it cannot resume with this one")
+
+
+# What a step's checkpoint may hold besides its status (see Durable.finished).
+_ERROR_FIELDS = frozenset(field.name for field in dataclasses.fields(ErrorInfo))
+
+
+def _read(run_id: str, what: str, data: bytes) -> dict[str, Any]:
+    """A checkpoint entry as the JSON object it must be; CheckpointMismatchError when
+    it is not one (damaged, edited by hand, written by another release): a run never
+    resumes from what it cannot read, nor takes a step it cannot read as done."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        value = None
+    if not isinstance(value, dict):
+        raise _unreadable(run_id, what, "not a JSON object")
+    return value
+
+
+def _saved_step(run_id: str, planned: PlannedStep, data: bytes) -> dict[str, Any]:
+    """What a step's checkpoint says it gave, checked (see :func:`_read`)."""
+    what = f"the checkpoint of {planned.label}"
+    saved = _read(run_id, what, data)
+    status, error = saved.get("status"), saved.get("error")
+    attempts = saved.get("attempts", 0)
+    if status not in ("completed", "skipped"):
+        why = f"status {str(status)[:40]!r}"
+    elif status == "completed" and not isinstance(saved.get("outputs"), dict):
+        why = "its outputs are not a JSON object"
+    elif not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 0:
+        why = "attempts is not a count"
+    elif not isinstance(saved.get("fallback"), (str, type(None))):
+        why = "fallback is not a name"
+    elif error is not None and not (
+            isinstance(error, dict) and set(error) <= _ERROR_FIELDS
+            and isinstance(error.get("type"), str) and isinstance(error.get("message"), str)):
+        why = "its error cannot be read"
+    else:
+        return saved
+    raise _unreadable(run_id, what, why)
+
+
+def _unreadable(run_id: str, what: str, why: str) -> CheckpointMismatchError:
+    return CheckpointMismatchError(
+        f"run {run_id!r}: {what} cannot be read ({why}): it cannot resume (start a new "
+        "run with another run id)")
 
 
 def _interrupted(state: RunState, planned: PlannedStep) -> None:

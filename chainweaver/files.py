@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FlowFileError
+from .extras import install_hint
 from .flow_data import flow_from_data as flow_from_data  # re-exported: docs and tests
 from .flow_data import import_model as import_model  # import both from here
 from .flow_format import DEFAULT_LIMITS as DEFAULT_LIMITS
@@ -29,7 +30,7 @@ from .flows import Flow
 from .tools import Tool
 
 FLOW_SUFFIXES = (".flow.yaml", ".flow.yml", ".flow.json")
-YAML_INSTALL_HINT = "pip install 'chainweaver[yaml]'"
+YAML_INSTALL_HINT = install_hint("yaml")
 
 PathLike = str | os.PathLike
 

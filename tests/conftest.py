@@ -16,6 +16,7 @@ import pytest
 
 # The flow_kit fixture, loaded as docs/testing.md tells flow authors to.
 pytest_plugins = ["chainweaver.testing_plugin"]
+TESTS_ROOT = Path(__file__).resolve().parent
 SLOW_DIRECTORIES = {"e2e", "docs", "cli"}
 TASKS_INSTALLED = importlib.util.find_spec("fastmcp_tasks") is not None
 # Test files that import the tasks extra (fastmcp-tasks, Docket, the Redis client).
@@ -25,6 +26,8 @@ TASK_TEST_FILES = [
     "mcp/test_task_approval.py", "mcp/test_task_approval_attacks.py",
     "mcp/test_task_security.py", "mcp/test_tasks.py", "mcp/test_rate_limit_redis.py",
     "e2e/test_durable_visibility.py", "e2e/test_shared_governance_tasks.py",
+    "e2e/test_large_outputs_tasks.py", "mcp/test_run_store_failures.py",
+    "mcp/test_run_store_hostile.py", "cli/test_cli_hostile_state.py",
 ]
 collect_ignore = [] if TASKS_INSTALLED else TASK_TEST_FILES
 
@@ -36,10 +39,21 @@ def pytest_report_header() -> str:
             "not collected, tests marked 'tasks' deselected")
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast lane (``-m "not slow"``) does not even import the slow directories:
+    every test in them is slow, and importing them costs each worker seconds."""
+    if config.option.markexpr.strip() != "not slow":
+        return None
+    try:
+        relative = collection_path.resolve().relative_to(TESTS_ROOT)
+    except ValueError:
+        return None
+    return True if relative.parts and relative.parts[0] in SLOW_DIRECTORIES else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests_root = Path(__file__).resolve().parent
     for item in items:
-        relative = Path(str(item.path)).resolve().relative_to(tests_root)
+        relative = Path(str(item.path)).resolve().relative_to(TESTS_ROOT)
         if relative.parts[0] in SLOW_DIRECTORIES:
             item.add_marker(pytest.mark.slow)
     if not TASKS_INSTALLED:

@@ -5,20 +5,23 @@ run a flow once, validate flow files, and govern and follow flows being served.
     chainweaver worker PATH... --tools MODULE --tasks redis://... [options]
     chainweaver inspect PATH... --tools MODULE [options] [--json] [--graph FLOW] [--strict]
     chainweaver run FLOW PATH... --tools MODULE [--input JSON | --input-file FILE]
-    chainweaver validate PATH... [--tools MODULE] [--format text|json]
+    chainweaver validate PATH... [--tools MODULE] [--json]
     chainweaver migrate SRC... --out DIR [--partial]
     chainweaver schema
     chainweaver flows archive|activate|deprecate|withdraw|status ...
     chainweaver runs list|show ... --store redis://...
+    chainweaver install claude-desktop|cursor|vscode|json PATH... --tools MODULE [options]
+    chainweaver dev PATH... --tools MODULE [options]
 
 Everything (tools, flow files, policy, token and instructions files, the exposure
 decision) is loaded and checked before anything is served, so a bad file never starts a
 half-configured server. Exit codes: 0 success, 1 invalid flow file, tool set, policy or
 setting, 2 a missing (or unloadable) file or module, and argparse's usual 2 for a
 malformed command line (an HTTP-only flag with stdio too), 3 an HTTP server that could
-not listen, 141 output into a closed pipe (``run``: 1 the flow failed, 2 a usage or
-loading error; ``validate``: 1 a flow file has a problem). Errors are one line on
-stderr; under stdio, stdout carries nothing but MCP.
+not listen or a Redis store not reached within --store-wait, 141 output into a closed
+pipe (``run``: 1 the flow failed, 2 a usage or loading error; ``validate``: 1 a flow
+file has a problem). Errors are one line on stderr; under stdio, stdout carries nothing
+but MCP.
 
 Each command is a module of this package; :mod:`chainweaver.cli.commands` lists them.
 """

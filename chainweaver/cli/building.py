@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ChainWeaverError
+from ..extras import needs_extra
 from ..flows import FlowLifecycle
 from ..governance.state import GovernanceSettings
 from ..safety import SideEffectLevel
@@ -90,8 +91,9 @@ def build_server(args: argparse.Namespace) -> Built:
     """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
     try:
         from ..mcp import ExposurePolicy, FlowServer, PromptPolicy, SecurityConfig, ServingConfig
-    except ImportError as error:
-        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ImportError:
+        raise CommandError(EXIT_MISSING, needs_extra(f"{PROG} {args.command}", "mcp")
+                           ) from None
 
     instructions = _instructions(args)
     access = access_settings(args)
@@ -313,8 +315,8 @@ def access_settings(args: argparse.Namespace) -> Access:
                 security["rate_limiter"] = RedisRateLimiter(args.rate_limit_redis,
                                                             args.rate_limit, window)
             except ImportError:
-                raise CommandError(EXIT_MISSING, "--rate-limit-redis needs the tasks "
-                                   "extra: pip install 'chainweaver[tasks]'") from None
+                raise CommandError(EXIT_MISSING,
+                                   needs_extra("--rate-limit-redis", "tasks")) from None
             except ValueError as error:
                 raise CommandError(EXIT_INVALID, f"--rate-limit-redis: {error}") from None
     if args.audit_log is not None:

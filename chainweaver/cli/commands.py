@@ -11,8 +11,21 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
-from .. import __version__
-from . import flows, inspect, migrate, run, runs, schema, serve, validate, worker
+from ..extras import version_report
+from . import (
+    dev,
+    flows,
+    inspect,
+    install,
+    migrate,
+    run,
+    runs,
+    schema,
+    serve,
+    validate,
+    worker,
+)
+from .loading import import_from_cwd
 from .output import PROG
 
 
@@ -35,13 +48,30 @@ COMMANDS: dict[str, Command] = {
     "migrate": migrate,
     "flows": flows,
     "runs": runs,
+    "install": install,
+    "dev": dev,
 }
+
+
+class VersionAction(argparse.Action):
+    """``--version``: ChainWeaver's version and each extra's packages in use."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_report(), flush=True)
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Serve ChainWeaver flow files to MCP clients.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action=VersionAction,
+                        help="show ChainWeaver's version and those of FastMCP and the MCP "
+                             "SDK in use (or 'not installed'), then exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS.values():
         command.add_parser(subparsers)
@@ -49,5 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the command ``args`` names; its exit code."""
+    """Run the command ``args`` names; its exit code. Every command imports tools
+    modules and the models flow files name by the same rules (:mod:`.loading`)."""
+    import_from_cwd()
     return COMMANDS[args.command].run(args)

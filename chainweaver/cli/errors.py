@@ -17,10 +17,8 @@ class CommandError(Exception):
 
 
 def redacted(url: str | None) -> str:
-    """A URL without its password (redis://user:secret@host -> redis://user:***@host)."""
-    text = url or "no queue"
-    scheme, sep, rest = text.partition("://")
-    auth, at, host = rest.rpartition("@")
-    if not at or ":" not in auth:
-        return text
-    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"
+    """A URL without its password, in the user part or the query (``"no queue"`` for
+    none): the one masking every command and log line uses."""
+    from ..governance.state import masked_url
+
+    return masked_url(url) if url else "no queue"

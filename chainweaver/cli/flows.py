@@ -1,26 +1,32 @@
 """``chainweaver flows``: operators' governance commands against the shared state.
 
-    chainweaver flows archive|activate|deprecate|withdraw NAME [--version V] [--wait S]
+    chainweaver flows archive|activate|deprecate|withdraw NAME [PATH...] [--version V]
+        [--wait S] [--force]
     chainweaver flows status [--json]
 
 Both take ``--governance URL`` (default: ``$CHAINWEAVER_GOVERNANCE``) and ``--prefix``.
-A change returns once Redis holds it (and, with ``--wait``, once every live process has
-applied it); ``status`` shows the decisions, what each live replica and worker applied
-and when, and the last changes with who made them. ``serve`` and ``worker`` follow the
-same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
+A change is refused for a name that no live process reports in its heartbeat, no shared
+entry holds and no flow file under ``PATH...`` defines (with a "did you mean"), unless
+``--force``. It returns once Redis holds it (and, with ``--wait``, once every live
+process has applied it); ``status`` shows the decisions, what each live replica and
+worker applied and when, and the last changes with who made them. ``serve`` and
+``worker`` follow the same state with ``--governance URL`` (:mod:`chainweaver.cli.options`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import os
 import sys
 import time
 from typing import Any
 
-from ..errors import ChainWeaverError
+from ..errors import ChainWeaverError, FlowFileError
+from ..extras import needs_extra
+from ..files import find_flow_files, read_flow_data
 from ..governance.state import (
     GovernanceSettings,
     UnreadableEntry,
@@ -30,7 +36,7 @@ from ..governance.state import (
 )
 from ..governance.store import UNREADABLE_HEARTBEAT, GovernanceStateError, GovernanceStore, seen
 from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
-from .output import json_text, table
+from .output import PROG, json_text, printed, shown, table, when
 
 ENV_URL = "CHAINWEAVER_GOVERNANCE"
 VERBS = {"archive": "archived", "activate": "active", "deprecate": "deprecated",
@@ -55,6 +61,12 @@ def add_parser(subparsers: Any) -> None:
         change.add_argument("--wait", type=float, metavar="SECONDS",
                             help="wait until every live process applied the change; exit "
                                  "1 if one has not after SECONDS")
+        change.add_argument("paths", nargs="*", metavar="PATH",
+                            help="flow files or directories: the names they define are "
+                                 "known too, even with no process running them")
+        change.add_argument("--force", action="store_true",
+                            help="decide on NAME even when no live process, shared entry "
+                                 "or given flow file knows it")
         _connection(change)
     status = actions.add_parser("status", help="the shared state and what each process "
                                                "applied")
@@ -86,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     where = masked_url(settings.url)
     try:
         store = GovernanceStore(settings.url, settings.prefix)
-    except ImportError as error:
-        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ImportError:
+        raise CommandError(EXIT_MISSING, needs_extra(f"{PROG} flows", "tasks")) from None
     except ValueError as error:  # a URL redis-py cannot read
         raise CommandError(EXIT_USAGE, f"--governance {where}: "
                            f"{masked_reason(error, settings.url)}") from None
@@ -116,6 +128,8 @@ async def _flows(store: Any, args: argparse.Namespace) -> int:
 
 async def _change(store: Any, args: argparse.Namespace) -> int:
     action = VERBS[args.flows_command]
+    if not args.force:
+        await _check_known(store, args.flow, _file_names(args.paths))
     try:
         change = await store.change(args.flow, args.flow_version, action,
                                     by=args.by or _os_user(), reason=args.reason)
@@ -133,6 +147,46 @@ async def _change(store: Any, args: argparse.Namespace) -> int:
     if args.wait is None:
         return EXIT_OK
     return await _wait(store, args.flow, change.version, args.wait)
+
+
+async def _check_known(store: Any, name: str, in_files: set[str]) -> None:
+    """Refuse a decision on a name no live process reports, no shared entry holds and no
+    given flow file defines: a typo would otherwise be applied, and reported applied,
+    while the flow meant goes on being served."""
+    heartbeats = await store.heartbeats()
+    live = _live(heartbeats)
+    known = set(in_files)
+    for record in live.values():
+        flows = record.get("flows")
+        if isinstance(flows, list):
+            known |= {flow for flow in flows if isinstance(flow, str)}
+    state = await store.read()
+    known |= set(state.decisions) | set(state.unreadable)
+    if name in known:
+        return
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    raise CommandError(EXIT_INVALID, f"no flow named {name!r} is known{hint}: no live "
+                       f"process reports it ({len(live)} live), no shared entry holds it "
+                       "and no given flow file defines it; give the flow files that "
+                       "define it, or --force")
+
+
+def _file_names(paths: list[str]) -> set[str]:
+    """The flow names the files under ``paths`` define (read, not built: no tools)."""
+    if not paths:
+        return set()
+    try:
+        files = find_flow_files(paths)
+        datas = [read_flow_data(path) for path in files]
+    except FileNotFoundError as error:
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    except ModuleNotFoundError as error:  # PyYAML, for a YAML file
+        raise CommandError(EXIT_MISSING, str(error)) from None
+    except FlowFileError as error:
+        raise CommandError(EXIT_INVALID, str(error)) from None
+    return {data["name"] for data in datas
+            if isinstance(data, dict) and isinstance(data.get("name"), str)}
 
 
 async def _wait(store: Any, flow: str, version: int, seconds: float) -> int:
@@ -159,8 +213,8 @@ async def _wait(store: Any, flow: str, version: int, seconds: float) -> int:
         print(f"not applied by {len(behind)} of {len(expected)} live process(es):",
               file=sys.stderr)
         for process, why in behind.items():
-            print(f"  {process}: {why}", file=sys.stderr)
-    unreadable = [p for p, r in heartbeats.items() if UNREADABLE_HEARTBEAT in r]
+            print(f"  {shown(process)}: {why}", file=sys.stderr)
+    unreadable = [shown(p) for p, r in heartbeats.items() if UNREADABLE_HEARTBEAT in r]
     if unreadable:
         print(f"  (heartbeats that cannot be read, not counted: {', '.join(unreadable)})",
               file=sys.stderr)
@@ -177,15 +231,15 @@ def _why_behind(record: dict[str, Any] | None, live: bool, flow: str, version: i
     applied = _number(record.get("version"))
     unreadable = record.get("unreadable")
     if isinstance(unreadable, dict) and flow in unreadable:
-        return f"{unreadable[flow]}"
+        return printed(unreadable[flow])
     not_applied = record.get("not_applied")
     if isinstance(not_applied, dict) and flow in not_applied:
-        return f"at version {applied}; could not apply {flow} ({not_applied[flow]})"
+        return f"at version {applied}; could not apply {flow} ({printed(not_applied[flow])})"
     if applied >= version:
         return None
     if isinstance(not_applied, dict) and not_applied:
-        return (f"at version {applied}; version {record.get('pending')} read but not "
-                f"applied: could not apply {', '.join(sorted(not_applied))}")
+        return (f"at version {applied}; version {shown(record.get('pending'))} read but "
+                f"not applied: could not apply {', '.join(map(shown, sorted(not_applied)))}")
     return f"at version {applied}"
 
 
@@ -222,13 +276,16 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"shared version {state.version}")
     rows: list[tuple[str, ...]] = [("FLOW", "VERSIONS", "DECISION")]
+    # Everything below was read back from Redis: names, reasons and audit text are
+    # printed as literals when they hold anything a terminal would act on.
     for name, decision in sorted(state.decisions.items()):
         if decision.withheld is not None:
             why = decision.withheld.removeprefix("withheld by shared governance: ")
-            rows.append((name, "-", f"NOT SERVED: {why}"))
+            rows.append((shown(name), "-", f"NOT SERVED: {printed(why)}"))
         if decision.all is not None:
-            rows.append((name, "all", decision.all))
-        rows.extend((name, version, action) for version, action in decision.versions.items())
+            rows.append((shown(name), "all", decision.all))
+        rows.extend((shown(name), shown(version), action)
+                    for version, action in decision.versions.items())
     print("\n".join(table(rows)) if len(rows) > 1 else "no decisions")
     print()
     print(_processes(heartbeats, live))
@@ -236,10 +293,11 @@ async def _status(store: Any, args: argparse.Namespace) -> int:
         print()
         for change in changes:
             which = change.get("flow_version") or "all versions"
-            reason = f" ({change['reason']})" if change.get("reason") else ""
-            print(f"{change.get('version', '?'):>6} {_when(_float(change.get('at')))} "
-                  f"{change.get('by', '?')}: {change.get('name', '?')} {which} -> "
-                  f"{change.get('action', '?')}{reason}")
+            reason = f" ({printed(change['reason'])})" if change.get("reason") else ""
+            print(f"{shown(change.get('version', '?')):>6} "
+                  f"{when(_float(change.get('at')), millis=True)} "
+                  f"{shown(change.get('by', '?'))}: {shown(change.get('name', '?'))} "
+                  f"{printed(which)} -> {shown(change.get('action', '?'))}{reason}")
     return EXIT_OK
 
 
@@ -251,32 +309,38 @@ def _processes(heartbeats: dict[str, dict[str, Any]], live: dict[str, Any]) -> s
     now = time.time()
     for process, record in heartbeats.items():
         if UNREADABLE_HEARTBEAT in record:
-            rows.append((process, "?", "?", "-", "-",
+            rows.append((shown(process), "?", "?", "-", "-",
                          f"heartbeat unreadable ({record[UNREADABLE_HEARTBEAT]})", "-"))
             continue
         outage = record.get("last_outage")
-        applied = str(record.get("version"))
+        applied = shown(record.get("version"))
         if record.get("pending") is not None:
-            applied += f" (read {record['pending']})"
+            applied += f" (read {shown(record['pending'])})"
         try:
             last_outage = "-" if not outage else (
-                f"{outage['to'] - outage['from']:.1f}s, ended {_when(outage['to'])}")
-        except (KeyError, TypeError):
+                f"{outage['to'] - outage['from']:.1f}s, ended "
+                f"{when(outage['to'], millis=True)}")
+        except (KeyError, TypeError, ValueError):
             last_outage = "?"
-        rows.append((process, str(record.get("role", "?")), applied,
-                     _when(_float(record.get("applied_at"))),
+        rows.append((shown(process), shown(record.get("role", "?")), applied,
+                     when(_float(record.get("applied_at")), millis=True),
                      f"{now - seen(record):.1f}s ago",
-                     str(record.get("state", "?")) if process in live else "gone",
+                     shown(record.get("state", "?")) if process in live else "gone",
                      last_outage))
         if process not in live:
             continue
-        for name, why in sorted((record.get("unreadable") or {}).items()):
-            notes.append(f"{process}: {name} is {why}")
-        for name, why in sorted((record.get("not_applied") or {}).items()):
-            notes.append(f"{process}: could not apply the decision on {name} ({why}); "
-                         f"withheld")
-    shown = "\n".join(table(rows)) if len(rows) > 1 else "no process has reported"
-    return "\n".join([shown, *notes])
+        for name, why in _entries(record.get("unreadable")):
+            notes.append(f"{shown(process)}: {shown(name)} is {printed(why)}")
+        for name, why in _entries(record.get("not_applied")):
+            notes.append(f"{shown(process)}: could not apply the decision on {shown(name)} "
+                         f"({printed(why)}); withheld")
+    listed = "\n".join(table(rows)) if len(rows) > 1 else "no process has reported"
+    return "\n".join([listed, *notes])
+
+
+def _entries(value: object) -> list[tuple[str, object]]:
+    """A heartbeat's ``{flow: why}`` map as sorted pairs (none when it is not a map)."""
+    return sorted((str(k), v) for k, v in value.items()) if isinstance(value, dict) else []
 
 
 def _float(value: object) -> float | None:
@@ -284,12 +348,6 @@ def _float(value: object) -> float | None:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-
-
-def _when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
 
 
 def _os_user() -> str:

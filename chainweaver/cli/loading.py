@@ -146,7 +146,9 @@ def register_tools(executor: FlowExecutor, specs: Sequence[str]) -> None:
 
 def import_from_cwd() -> None:
     """Put the current directory on ``sys.path``, as ``python -m`` does: tools modules
-    and the models flow files reference import from where the command runs."""
+    and the models flow files reference import from where the command runs. Every
+    command does this first (:func:`.commands.run_command`), so ``serve``, ``run``,
+    ``validate`` and ``migrate`` import the same modules from the same folder."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
 
@@ -156,7 +158,6 @@ def load_executor(paths: Sequence[str], tools: Sequence[str]
     """What every command that runs or serves flows loads: the tools of ``tools``
     modules and the flow files under ``paths`` (checked against those tools), all
     registered on a new executor. Also returns the flows by file."""
-    import_from_cwd()
     executor = FlowExecutor(FlowRegistry())
     register_tools(executor, tools)
     loaded = load_flows_by_file(find_flow_files(paths), tools=executor.tools)

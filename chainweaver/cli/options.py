@@ -88,6 +88,11 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                             "the metrics extra)")
     group.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                        help="the address --metrics-port binds (default: 127.0.0.1)")
+    group.add_argument("--store-wait", type=_wait_seconds, default=30.0, metavar="SECONDS",
+                       help="serve, worker: how long to wait at start-up for each Redis "
+                            "store (--tasks, --run-history, --governance, "
+                            "--rate-limit-redis) to answer before exiting with 3 "
+                            "(default: 30; 0: try once)")
     group.add_argument("--instructions", metavar="TEXT",
                        help="instructions clients receive when they connect")
     group.add_argument("--instructions-file", metavar="FILE",
@@ -255,6 +260,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _wait_seconds(text: str) -> float:
+    """argparse type for a wait: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
 def _whole_number(minimum: int) -> Callable[[str], int]:
     """argparse type for a whole number of at least ``minimum`` (0 or 1)."""
     bound = "> 0" if minimum == 1 else f">= {minimum}"
@@ -303,3 +319,6 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
     return port
+
+
+port_number = _port  # the same check for other commands' port options

@@ -2,6 +2,8 @@
 
 The output goes to stdout as JSON and a table of the steps to stderr, so
 ``chainweaver run ... | jq`` works; ``--json`` prints one document with both instead.
+While the flow runs, each step is shown on stderr as it starts and ends
+(:mod:`.progress`).
 Exit codes: 0 the flow succeeded, 1 it failed (its error names the step and the field),
 2 a usage or loading error (bad input JSON, a flow file or tools module that does not
 load, no such flow or version, a flow that cannot run at all).
@@ -27,6 +29,7 @@ from .errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, CommandError
 from .loading import load_executor
 from .options import add_flow_sources
 from .output import PROG, json_text
+from .progress import progress_for
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell shows for Ctrl-C
 
@@ -52,24 +55,33 @@ def add_parser(subparsers: Any) -> None:
                               "and no table")
     command.add_argument("-y", "--yes", action="store_true",
                          help="approve steps that require approval without asking")
+    command.add_argument("--no-progress", dest="progress", action="store_false",
+                         help="print no step as it starts and ends (by default: live on a "
+                              "terminal, else a line each, on stderr; none with --json "
+                              "without a terminal)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.flow`` once and report it; returns the exit code."""
     flow_input = read_input(args.input, args.input_file)
+    progress = (progress_for(sys.stderr, quiet_without_terminal=args.json)
+                if args.progress else None)
     try:
         # Tools may print, while importing or running: stdout is for the result only.
         with redirect_stdout(sys.stderr):
             executor, _ = load_executor(args.paths, args.tools)
             plan = _plan(executor, args.flow, args.flow_version)
             result = executor.execute_flow(args.flow, flow_input, plan=plan,
-                                           approve=approver(args.yes, plan))
+                                           approve=approver(args.yes, plan),
+                                           observer=progress)
     except CommandError as error:
         raise CommandError(EXIT_USAGE, str(error)) from None
     except (OSError, ImportError, ChainWeaverError) as error:
         # Missing files and modules, invalid flow files, duplicate flows: nothing ran.
         raise CommandError(EXIT_USAGE, str(error)) from None
     except KeyboardInterrupt:
+        if progress is not None:
+            progress.close()
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     if args.json:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from typing import Any
 
-import anyio
-
-from .errors import EXIT_OK, EXIT_USAGE, CommandError
-from .output import PROG, json_text, table
+from ..extras import needs_extra
+from .errors import EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
+from .output import PROG, json_text, shown, table, when
 
 EXIT_NOT_FOUND = 1  # show: no such run (unknown, another prefix, or expired)
 EXIT_STORE = 3  # the store could not be reached or read
@@ -48,10 +46,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.store.startswith(("redis://", "rediss://")):
         raise CommandError(EXIT_USAGE, "--store must be a redis:// URL: a memory:// history lives "
                               "only inside its server")
+    try:
+        import anyio
+
+        from ..mcp.runs.records import RunStoreError
+        from ..mcp.runs.redis_records import masked
+    except ImportError:
+        raise CommandError(EXIT_MISSING, needs_extra("chainweaver runs", "mcp", "tasks")
+                           ) from None
     if args.runs_command == "list":
         _check_list(args)
-    from ..mcp.runs.records import RunStoreError
-    from ..mcp.runs.redis_records import masked
 
     try:
         store = _store(args)
@@ -86,23 +90,6 @@ def _store(args: argparse.Namespace) -> Any:
     return RedisRunStore(args.store, prefix=args.prefix, max_age=FOREVER)
 
 
-def shown(value: object) -> str:
-    """``value`` as a cell a terminal prints as it is: text that is empty, or holds
-    whitespace, quotes, backslashes or characters that do not print (a caller id
-    from a token may hold an escape sequence, a newline or a lone surrogate) is shown
-    as a Python string literal, so no record can move the cursor, colour the
-    terminal or print a row of its own."""
-    text = str(value)
-    plain = text.isprintable() and not any(c.isspace() or c in "'\"\\" for c in text)
-    return text if text and plain else repr(text)
-
-
-def _when(stamp: float | None) -> str:
-    if stamp is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-
-
 async def _show(args: argparse.Namespace, store: Any) -> int:
     try:
         record = await store.get(args.run_id)
@@ -117,16 +104,20 @@ async def _show(args: argparse.Namespace, store: Any) -> int:
         return EXIT_OK
     for key, value in data.items():
         if key not in ("steps", "approvals"):
-            when = key in ("started_at", "ended_at")
-            print(f"{key:>14}: {_when(value) if when else shown(value)}")
+            timed = key in ("started_at", "ended_at")
+            print(f"{key:>14}: {when(value) if timed else shown(value)}")
+    # Entries as stored: a key a damaged or hand-written record lacks reads as "?".
     for step in record.steps:  # deliveries (above): a redelivered task's legs
         restored = " restored" if step.get("restored") else ""  # from its checkpoint
         error = shown(step["error"]) if step.get("error") else ""
-        print(f"{'step':>14}: {shown(step['id'])} {shown(step['status'])}{restored} "
-              f"attempts={step['attempts']} {step['duration_ms']} ms {error}".rstrip())
+        print(f"{'step':>14}: {shown(step.get('id', '?'))} {shown(step.get('status', '?'))}"
+              f"{restored} attempts={shown(step.get('attempts', '?'))} "
+              f"{shown(step.get('duration_ms', '?'))} ms {error}".rstrip())
     for decision in record.approvals:
-        print(f"{'approval':>14}: {shown(decision['decision'])} at "
-              f"{_when(decision['at'])} ({', '.join(map(shown, decision['steps']))})")
+        steps = decision.get("steps")
+        print(f"{'approval':>14}: {shown(decision.get('decision', '?'))} at "
+              f"{when(decision.get('at'))} "
+              f"({', '.join(map(shown, steps)) if isinstance(steps, list) else '?'})")
     return EXIT_OK
 
 
@@ -144,7 +135,7 @@ async def _list(args: argparse.Namespace, store: Any) -> int:
                           "next_cursor": cursor}))
         return EXIT_OK
     rows = [("RUN", "STARTED", "STATUS", "FLOW", "VERSION", "CALLER", "ERROR")]
-    rows += [(shown(r.run_id), _when(r.started_at), shown(r.status), shown(r.flow),
+    rows += [(shown(r.run_id), when(r.started_at), shown(r.status), shown(r.flow),
               shown(r.version), shown(r.caller), shown(r.error_type or "-"))
              for r in records]
     for line in table(rows) if records else []:

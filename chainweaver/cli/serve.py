@@ -1,8 +1,8 @@
 """``chainweaver serve PATH... --tools MODULE [options]``: serve the flows the policy
 allows over MCP (stdio, or streamable HTTP), until interrupted.
 
-Everything is loaded and judged before anything is served, and reported on stderr:
-under stdio, stdout carries nothing but MCP.
+Everything is loaded and judged, and every Redis store answers (:mod:`.stores`), before
+anything is served, and reported on stderr: under stdio, stdout carries nothing but MCP.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .building import Built, build_server, loading_errors
 from .errors import EXIT_OK, EXIT_SERVE_FAILED, CommandError
 from .options import http_defaults, server_options
 from .output import PROG
+from .stores import check_stores, name_queue_outages
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     http_defaults(args)
     with loading_errors():
         built = build_server(args)
+    check_stores(args)
+    name_queue_outages(args.tasks)
     where = (f"http://{args.host}:{args.port}/mcp" if args.transport == "streamable-http"
              else "stdio")
     server = built.server

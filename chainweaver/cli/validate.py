@@ -1,4 +1,4 @@
-"""``chainweaver validate PATH... [--tools MODULE] [--format text|json]``.
+"""``chainweaver validate PATH... [--tools MODULE] [--json]``.
 
 Every flow file is read and built on its own, so one bad file never hides the problems
 of the next; each problem carries its file, line and flow. Without ``--tools`` the
@@ -13,6 +13,7 @@ pre-commit hook.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from ..flows import Flow
 from ..registry import FlowRegistry
 from ..schemas import model_json_schema
 from .errors import EXIT_INVALID, EXIT_MISSING, EXIT_OK, CommandError
-from .loading import import_from_cwd, register_tools
+from .loading import register_tools
 from .locate import line_of
 from .options import add_flow_sources
 from .output import json_text
@@ -43,8 +44,10 @@ def add_parser(subparsers: Any) -> None:
                     "sub-flows, retries and the data flow. Exit codes: 0 no problem, 1 "
                     "problems found, 2 a usage or loading error.")
     add_flow_sources(validate, tools_required=False)
-    validate.add_argument("--format", choices=("text", "json"), default="text",
-                          help="text (default: one line per problem) or json")
+    validate.add_argument("--json", dest="format", action="store_const", const="json",
+                          default="text", help="print one JSON document for scripts")
+    # The older spelling, kept working: --json is how every command says it.
+    validate.add_argument("--format", choices=("text", "json"), help=argparse.SUPPRESS)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class Validation:
         self.executor = executor
         self.findings: list[Finding] = []
         self.flows: dict[Path, Flow] = {}
+        self.unchecked_models: set[str] = set()  # modules only --tools would provide
 
     def add(self, path: Path, field: str | None, kind: str, message: str,
             flow: str | None) -> None:
@@ -126,9 +130,27 @@ class Validation:
             data = read_flow_data(path)
             if isinstance(data, dict) and isinstance(data.get("name"), str):
                 name = data["name"]
+            if self.executor is None and isinstance(data, dict):
+                data = self._without_unfound_models(data)
             self.flows[path] = flow_from_data(data, path)
         except FlowFileError as error:
             self.add(path, error.field, "FlowFileError", error.problem, name)
+
+    def _without_unfound_models(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Without ``--tools``, a model reference to a module that cannot be found from
+        here (the tools module a ``--tools`` file puts on the path, as serve would) is
+        left unchecked, and said so in the summary, rather than reported as a problem:
+        the rest of the file is still checked. With ``--tools`` it is a problem."""
+        kept = dict(data)
+        for key in ("input_schema", "output_schema"):
+            reference = data.get(key)
+            if not isinstance(reference, str):
+                continue
+            module, colon, attribute = reference.partition(":")
+            if module and colon and attribute and not _findable(module):
+                kept[key] = None
+                self.unchecked_models.add(module)
+        return kept
 
     def check_duplicates(self) -> None:
         defined: dict[tuple[str, tuple], Path] = {}
@@ -153,9 +175,11 @@ class Validation:
 
     def report(self, files: int, output_format: str) -> str:
         self.findings.sort(key=lambda f: (f.file, f.line or 0))  # stable: check order kept
+        unchecked = sorted(self.unchecked_models)
         if output_format == "json":
             return json_text({"files": files, "flows": len(self.flows),
                               "tools_checked": self.executor is not None,
+                              "models_unchecked": unchecked,
                               "problems": [asdict(f) for f in self.findings]})
         lines = [finding.text() for finding in self.findings]
         bad = len({finding.file for finding in self.findings})
@@ -163,14 +187,27 @@ class Validation:
             lines.append(f"{len(self.findings)} problem(s) in {bad} of {files} flow file(s)")
         else:
             lines.append(f"{files} flow file(s) checked: no problems"
-                         + ("" if self.executor else " (steps not checked against tools: "
-                            "give --tools)"))
+                         + ("" if self.executor else " (steps not checked against tools"
+                            f"{_models(unchecked)}: give --tools)"))
         return "\n".join(lines)
+
+
+def _findable(module: str) -> bool:
+    """Whether ``module`` can be found from here (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _models(modules: list[str]) -> str:
+    if not modules:
+        return ""
+    return f", nor model references to {', '.join(modules)}"
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the flow files under ``args.paths``; exit 1 when any has a problem."""
-    import_from_cwd()
     try:
         with redirect_stdout(sys.stderr):  # tools modules may print while importing
             executor = _tools(args.tools)

@@ -16,6 +16,7 @@ from .building import build_server, loading_errors
 from .errors import EXIT_OK, EXIT_USAGE, CommandError, redacted
 from .options import http_defaults, server_options
 from .output import PROG
+from .stores import check_stores, name_queue_outages
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     _check_worker(args)
     with loading_errors():
         built = build_server(args)
+    check_stores(args)
+    name_queue_outages(args.tasks)
     summary = [*built.report(), f"{PROG}: running task flows from {redacted(args.tasks)}"]
     print("\n".join(summary), file=sys.stderr, flush=True)
     return run_worker(built.server, args)

@@ -7,7 +7,8 @@
 - every ``confirm_interval`` seconds, compares the shared version counter with the
   version applied, and reads the state when they differ (a missed message is caught);
 - every ``heartbeat_interval`` seconds, and after each apply, records what it applied
-  and when (``chainweaver flows status``).
+  and when, and the flow names it defines (``chainweaver flows status``; ``flows
+  archive`` refuses a name no live process, entry or flow file knows).
 
 ``ready`` (an event given to :meth:`SharedGovernance.run`) is set once the first
 attempt to read the state ended: applied, or Redis could not be reached. A server waits
@@ -45,6 +46,8 @@ from .store import GovernanceStateError, GovernanceStore
 logger = logging.getLogger("chainweaver.governance")
 
 RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0, 2.0)  # seconds between reconnect attempts
+UNREADABLE_STATE = ("withheld by shared governance: the shared state cannot be read "
+                    "and this process has applied none")
 
 
 def iso(at: float) -> str:
@@ -89,6 +92,8 @@ class SharedGovernance:
                 raise
             except Exception as error:  # connection refused, reset, timed out, ...
                 self._lost(error)
+                if self.confirmed is None and _unreadable(error):
+                    self._withhold_all(error)
             finally:
                 await _quietly_close(store)
             if ready is not None:
@@ -175,9 +180,10 @@ class SharedGovernance:
         self.outage_since = time.time()
         store = masked_url(self.settings.url)
         why = masked_reason(error, self.settings.url)
-        if isinstance(error, GovernanceStateError) or (
-                _from_redis(error) and not _connection_error(error)):
+        if _unreadable(error):
             # e.g. the counter is not a number, a key of the wrong type (WRONGTYPE)
+            if self.confirmed is None:
+                return  # no state applied to keep serving: _withhold_all says so
             logger.error("shared governance: the state at %s cannot be read (%s); "
                          "serving the last applied state (version %d) until it can",
                          store, why, self.version)
@@ -189,6 +195,17 @@ class SharedGovernance:
             logger.error("shared governance: following the state at %s failed (%s); "
                          "serving the last applied state (version %d)", store, why,
                          self.version, exc_info=error)
+
+    def _withhold_all(self, error: Exception) -> None:
+        """Redis answers, but with a state this process cannot read, and it has applied
+        none: what governance withdrew is unknown, so serve no flow until it can read
+        it (a process that applied a state keeps serving that one, as in an outage)."""
+        if self.overlay.suspended:
+            return
+        self.overlay.suspend(UNREADABLE_STATE)
+        logger.error("shared governance: the state at %s cannot be read (%s) and this "
+                     "process has applied none; serving no flow until it can",
+                     masked_url(self.settings.url), masked_reason(error, self.settings.url))
 
     def _check_stale(self) -> None:
         """Stop serving flows once the state went unconfirmed for too long (opt-in)."""
@@ -215,7 +232,9 @@ class SharedGovernance:
                 "pending": None if overlay.complete else overlay.state.version,
                 "not_applied": dict(overlay.failed),
                 # entries this process cannot read: their flows are withheld
-                "unreadable": overlay.state.unreadable}
+                "unreadable": overlay.state.unreadable,
+                # the flows it defines: `chainweaver flows` refuses names nobody knows
+                "flows": overlay.known_names()}
 
     async def _heartbeat(self, store: GovernanceStore) -> None:
         self._beat = time.monotonic()
@@ -224,6 +243,13 @@ class SharedGovernance:
 
 def _from_redis(error: BaseException) -> bool:
     return type(error).__module__.startswith("redis")
+
+
+def _unreadable(error: BaseException) -> bool:
+    """Redis answered, with a state that cannot be read (a counter that is not a
+    number, a key of the wrong type), as opposed to not answering."""
+    return isinstance(error, GovernanceStateError) or (
+        _from_redis(error) and not _connection_error(error))
 
 
 def _connection_error(error: BaseException) -> bool:

@@ -31,8 +31,8 @@ from .state import Decision, SharedState
 logger = logging.getLogger("chainweaver.governance")
 
 # Serving no flow: every one withheld (not merely archived: force_expose publishes that).
-_SUSPENDED = Decision(withheld="withheld by shared governance: the shared state could "
-                               "not be confirmed for too long (stop_serving_after)")
+STALE = ("withheld by shared governance: the shared state could not be confirmed for "
+         "too long (stop_serving_after)")
 
 
 class GovernanceOverlay:
@@ -43,6 +43,7 @@ class GovernanceOverlay:
         self.state = SharedState()  # the last state applied (completely or not)
         self.applied_version = 0  # the version of the last complete apply
         self.suspended = False
+        self._suspended_as = Decision(withheld=STALE)  # what governs every flow then
         # name -> why its decision could not be put in the registry (tried again)
         self.failed: dict[str, str] = {}
         # name -> its versions as defined; id(copy placed) -> (copy, definition); the
@@ -86,10 +87,12 @@ class GovernanceOverlay:
                 self.applied_version = state.version
             return changed
 
-    def suspend(self) -> int:
-        """Serve no flow (every one withheld) until :meth:`resume`; how many changed."""
+    def suspend(self, reason: str = STALE) -> int:
+        """Serve no flow (every one withheld, for ``reason``) until :meth:`resume`; how
+        many changed."""
         with self._lock:
             self.suspended = True
+            self._suspended_as = Decision(withheld=reason)
             return sum(self._govern(name) for name in self.registry.names())
 
     def resume(self) -> int:
@@ -102,9 +105,15 @@ class GovernanceOverlay:
                 self.applied_version = self.state.version
             return changed
 
+    def known_names(self) -> list[str]:
+        """Every flow name this process defines, sorted: those in its registry and those
+        a decision withdrew from it (their definitions are kept here)."""
+        with self._lock:
+            return sorted(set(self.registry.names()) | set(self._base))
+
     def decision(self, name: str) -> Decision | None:
         """The decision governing ``name`` now (suspended: withheld)."""
-        return _SUSPENDED if self.suspended else self.state.decisions.get(name)
+        return self._suspended_as if self.suspended else self.state.decisions.get(name)
 
     # ------------------------------------------------------------------ internals
 

@@ -93,8 +93,9 @@ class GovernanceStore:
         try:
             from redis.asyncio import Redis
         except ImportError as missing:  # pragma: no cover - depends on the extras
-            raise ImportError("shared governance needs the redis package: pip install "
-                              f"'chainweaver[mcp,tasks]' ({missing})") from None
+            raise ImportError("shared governance needs the tasks extra (redis): pip "
+                              "install -e '.[mcp,tasks]' in a clone of ChainWeaver "
+                              f"({missing})") from None
         # Bytes, decoded here: one value that is not UTF-8 must not fail a whole read.
         self.redis = Redis.from_url(url, socket_connect_timeout=timeout,
                                     socket_timeout=timeout, decode_responses=False)

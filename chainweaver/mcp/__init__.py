@@ -5,7 +5,8 @@ try:
     import jsonschema  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
-        "chainweaver.mcp needs the 'mcp' extra: pip install 'chainweaver[mcp]'"
+        "chainweaver.mcp needs the mcp extra: pip install -e '.[mcp]' in a clone of "
+        "ChainWeaver"
     ) from error
 
 from chainweaver.mcp.config import (

@@ -31,6 +31,7 @@ from chainweaver.mcp.config import (
 from chainweaver.mcp.fastmcp_seams import install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
 from chainweaver.mcp.gate.composition import gate_lifespan
+from chainweaver.mcp.gate.echo import install as bound_echoes
 from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
@@ -192,6 +193,7 @@ class FlowServer:
             caller_known=security.authenticator is None))
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
+        bound_echoes(self._fastmcp)  # no answer quotes more than a client can receive
         connect_run_log(outputs, self._gate, self._provider, self._notifier)
         self._watcher: FlowFileWatcher | None = None
         # Followed as long as anything serves: the FastMCP server (through its

@@ -4,6 +4,7 @@ with its exit code and a one-line message naming the file, field or flag."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import runpy
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fastmcp
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
@@ -185,7 +187,21 @@ def test_python_dash_m_entry_point(capsys: pytest.CaptureFixture,
     with pytest.raises(SystemExit) as exited:
         runpy.run_module("chainweaver", run_name="__main__")
     assert exited.value.code == 0
-    assert capsys.readouterr().out == f"chainweaver {__version__}\n"
+    lines = capsys.readouterr().out.splitlines()
+    # ChainWeaver's version, then the FastMCP and MCP SDK in use (the test install's).
+    assert lines[:3] == [f"chainweaver {__version__}",
+                         f"fastmcp {fastmcp.__version__} (mcp extra)",
+                         f"mcp {importlib.metadata.version('mcp')} (mcp extra)"]
+    assert f"pyyaml {importlib.metadata.version('pyyaml')} (yaml extra)" in lines
+
+
+def test_version_says_not_installed_for_a_missing_extra(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as if PyYAML were not installed
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "pyyaml not installed (yaml extra)" in capsys.readouterr().out.splitlines()
 
 
 # ------------------------------------------------------------------ serve, in process
@@ -533,8 +549,8 @@ def test_yaml_files_without_pyyaml_exit_2_with_the_install_hint(
     monkeypatch.setitem(sys.modules, "yaml", None)
     code, out, err = run(capsys, "inspect", FLOWS, "--tools", TOOLS)
     assert (code, out) == (2, "")
-    assert err == ("chainweaver: error: YAML flow files need PyYAML: pip install "
-                   "'chainweaver[yaml]' (JSON flow files work without it)\n")
+    assert err == ("chainweaver: error: YAML flow files need PyYAML: pip install -e "
+                   "'.[yaml]' in a clone of ChainWeaver (JSON flow files work without it)\n")
     # JSON flow files still load.
     code, out, _ = run(capsys, "inspect", f"{FLOWS}/help_search.flow.json", "--tools", TOOLS)
     assert code == 0 and "help_search" in out
@@ -697,15 +713,16 @@ def test_without_the_mcp_extra_the_cli_exits_2_and_says_what_to_install() -> Non
         [sys.executable, "-c", script, "inspect", FLOWS, "--tools", TOOLS], cwd=ROOT,
         capture_output=True, text=True, timeout=STARTUP_TIMEOUT)
     assert completed.returncode == 2
-    assert completed.stderr == ("chainweaver: error: chainweaver.mcp needs the 'mcp' extra: "
-                                "pip install 'chainweaver[mcp]'\n")
+    assert completed.stderr == ("chainweaver: error: chainweaver inspect needs the mcp extra: "
+                                "pip install -e '.[mcp]' in a clone of ChainWeaver\n")
 
 
 def test_console_script_and_python_dash_m_are_the_same_command() -> None:
     outputs = [subprocess.run(command + ["--version"], capture_output=True, text=True,
                               timeout=STARTUP_TIMEOUT)
                for command in ([CHAINWEAVER], [sys.executable, "-m", "chainweaver"])]
-    assert [o.stdout for o in outputs] == [f"chainweaver {__version__}\n"] * 2
+    assert outputs[0].stdout == outputs[1].stdout
+    assert outputs[0].stdout.startswith(f"chainweaver {__version__}\nfastmcp ")
     inspected = [subprocess.run(command + ["inspect", FLOWS, "--tools", TOOLS, "--json"],
                                 cwd=ROOT, capture_output=True, text=True,
                                 timeout=STARTUP_TIMEOUT)

@@ -3,28 +3,25 @@ ids with ``:``, ``|``, ``/``, ``*``, unicode, a percent-escape, or empty, agains
 Redis history written through the store servers use (``team`` listing flow ``alpha``
 once printed the runs of caller ``team:alpha``). A caller id that would move the
 terminal's cursor, colour it or print a row of its own is printed as a string literal,
-and ``--caller`` takes an id that is not UTF-8 (a lone surrogate) without a traceback."""
+and ``--caller`` takes an id that is not UTF-8 (a lone surrogate) without a traceback.
+The commands run in this process (tests/cli/test_cli_runs_history.py runs the installed
+one)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from support.procs import STARTUP_TIMEOUT, free_port
+from support.cli import completed
+from support.procs import free_port
 
 from chainweaver.cli import main
 from chainweaver.mcp.runs.records import RunRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.tasks]
 
-BIN = Path(sys.executable).parent
-CHAINWEAVER = shutil.which("chainweaver", path=str(BIN)) or str(BIN / "chainweaver")
 CALLERS = ["team", "team:alpha", "team|alpha", "a/b", "*", "ünï-名", "", "%74eam"]
 FLOWS = ["alpha", "beta"]
 
@@ -48,9 +45,7 @@ async def write_history(url: str, prefix: str, callers: list[str] = CALLERS
 
 
 def listed(url: str, prefix: str, *options: str) -> list[str]:
-    done = subprocess.run([CHAINWEAVER, "runs", "list", "--store", url, "--prefix", prefix,
-                           "--json", *options], capture_output=True, text=True,
-                          timeout=STARTUP_TIMEOUT)
+    done = completed("runs", "list", "--store", url, "--prefix", prefix, "--json", *options)
     assert done.returncode == 0, done.stderr
     return [record["run_id"] for record in json.loads(done.stdout)["runs"]]
 
@@ -63,14 +58,13 @@ def test_list_by_caller_shows_that_callers_runs_only(redis_url: str) -> None:
         return sorted((run_id for (owner, flow), run_id in runs.items()
                        if owner == caller and flow in (flows or FLOWS)), reverse=True)
 
-    # Each command starts a Python (about 2 s): the pairs that once met in one key,
-    # and the ids least like a key.
-    assert listed(redis_url, prefix, "--caller", "team", "--flow", "alpha") == \
-        own("team", "alpha")
-    for caller in ("team:alpha", "", "*", "%74eam"):
+    # Every id, alone and with each flow (among them the pairs that once met in one
+    # key, and the ids least like a key).
+    for caller in CALLERS:
         assert listed(redis_url, prefix, "--caller", caller) == own(caller), caller
-    assert listed(redis_url, prefix, "--caller", "ünï-名", "--flow", "beta") == \
-        own("ünï-名", "beta")
+        for flow in FLOWS:
+            assert listed(redis_url, prefix, "--caller", caller, "--flow", flow) == \
+                own(caller, flow), (caller, flow)
 
 
 # A caller id is whatever a token's subject says: an escape sequence, a line of its

@@ -1,4 +1,4 @@
-"""`chainweaver validate PATH... [--tools MODULE] [--format text|json]`: every problem of
+"""`chainweaver validate PATH... [--tools MODULE] [--json]`: every problem of
 every file with its file, line and flow, the checks `--tools` adds, exit codes 0/1/2,
 and no MCP import (it runs in pre-commit hooks)."""
 
@@ -187,6 +187,54 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture, argv: list[str], mes
     assert (code, out, err) == (2, "", f"chainweaver: error: {message}\n")
 
 
+def test_the_shipped_examples_validate_cleanly_as_the_docs_show_them(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "flow_tools", raising=False)  # as in a new process
+    # Their model references name the tools module (flow_tools:OrderQuery), which only
+    # --tools puts on the import path: without it they are unchecked, and said so.
+    code, out, err = run(capsys, "validate", "examples/flows")
+    assert (code, err) == (0, "")
+    assert out == ("6 flow file(s) checked: no problems (steps not checked against tools, "
+                   "nor model references to flow_tools: give --tools)\n")
+    code, out, _ = run(capsys, "validate", "examples/flows", "--json")
+    assert code == 0
+    assert json.loads(out)["models_unchecked"] == ["flow_tools"]
+
+
+def test_model_references_are_problems_when_they_can_be_checked(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "flow_tools", raising=False)  # as in a new process
+    write(tmp_path, {"typo.flow.yaml": "name: typo\ndescription: T.\nsteps: [find_order]\n"
+                                       "input_schema: flow_tools:OrderQry\n",
+                     "lost.flow.yaml": "name: lost\ndescription: L.\nsteps: [find_order]\n"
+                                       "output_schema: no_such_models:Order\n",
+                     "found.flow.yaml": "name: found\ndescription: F.\nsteps: [find_order]\n"
+                                        "input_schema: json:Order\n"})
+    # A module found from here is imported and checked, with or without --tools.
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--json")
+    assert code == 1
+    assert [(Path(p["file"]).name, p["field"]) for p in problems(out)] == [
+        ("found.flow.yaml", "input_schema")]
+    assert json.loads(out)["models_unchecked"] == ["flow_tools", "no_such_models"]
+    # With --tools, every reference is checked: a module that cannot be found is a problem.
+    code, out, _ = run(capsys, "validate", str(tmp_path), "--tools", TOOLS, "--json")
+    assert code == 1
+    found = {Path(p["file"]).name: p["message"] for p in problems(out)}
+    assert sorted(found) == ["found.flow.yaml", "lost.flow.yaml", "typo.flow.yaml"]
+    assert "no_such_models" in found["lost.flow.yaml"]
+    assert "OrderQry" in found["typo.flow.yaml"]
+    assert json.loads(out)["models_unchecked"] == []
+
+
+def test_json_is_spelled_json_as_in_every_command(capsys: pytest.CaptureFixture) -> None:
+    spelled = [run(capsys, "validate", "examples/flows", "--tools", TOOLS, *flag)
+               for flag in (["--json"], ["--format", "json"])]
+    assert spelled[0] == spelled[1]
+    assert spelled[0][0] == 0 and json.loads(spelled[0][1])["tools_checked"] is True
+
+
 def test_a_bad_format_is_refused_by_argparse(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["validate", "examples/flows", "--format", "xml"])
@@ -256,4 +304,4 @@ def test_the_installed_command_validates_without_importing_mcp(tmp_path: Path) -
                            timeout=STARTUP_TIMEOUT)
     assert clean.returncode == 0
     assert json.loads(clean.stdout) == {"files": 6, "flows": 6, "tools_checked": True,
-                                        "problems": []}
+                                        "models_unchecked": [], "problems": []}

@@ -45,3 +45,22 @@ def test_the_installed_command_converts_the_corpus_and_the_flows_run(tmp_path: P
         output = json.loads(ran.stdout)
         reference = case["reference_output"]
         assert output and output == {k: reference[k] for k in output}
+
+
+def test_model_modules_import_from_the_current_folder_as_for_every_command(
+    tmp_path: Path,
+) -> None:
+    # The reference flow's models live in a package of the folder migrate runs in, as
+    # `serve`, `run` and `inspect` find them.
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "models.py").write_text(
+        "from support.migrate_corpus import RouteSummary\n")
+    source = json.loads((CORPUS / "routing.flow.json").read_text())
+    source["output_schema_ref"] = "shop.models:RouteSummary"
+    (tmp_path / "routing.json").write_text(json.dumps(source))
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}  # tests/: support.migrate_corpus
+    done = subprocess.run([CHAINWEAVER, "migrate", "routing.json", "--out", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "routing.flow.json").is_file()

@@ -130,7 +130,7 @@ def _parse_or_reject(text: str) -> Condition | None:
             return None
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.one_of(st.text(max_size=60),
                  st.lists(st.sampled_from(TOKENS), max_size=12).map(" ".join)))
 def test_junk_is_either_a_safe_condition_or_a_definition_error(text: str) -> None:

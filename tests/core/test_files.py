@@ -268,7 +268,7 @@ documents = valid_documents | mutated() | st.dictionaries(
     st.sampled_from([*VALID, "query", "other"]), json_values, max_size=5)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents | json_values)
 def test_inline_model_accepts_exactly_what_json_schema_accepts(document: object) -> None:
     try:
@@ -597,7 +597,7 @@ def test_yaml_without_pyyaml_says_how_to_install_it_and_json_still_works(
     yaml_file = write(tmp_path, "a.flow.yaml", flow_yaml("steps: [find_order]\n"))
     with pytest.raises(ModuleNotFoundError) as raised:
         load_flows(yaml_file)
-    assert "pip install 'chainweaver[yaml]'" in str(raised.value)
+    assert "pip install -e '.[yaml]' in a clone of ChainWeaver" in str(raised.value)
     assert raised.value.name == "yaml"
     json_file = write(tmp_path, "b.flow.json", MINIMAL)
     assert [f.name for f in load_flows(json_file)] == ["ping"]

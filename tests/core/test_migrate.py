@@ -329,7 +329,7 @@ STEP_KEYS = st.sampled_from(["tool_name", "flow_name", "step_id", "depends_on", 
                              "on_error", "decision_candidates", "step_type"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(kind=st.sampled_from(["Flow", "DAGFlow", None, 3]),
        steps=st.lists(st.dictionaries(STEP_KEYS, JSON, max_size=6), max_size=4),
        extra=st.dictionaries(st.sampled_from(["governance", "safety", "version", "status"]),

@@ -173,7 +173,7 @@ identifiers = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,30}", fullmatch=True).filt
     lambda name: not keyword.iskeyword(name))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(name=identifiers)
 def test_any_bare_name_resolves_exactly_when_it_is_a_built_in_exception(name: str) -> None:
     target = getattr(builtins, name, None)

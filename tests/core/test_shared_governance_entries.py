@@ -108,6 +108,7 @@ def test_a_version_decision_keeps_what_a_newer_release_wrote_and_says_it_is_unre
 
 
 @pytest.mark.anyio
+@pytest.mark.tasks  # the Redis client comes with the tasks extra
 async def test_the_store_refuses_an_action_or_version_it_does_not_know() -> None:
     # Refused before anything is sent: nothing listens on port 1.
     store = GovernanceStore("redis://127.0.0.1:1/0")

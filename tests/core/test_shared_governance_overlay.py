@@ -17,6 +17,7 @@ from chainweaver.governance import (
     SharedState,
     check_governance,
 )
+from chainweaver.governance.follower import SharedGovernance
 from chainweaver.governance.state import check_version
 
 
@@ -98,6 +99,16 @@ def test_a_flow_registered_later_is_governed_inside_its_own_change(
     overlay.apply(state(2))
     assert [v[:2] for v in shown(registry, "orders")] == [("2.0.0", "active"),
                                                           ("3.0.0", "active")]
+
+
+def test_the_heartbeat_names_every_flow_defined_here_withdrawn_ones_too(
+        registry: FlowRegistry) -> None:
+    follower = SharedGovernance(GovernanceSettings(url="redis://127.0.0.1:1/0"), registry)
+    assert follower.record()["flows"] == ["orders", "search"]
+    follower.overlay.apply(state(1, orders=Decision(all="withdrawn")))
+    assert "orders" not in registry.state().flows
+    # `chainweaver flows activate orders` must still find the name.
+    assert follower.record()["flows"] == ["orders", "search"]
 
 
 def test_suspending_archives_everything_until_resumed(registry: FlowRegistry) -> None:

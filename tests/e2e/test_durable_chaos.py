@@ -1,6 +1,6 @@
-"""Durable task runs under chaos, on a real Redis: 200 tasks of a five-step flow with a
+"""Durable task runs under chaos, on a real Redis: 100 tasks of a five-step flow with a
 parallel branch run on three ``chainweaver worker`` processes while workers are killed
-with SIGKILL at random moments (at least 20 times) and restarted.
+with SIGKILL at random moments (at least 10 times) and restarted.
 
 Every task must end: completed, or failed only because its keyless non-idempotent step
 (``reserve``) was interrupted. No step ran again after it completed (and its worker
@@ -31,10 +31,10 @@ from chainweaver import IdempotencyKey, SideEffectLevel, ToolSafetyContract, too
 
 pytestmark = [pytest.mark.slow, pytest.mark.tasks]
 
-TASKS = 200
-KILLS = 22
+TASKS = 100
+KILLS = 12
 STEP_SLEEP = 0.2  # seconds each step takes (0.5x-1.5x): long enough to be killed in
-CONCURRENCY = "4"  # flows per worker at once: the 200 tasks take long enough to kill in
+CONCURRENCY = "4"  # flows per worker at once: the 100 tasks take long enough to kill in
 REDELIVERY = "2"  # seconds before a dead worker's task goes to another worker
 LIMIT = 150.0  # seconds: only stops a hang
 # A step whose worker was killed this soon after the tool returned may not have been
@@ -193,7 +193,7 @@ async def _chaos(workers: list[subprocess.Popen], start: Any, kills: list[tuple[
 
 
 @pytest.mark.anyio
-async def test_two_hundred_tasks_survive_killed_workers(
+async def test_a_hundred_tasks_survive_killed_workers(
         redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import redis.asyncio as redis
     from fastmcp import Client
@@ -244,7 +244,7 @@ async def test_two_hundred_tasks_survive_killed_workers(
           f"(interrupted reserve); {len(executions)} step executions "
           f"({len(executions) - 5 * statuses.count('completed')} beyond one per step)")
     assert queued.status_message == "queued: waiting for a worker"
-    assert len(kills) >= 20
+    assert len(kills) >= 10
     # Every task ended: completed, or failed only for its interrupted keyless step.
     assert set(statuses) <= {"completed", "failed"}
     for _, message in failed:

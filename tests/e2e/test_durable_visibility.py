@@ -172,9 +172,13 @@ async def test_a_killed_worker_is_shown_and_its_run_says_delivered_twice(
     executions = {key.decode(): int(count)
                   for key, count in (await store.hgetall("visible:runs")).items()}
     await store.aclose()
-    shown = subprocess.run(
-        [sys.executable, "-m", "chainweaver", "runs", "show", run_id, "--store", url],
-        capture_output=True, text=True, timeout=LIMIT, check=True).stdout
+    # `chainweaver runs show`, in this process (its own event loop, so in a thread):
+    # tests/cli/test_cli_runs_history.py runs the installed command.
+    from support.cli import completed
+
+    done = await asyncio.to_thread(completed, "runs", "show", run_id, "--store", url)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout
 
     assert running.status == stopped.status == "working"
     assert end.status == "completed"

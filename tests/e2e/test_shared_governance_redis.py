@@ -230,3 +230,53 @@ async def test_the_flows_command_changes_waits_and_reports(
     unreachable = ["flows", "status", "--governance", "redis://127.0.0.1:1/0"]
     assert await anyio.to_thread.run_sync(main, unreachable) == 2
     assert "cannot reach" in capsys.readouterr().err
+
+
+async def test_the_flows_command_refuses_a_name_no_process_entry_or_file_knows(
+        redis_url: str, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    prefix = f"test:{uuid.uuid4().hex}"
+    common = ["--governance", redis_url, "--prefix", prefix]
+    store = GovernanceStore(redis_url, prefix)
+    # No process, no entry, no file: nothing is known, nothing is written.
+    assert await anyio.to_thread.run_sync(main, ["flows", "archive", "order_status",
+                                                 *common]) == 1
+    assert "no flow named 'order_status' is known" in capsys.readouterr().err
+    assert await store.current_version() == 0
+    server, switch = replica(settings(redis_url, prefix), views=False)
+    async with client(server, switch, "sam", "auto"):
+        await until(lambda: _ready(server), "the first sync")
+        await until(lambda: _reports(store, "order_status"), "a heartbeat with the flows")
+        code = await anyio.to_thread.run_sync(main, ["flows", "archive", "order_statu",
+                                                     *common])
+        out, err = capsys.readouterr()
+        assert (code, out) == (1, "")
+        assert err.startswith("chainweaver: error: no flow named 'order_statu' is known "
+                              "(did you mean 'order_status'?): no live process reports it "
+                              "(1 live)")
+        assert err.count("\n") == 1
+        assert await store.current_version() == 0  # refused before anything was written
+        # A name the live replica reports is known.
+        assert await anyio.to_thread.run_sync(main, ["flows", "archive", "order_status",
+                                                     *common]) == 0
+        assert "order_status (all versions): archived" in capsys.readouterr().out
+        # A name only a flow file defines (no process runs it yet), and --force.
+        flow_file = tmp_path / "brand_new.flow.json"
+        flow_file.write_text(json.dumps({"name": "brand_new", "description": "B.",
+                                         "steps": ["lookup"]}))
+        assert await anyio.to_thread.run_sync(main, ["flows", "archive", "brand_new",
+                                                     str(tmp_path), *common]) == 0
+        assert await anyio.to_thread.run_sync(main, ["flows", "deprecate", "not_yet",
+                                                     "--force", *common]) == 0
+        # A name the shared entries hold stays known (here: withdrawn, gone from the
+        # replica's registry but kept by its overlay, and held by an entry).
+        assert await anyio.to_thread.run_sync(main, ["flows", "withdraw", "order_status",
+                                                     *common]) == 0
+        assert await anyio.to_thread.run_sync(main, ["flows", "activate", "not_yet",
+                                                     *common]) == 0
+        capsys.readouterr()
+    await store.aclose()
+
+
+async def _reports(store: GovernanceStore, flow: str) -> bool:
+    beats = await store.heartbeats()
+    return any(flow in (beat.get("flows") or []) for beat in beats.values())

@@ -210,7 +210,9 @@ async def test_wait_fails_naming_a_process_that_cannot_read_the_entry(
 async def test_wait_with_no_live_process_confirms_nothing(
         redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = f"test:{uuid.uuid4().hex}"
-    code = await cli("flows", "archive", "order_status", "--wait", "0.3",
+    # --force: no process knows the name either (refused without it, see
+    # test_shared_governance_redis.py); here the wait is what is tested.
+    code = await cli("flows", "archive", "order_status", "--wait", "0.3", "--force",
                      "--governance", redis_url, "--prefix", prefix)
     assert code == 1
     assert "no live process reported" in capsys.readouterr().err
@@ -271,3 +273,50 @@ async def test_one_point_o_and_one_point_o_point_o_are_one_version_end_to_end(
         assert await cli("flows", "activate", "order_status", "--version", "2.1.0.0",
                          "--wait", "5", *common) == 0
         await assert_view(client, set(OWNERS))
+
+
+# The shared state as a whole cannot be read, while Redis answers: the counter is not a
+# number, or a key holds another type (a hand edit, another program on the same Redis).
+WHOLE_STATE_DAMAGE = {
+    "counter_not_a_number": ("version", lambda redis, key: redis.set(key, "v7")),
+    "decisions_not_a_hash": ("decisions", lambda redis, key: redis.set(key, "oops")),
+}
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize("damage", list(WHOLE_STATE_DAMAGE))
+async def test_a_replica_that_cannot_read_the_whole_state_serves_nothing_it_withdrew(
+        redis_url: str, damage: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A replica started while the state cannot be read has applied none, so it cannot
+    tell what operators withdrew: it serves no flow (it served every flow as defined,
+    the archived one included) until the state can be read; a replica that applied a
+    state keeps serving that one, as in an outage."""
+    caplog.set_level(logging.WARNING, logger="chainweaver.governance")
+    governance = settings(redis_url, f"test:{uuid.uuid4().hex}")
+    store = GovernanceStore(governance.url, governance.prefix)
+    archived = await store.change("order_status", None, "archived", by="ops")
+    running = replica(governance)
+    async with Client(running.fastmcp, mode=mode) as old:
+        await until(lambda: _at(archived.version, running), "the archive")
+        suffix, damaging = WHOLE_STATE_DAMAGE[damage]
+        key = f"{governance.prefix}:{suffix}"
+        saved = await store.redis.dump(key)
+        await store.redis.delete(key)
+        await damaging(store.redis, key)
+        starting = replica(governance)
+        async with Client(starting.fastmcp, mode=mode) as new:
+            await assert_view(new, set())
+            report = {e.flow_name: e for e in starting.exposure_report()}
+            assert "cannot be read" in report["order_status"].reason  # type: ignore[operator]
+            # The running replica keeps the state it applied.
+            await assert_view(old, set(OWNERS) - {"order_status"})
+            # Repaired: the new replica applies the state, the archive included.
+            await store.redis.delete(key)
+            await store.redis.restore(key, 0, saved)
+            await store.redis.incr(governance.prefix + ":version")
+            await until(lambda: _at(archived.version + 1, starting), "the repaired state")
+            await assert_view(new, set(OWNERS) - {"order_status"})
+    await store.aclose()
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("cannot be read" in line and "serving no flow" in line for line in logged)
+

@@ -91,18 +91,19 @@ def catalogue(count: int) -> FlowServer:
 @pytest.mark.anyio
 async def test_an_index_and_guide_too_large_to_send_are_refused_naming_the_paged_lists(
 ) -> None:
-    # 1,000 flows fit one message; 20,000 (about 8 MiB) no standard client could
-    # receive in one: each is a clear -32602 that says where the flows are listed.
+    # 1,000 flows fit one message; 8,000 (an index of about 3 MiB, a guide of about
+    # 1.6 MiB) no standard client could receive in one: each is a clear -32602 that says
+    # where the flows are listed.
     async with Client(catalogue(1_000).fastmcp) as client:
         index = (await client.read_resource("chainweaver://flows"))[0].text
         guide = (await client.get_prompt("chainweaver_guide")).messages[0].content.text
     assert len(json.loads(index)["flows"]) == 1_000 and guide.count("\n- `") == 1_000
-    async with Client(catalogue(20_000).fastmcp) as client:
+    async with Client(catalogue(8_000).fastmcp) as client:
         with pytest.raises(MCPError) as read:
             await client.read_resource("chainweaver://flows")
         with pytest.raises(MCPError) as rendered:
             await client.get_prompt("chainweaver_guide")
-        assert len(await client.list_tools()) == 20_000
+        assert len(await client.list_tools()) == 8_000
     for caught, paged in ((read, "resources/list"), (rendered, "tools/list")):
         assert caught.value.error.code == -32602
         assert f"above the {MESSAGE_BUDGET} bytes one MCP message carries" in \

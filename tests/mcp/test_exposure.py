@@ -93,7 +93,7 @@ def test_missing_mcp_extra_gives_an_install_hint_and_the_core_still_works() -> N
     assert "fastmcp imported by core: False" in lines
     errors = [line for line in lines if line.startswith("import error:")]
     assert len(errors) == 1, done.stdout
-    assert "pip install 'chainweaver[mcp]'" in errors[0]
+    assert "pip install -e '.[mcp]' in a clone of ChainWeaver" in errors[0]
 
 
 # ---------------------------------------------------------------- default policy

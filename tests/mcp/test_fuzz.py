@@ -35,6 +35,7 @@ from support.procs import free_port, stop, wait_until_listening
 from support.sealing import sealed
 
 from chainweaver.mcp import FlowServer
+from chainweaver.mcp.gate.echo import bounded
 from chainweaver.prompts import USER_DATA_NOTICE
 
 SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "servers" / "hardened_server.py"
@@ -211,7 +212,7 @@ def check_tool_answer(params: dict[str, Any], answer: Any) -> None:
         assert answer.meta["chainweaver"]["output"]["uri"] == str(links[0].uri)
         return
     if name not in TOOLS:
-        assert answer.is_error and text == f"Unknown tool: {name!r}"
+        assert answer.is_error and text == bounded(f"Unknown tool: {name!r}")
     elif answer.is_error:
         assert (text.startswith(f"Invalid arguments for {name!r}: ")
                 or name == "failing_flow"), text
@@ -253,7 +254,8 @@ def check_prompt_answer(params: dict[str, Any], answer: Any, *,
         return
     if name not in PROMPTS:
         assert isinstance(answer, mcp_types.ErrorData), answer
-        assert (answer.code, answer.message) == (INVALID_PARAMS, f"Unknown prompt: {name!r}")
+        unknown = bounded(f"Unknown prompt: {name!r}")
+        assert (answer.code, answer.message) == (INVALID_PARAMS, unknown)
         return
     if isinstance(answer, mcp_types.ErrorData):
         assert answer.code == INVALID_PARAMS, answer
@@ -280,8 +282,9 @@ def check_resource_answer(uri: str, answer: Any) -> None:
         assert json.loads(answer.contents[0].text)
         return
     assert isinstance(answer, mcp_types.ErrorData), answer
-    assert (answer.code, answer.message) == (INVALID_PARAMS, f"Resource not found: {uri!r}")
-    assert answer.data == {"uri": uri}
+    assert (answer.code, answer.message) == (INVALID_PARAMS,
+                                            bounded(f"Resource not found: {uri!r}"))
+    assert answer.data == {"uri": bounded(uri)}
 
 
 async def assert_still_serving(client: Client) -> None:

@@ -145,3 +145,32 @@ async def test_the_prometheus_endpoint_serves_the_text_format() -> None:
            'name="product_search",le="+Inf"} 1' in body
     assert 'chainweaver_runs_total{tool="product_search",status="completed"} 1' in body
     assert body == prometheus_text(reader) or "chainweaver_steps_total" in body
+
+
+def test_a_meter_without_the_bucket_advisory_still_gets_its_histograms() -> None:
+    from chainweaver.mcp.runs.metrics import DURATION_BUCKETS, ServerMetrics
+
+    reader = InMemoryMetricReader()
+    real = MeterProvider(metric_readers=[reader]).get_meter("test")
+    asked: list[dict[str, Any]] = []
+
+    class OldMeter:  # an API before the advisory keyword (opentelemetry-api < 1.23)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def create_histogram(self, name: str, unit: str = "", description: str = "",
+                             **advice: Any) -> Any:
+            asked.append(advice)
+            if advice:
+                raise TypeError("unexpected keyword argument")
+            return real.create_histogram(name, unit, description)
+
+    class OldProvider:
+        def get_meter(self, *args: Any) -> OldMeter:
+            return OldMeter()
+
+    metrics = ServerMetrics(OldProvider())
+    metrics.run_finished("product_search", "completed", 0.002)
+    assert asked[:2] == [{"explicit_bucket_boundaries_advisory": DURATION_BUCKETS}, {}]
+    (point,) = points(reader)["chainweaver.run.duration"]
+    assert point.count == 1

@@ -4,7 +4,11 @@ flows; every caller then reads, lists, subscribes and guesses ids, before and af
 flows leave their views, and never sees or can tell apart a run that is not its own
 (see tests/support/run_records.py; over streamable HTTP with JWTs:
 tests/e2e/test_run_records_http.py). The callers' ids are the hostile alphabet a key
-layout must keep apart (``:``, ``|``, ``/``, ``*``, unicode, empty, a percent-escape)."""
+layout must keep apart (``:``, ``|``, ``/``, ``*``, unicode, empty, a percent-escape).
+
+Two grant layouts (seeds) on the in-memory store, one on each era, and the Redis store
+on both eras: with tests/e2e/test_run_records_http.py, every pair of transport, era
+and store is covered."""
 
 from __future__ import annotations
 
@@ -75,8 +79,7 @@ async def check_property(seed: int, mode: str, store: str = "memory://") -> None
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("mode", ["auto", "legacy"])
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(("seed", "mode"), [(1, "auto"), (2, "legacy")])
 async def test_no_caller_sees_or_tells_apart_another_callers_runs(seed: int,
                                                                   mode: str) -> None:
     await check_property(seed, mode)

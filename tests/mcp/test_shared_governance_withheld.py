@@ -70,6 +70,7 @@ async def test_a_suspended_process_serves_nothing_even_under_force_expose(mode: 
 
 
 @pytest.mark.anyio
+@pytest.mark.tasks  # the Redis client comes with the tasks extra
 async def test_the_follower_log_masks_the_redis_password(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="chainweaver.governance")

@@ -3,6 +3,7 @@ shared by the tests that run its scenarios against ``chainweaver serve``."""
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,11 +25,14 @@ def conformance_command(without_node: str) -> list[str]:
                     f"package ({without_node})")
     entry = CONFORMANCE_DIR / "node_modules" / "@modelcontextprotocol" / "conformance" / \
         "dist" / "index.js"
-    if not entry.is_file():
-        CONFORMANCE_DIR.mkdir(parents=True, exist_ok=True)
-        installed = subprocess.run(
-            [npm, "install", "--prefix", str(CONFORMANCE_DIR), "--no-audit", "--no-fund",
-             "--no-save", CONFORMANCE], capture_output=True, text=True,
-            timeout=CONFORMANCE_TIMEOUT)
-        assert installed.returncode == 0, installed.stderr
+    CONFORMANCE_DIR.mkdir(parents=True, exist_ok=True)
+    # One install at a time: the suite's two workers may both need it first.
+    with open(CONFORMANCE_DIR / ".install-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not entry.is_file():
+            installed = subprocess.run(
+                [npm, "install", "--prefix", str(CONFORMANCE_DIR), "--no-audit",
+                 "--no-fund", "--no-save", CONFORMANCE], capture_output=True, text=True,
+                timeout=CONFORMANCE_TIMEOUT)
+            assert installed.returncode == 0, installed.stderr
     return [node, str(entry)]

@@ -2,20 +2,62 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import random
 import socket
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 # Generous bounds that only stop a broken test from hanging; never a speed requirement.
 STARTUP_TIMEOUT = 60.0
 EXIT_TIMEOUT = 30.0
+# Ports are picked below Linux's ephemeral range (32768-60999), where the kernel never
+# puts the local end of an outgoing connection: between the pick and the server's bind,
+# no client of this or any other test can take the port.
+PORTS = range(20_000, 32_768)
+# A port handed out is leased until the process ends: an exclusive lock on a file named
+# after it, which the kernel drops when the process exits however it exits. Every test
+# process on the machine (both xdist workers, other checkouts' runs) skips a leased port.
+LEASES = Path(tempfile.gettempdir()) / "chainweaver-test-ports"
+_held: dict[int, int] = {}  # port -> the descriptor holding its lease
 
 
 def free_port() -> int:
-    """A loopback TCP port that nothing listens on right now."""
+    """A loopback TCP port nothing listens on, leased to this process until it ends."""
+    for port in random.sample(PORTS, len(PORTS)):
+        if port not in _held and _bindable(port) and lease(port):
+            return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+
+
+def lease(port: int) -> bool:
+    """Take ``port``'s lease for this process; False when another live process holds it."""
+    if port in _held:
+        return True
+    LEASES.mkdir(mode=0o777, exist_ok=True)
+    try:
+        descriptor = os.open(LEASES / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return False
+    _held[port] = descriptor
+    return True
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_until_listening(process: subprocess.Popen, port: int) -> None:

@@ -210,7 +210,7 @@ class RunResources:
             return None  # exactly as for a run id that never existed
         # The run's flow, for the gate under a composition (see gate.composition.flow_of).
         if address.kind == "record":
-            return RunResource.build(lambda: self._record(record.run_id), uri=uri,
+            return RunResource.build(lambda: self._record(uri, record.run_id), uri=uri,
                                      name="chainweaver_run", mime_type=MIME_TYPE,
                                      title=f"Run {record.run_id}",
                                      meta={"chainweaver": {"run_flow": record.flow}})
@@ -235,10 +235,14 @@ class RunResources:
                     "next_cursor": cursor}
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
-    async def _record(self, run_id: str) -> ResourceResult:
+    async def _record(self, uri: str, run_id: str) -> ResourceResult:
         # As it is now, not when resolved.
         record = await self.log.store.get(run_id, caller=admission.caller().id)
-        document = record.document(error_types=self.error_types) if record else {}
+        if record is None:
+            # Dropped (retention) or no longer readable since it was found: exactly like
+            # a run that never existed, never an empty record.
+            raise invalid_request(f"Resource not found: {uri!r}")
+        document = record.document(error_types=self.error_types)
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
     async def _output(self, uri: str, address: RunAddress, record: RunRecord

@@ -232,8 +232,8 @@ _TOKEN_LOCK = threading.Lock()
 def caller_from_token() -> CallerIdentity:
     """The caller of the current request, from the token FastMCP's ``auth`` verified.
 
-    ``id`` is ``client_id|subject`` (how FastMCP scopes background tasks), or the
-    client id alone when the token has no subject. No token: :data:`ANONYMOUS`.
+    ``id`` is ``client_id|subject``, or the client id alone when the token has no
+    subject (:func:`token_caller_id`). No token: :data:`ANONYMOUS`.
     """
     try:
         token = get_access_token()
@@ -256,9 +256,21 @@ def _caller_of(token: Any) -> CallerIdentity:
     claims = dict(token.claims or {})
     subject = token.subject or (claims.get("sub") if isinstance(claims.get("sub"), str)
                                 else None)
-    identity = f"{token.client_id}|{subject}" if subject else token.client_id
-    return CallerIdentity(identity, claims, subject=subject, client_id=token.client_id,
+    return CallerIdentity(token_caller_id(token.client_id, subject), claims,
+                          subject=subject, client_id=token.client_id,
                           scopes=frozenset(token.scopes))
+
+
+def token_caller_id(client_id: str, subject: str | None) -> str:
+    """The caller id of a token: ``client_id|subject``, or the client id alone.
+
+    A ``%`` or ``|`` in the client id is percent-encoded (``%25``, ``%7C``), so the
+    first ``|`` always ends the client id and no two tokens share an id: client
+    ``a|b`` with subject ``c`` is ``a%7Cb|c``, client ``a`` with subject ``b|c`` is
+    ``a|b|c`` (they met in one id before, and so shared runs, tasks and budgets).
+    Subjects are kept as they are (``auth0|1234``)."""
+    client = client_id.replace("%", "%25").replace("|", "%7C")
+    return f"{client}|{subject}" if subject else client
 
 
 

@@ -12,11 +12,18 @@ component of another provider), the page is cut by the provider before any compo
 is built or converted: serving a page costs the page, not the catalogue. Otherwise
 FastMCP's own handler pages the whole list, and the cursor still names the caller's
 list.
+
+Without a page size a list is one message, unless it would not reach a standard client
+(above :data:`~chainweaver.mcp.gate.body_cap.MESSAGE_BUDGET` as sent): then it is cut
+by its size, each page as many items as fit, and the next cursor says where the next
+page starts. Each such page is cut from the whole list: a catalogue of thousands lists
+faster with a page size.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -28,6 +35,7 @@ from fastmcp.server.providers import LocalProvider
 from mcp import MCPError
 
 from chainweaver.mcp.gate.admission import Admission, ListPage, admitted
+from chainweaver.mcp.gate.body_cap import MESSAGE_BUDGET
 
 LIST_AGAIN = ("the published list changed since this cursor was issued; "
               "list again from the start")
@@ -60,6 +68,13 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
         issued, inner = _split(cursor) if cursor is not None else (None, None)
         by_provider = page_size is not None and method in PAGED_BY_PROVIDER \
             and await _only_flows(server, provider, method)
+        # No page size: a list is cut by its size only, from the whole list.
+        by_size = page_size is None and method in PAGED_BY_PROVIDER
+        start = 0
+        if by_size and inner is not None:
+            start, inner = position(inner), None
+            if start < 0:
+                issued = None  # refused below, as any cursor not of ours
         page = ListPage(LISTED.get(method, method), provider.owner, cursor=inner,
                         issued=issued, size=page_size if by_provider else None)
         if cursor is not None and issued is None:
@@ -72,15 +87,18 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
             if by_provider:
                 result = await _serve_page(server, method, ctx)
             else:
-                if inner is not None:
+                if inner is not None or by_size and cursor is not None:
                     params = params.model_copy(update={"cursor": inner})
                 result = await handler(ctx, params)
         page.check()  # refused while no gate served it (a server without its own gate)
         if issued is not None and issued != page.fingerprint:
             # A list no provider fingerprinted (the schema template's) has no pages.
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
-        following = (str(page.offset + (page.size or 0)) if page.more else None) \
-            if by_provider else getattr(result, "next_cursor", None)
+        if by_size:
+            result, following = _cut_by_size(result, LISTED[method], start)
+        else:
+            following = (str(page.offset + (page.size or 0)) if page.more else None) \
+                if by_provider else getattr(result, "next_cursor", None)
         if following is not None:
             fingerprinted = page.fingerprint or "0"
             result = result.model_copy(update={"next_cursor": f"{fingerprinted}.{following}"})
@@ -126,6 +144,31 @@ async def _serve_page(server: FastMCP, method: str, ctx: Any) -> Any:
         prompts = await server.list_prompts()
         return mcp_types.ListPromptsResult(
             prompts=[p.to_mcp_prompt(name=p.name) for p in prompts])
+
+
+def _cut_by_size(result: Any, field: str, start: int) -> tuple[Any, str | None]:
+    """The page of ``result`` (a whole list) from ``start`` that fits one message as
+    sent, at least one item, and where the next page starts (None: no more)."""
+    items = getattr(result, field)
+    if start >= len(items) and start > 0:
+        raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
+    end, used = start, 0
+    while end < len(items):
+        used += _sent_size(items[end]) + 1  # and its comma
+        if used > MESSAGE_BUDGET and end > start:
+            break
+        end += 1
+    if start == 0 and end == len(items):
+        return result, None
+    following = str(end) if end < len(items) else None
+    return result.model_copy(update={field: items[start:end]}), following
+
+
+def _sent_size(item: Any) -> int:
+    """An item's bytes as sent (every character outside ASCII escaped, as the
+    2026-07-28 transport sends it)."""
+    text = item.model_dump_json(by_alias=True, exclude_none=True)
+    return len(text) if text.isascii() else len(json.dumps(json.loads(text)))
 
 
 def _split(cursor: str) -> tuple[str | None, str | None]:

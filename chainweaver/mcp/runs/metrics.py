@@ -22,6 +22,9 @@ Instruments (OpenTelemetry names; Prometheus shows dots as underscores):
 - ``chainweaver.steps`` (counter): ``tool`` and ``status`` (the step's status), inline
   and in background tasks alike.
 
+Both histograms advise the buckets :data:`DURATION_BUCKETS` (100 µs to an hour); an
+application's own SDK ``View`` still overrides them.
+
 Without a configured SDK the instruments are OpenTelemetry's no-ops.
 """
 
@@ -47,7 +50,8 @@ from chainweaver.mcp.publish.exposure import Exposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver
 
-__all__ = ["OUTCOMES", "UNPUBLISHED", "RequestMetrics", "ServerMetrics", "StepCounter"]
+__all__ = ["DURATION_BUCKETS", "OUTCOMES", "UNPUBLISHED", "RequestMetrics", "ServerMetrics",
+           "StepCounter"]
 
 # The request kinds counted, by method; other methods (initialize, ping) are not.
 KINDS: Mapping[str, str] = {
@@ -62,6 +66,13 @@ OUTCOMES = ("ok", "error", "refused", "invalid", "not_found", "cancelled")
 RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
 STEP_STATUSES = frozenset({"completed", "failed", "skipped", "cancelled", "fallback"})
 RESOURCE_NOT_FOUND = -32002
+# Histogram bucket boundaries of both durations, in seconds: from 100 µs (an in-memory
+# read or list) through seconds (flows calling services) to an hour (background tasks).
+# OpenTelemetry's own default (0, 5, 10, ... 10000) is made for milliseconds, and would
+# put every request under 5 s in one bucket.
+DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                    1800.0, 3600.0)
 
 
 class ServerMetrics:
@@ -73,13 +84,12 @@ class ServerMetrics:
         self.requests = meter.create_counter(
             "chainweaver.requests", unit="{request}",
             description="MCP requests by kind, outcome and published name")
-        self.request_duration = meter.create_histogram(
-            "chainweaver.request.duration", unit="s",
-            description="Time to answer an MCP request")
+        self.request_duration = _duration_histogram(
+            meter, "chainweaver.request.duration", "Time to answer an MCP request")
         self.runs = meter.create_counter("chainweaver.runs", unit="{run}",
                                          description="Flow runs by tool and status")
-        self.run_duration = meter.create_histogram("chainweaver.run.duration", unit="s",
-                                                   description="Flow run time")
+        self.run_duration = _duration_histogram(meter, "chainweaver.run.duration",
+                                                "Flow run time")
         self.steps = meter.create_counter("chainweaver.steps", unit="{step}",
                                           description="Finished steps by tool and status")
 
@@ -94,6 +104,16 @@ class ServerMetrics:
         labels = {"tool": tool, "status": status if status in RUN_STATUSES else "failed"}
         self.runs.add(1, labels)
         self.run_duration.record(seconds, labels)
+
+
+def _duration_histogram(meter: Any, name: str, description: str) -> Any:
+    """A histogram in seconds advising :data:`DURATION_BUCKETS`; a meter of an API older
+    than the advisory (1.23) gets the histogram without it."""
+    try:
+        return meter.create_histogram(name, unit="s", description=description,
+                                      explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+    except TypeError:
+        return meter.create_histogram(name, unit="s", description=description)
 
 
 class StepCounter(RunObserver):

@@ -17,6 +17,7 @@ encrypted under the tasks' encryption setting (``FASTMCP_TASKS_ENCRYPTION_KEY`` 
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import re
 import secrets
@@ -93,9 +94,20 @@ class RunRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+    def from_dict(cls, data: Any) -> RunRecord:
+        """A record as stored. A record read back from a shared store may be damaged,
+        edited by hand or written by another release: ValueError (or TypeError, a
+        field missing) when ``data`` is not a record this release can read, checked
+        before anything compares, lists or sends it."""
+        if not isinstance(data, dict):
+            raise ValueError("a run record is a JSON object")
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
-        return cls(**known)
+        record = cls(**known)
+        wrong = [name for name, check in _FIELD_CHECKS.items()
+                 if not check(getattr(record, name))]
+        if wrong:
+            raise ValueError(f"run record field(s) {', '.join(wrong)} cannot be read")
+        return record
 
     def document(self, *, error_types: bool = True) -> dict[str, Any]:
         """The record as its caller reads it (error types only when ``error_types``)."""
@@ -111,8 +123,45 @@ class RunRecord:
 def _without_errors(step: dict[str, Any]) -> dict[str, Any]:
     step = {key: value for key, value in step.items() if key != "error"}
     if isinstance(step.get("steps"), list):
-        step["steps"] = [_without_errors(inner) for inner in step["steps"]]
+        step["steps"] = [_without_errors(inner) for inner in step["steps"]
+                         if isinstance(inner, dict)]
     return step
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _objects(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+# What each field of a stored record must hold (RunRecord.from_dict): a run id of this
+# server's form, a sequence that makes a cursor, times that are numbers, a known status.
+_FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
+    "run_id": lambda value: isinstance(value, str) and RUN_ID.fullmatch(value) is not None,
+    "flow": _text, "version": _text, "tool": _text, "caller": _text,
+    "seq": lambda value: _whole(value) and value < 10**20,  # type: ignore[operator]
+    "started_at": _time, "status": lambda value: value in STATUSES,
+    "ended_at": _optional(_time), "steps": _objects, "error_type": _optional(_text),
+    "error_step": _optional(_text), "output_size": _optional(_whole),
+    "output_sha256": _optional(_text), "output_mime": _optional(_text),
+    "output_stored": lambda value: isinstance(value, bool), "task_id": _optional(_text),
+    "approvals": _objects, "deliveries": _whole,
+}
 
 
 def parse_cursor(cursor: str) -> tuple[int, str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,16 +116,23 @@ class RedisRunStore(RunStore):
                            type(error).__name__, detail)
             raise RunStoreError(type(error).__name__, detail) from None
 
-    def _decoded(self, raw: bytes | None, caller: str | None) -> RunRecord | None:
-        """The record ``raw`` holds, if ``caller`` (when given) owns it; an entry this
-        process cannot read is left alone, like a missing one."""
+    def _decoded(self, raw: bytes | None, caller: str | None, run_id: str
+                 ) -> RunRecord | None:
+        """The record ``raw`` (stored as run ``run_id``) holds, if ``caller`` (when
+        given) owns it. An entry this process cannot read (damaged, edited by hand, a
+        field of the wrong type, a record of another run) is left alone, like a
+        missing one."""
         if raw is None:
             return None
         try:
             record = RunRecord.from_dict(json.loads(raw))
-        except (ValueError, TypeError, AttributeError) as error:
-            logger.warning("run history at %s: an unreadable run record was skipped (%s)",
-                           self._url, type(error).__name__)
+        except (ValueError, TypeError, RecursionError) as error:
+            logger.warning("run history at %s: the record of run %s cannot be read and "
+                           "is skipped (%s)", self._url, run_id, type(error).__name__)
+            return None
+        if record.run_id != run_id:
+            logger.warning("run history at %s: the record stored as run %s names another "
+                           "run and is skipped", self._url, run_id)
             return None
         if caller is not None and record.caller != caller:
             return None
@@ -168,7 +176,7 @@ class RedisRunStore(RunStore):
     async def _evict(self, count: int) -> None:
         """Delete the ``count`` oldest runs, and their ids from their callers' indexes."""
         dropped = await self._redis.zpopmin(self._key("all"), count)
-        names = [member.decode() for member, _ in dropped]
+        names = [run_id for run_id in (_member(member) for member, _ in dropped) if run_id]
         if not names:
             return
         raws = await self._redis.mget([self._key("run", run_id) for run_id in names])
@@ -176,7 +184,7 @@ class RedisRunStore(RunStore):
             pipe.delete(*(self._key(kind, run_id) for run_id in names
                           for kind in ("run", "out")))
             for run_id, raw in zip(names, raws, strict=True):
-                record = self._decoded(raw, None)
+                record = self._decoded(raw, None, run_id)
                 if record is not None:
                     for index in self._indexes(record):
                         pipe.zrem(index, run_id)
@@ -187,7 +195,7 @@ class RedisRunStore(RunStore):
             return None
         with self._failing("get"):
             raw = await self._redis.get(self._key("run", run_id))
-        record = self._decoded(raw, caller)
+        record = self._decoded(raw, caller, run_id)
         if record is None or record.started_at < time.time() - self.max_age:
             return None
         return record
@@ -226,7 +234,15 @@ class RedisRunStore(RunStore):
         while len(found) <= query.limit:
             entries = await self._redis.zrange(index, top, "-inf", desc=True, byscore=True,
                                                offset=0, num=batch, withscores=True)
-            ids = [(member.decode(), int(score)) for member, score in entries]
+            junk = [member for member, score in entries
+                    if _member(member) is None or not math.isfinite(score)]
+            if junk:
+                # Members that name no run (written by hand, damaged): dropped like the
+                # ids of runs that are gone, then the page is read again without them.
+                if await self._redis.zrem(index, *junk):
+                    continue
+                entries = [entry for entry in entries if entry[0] not in junk]
+            ids = [(_member(member) or "", int(score)) for member, score in entries]
             if after is not None:
                 # Runs that started in the same microsecond as the cursor's: only those
                 # after it (descending id order, as Redis gives them).
@@ -240,7 +256,7 @@ class RedisRunStore(RunStore):
                 if raw is None:
                     gone.append(run_id)
                     continue
-                record = self._decoded(raw, None)
+                record = self._decoded(raw, None, run_id)
                 if record is not None and query.admits(record, now, self.max_age):
                     found.append(record)
                     if len(found) > query.limit:
@@ -278,7 +294,7 @@ class RedisRunStore(RunStore):
                 else:
                     pipe.get(key)
                 raw, *read = await pipe.execute()
-        if caller is not None and self._decoded(raw, caller) is None:
+        if caller is not None and self._decoded(raw, caller, run_id) is None:
             return None  # another caller's run: like one that never existed
         if ranged:
             present, data = read
@@ -296,3 +312,10 @@ class RedisRunStore(RunStore):
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _member(member: bytes) -> str | None:
+    """The run id an index member names (None: not one, e.g. written by hand)."""
+    text = bytes(member).decode("utf-8", "replace")
+    return text if RUN_ID.fullmatch(text) else None
+

@@ -187,7 +187,9 @@ class FlowTaskRunner(FastMCPTool):
         asking = ApprovalInTask(audit_answer, arguments.get("client_can_answer", True),
                                 caller_id=caller_id)
         note = RunNote()
-        run = run_start(arguments.get("run"), caller_id or "anonymous", note, task_id)
+        # The caller id as the gate admitted it, whatever it holds ("" included).
+        run = run_start(arguments.get("run"),
+                        caller_id if isinstance(caller_id, str) else "anonymous", note, task_id)
         run.deliveries = max(deliveries, 1)  # the run record says how often
         metrics = self._metrics
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None

@@ -107,8 +107,8 @@ def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig
         from chainweaver.mcp.tasks.runner import FlowTaskRunner, TaskAudit
     except ImportError as missing:  # pragma: no cover - depends on the installed extras
         raise ExposureConfigError(
-            "background tasks need the tasks extra: pip install 'chainweaver[mcp,tasks]' "
-            f"({missing})") from None
+            "background tasks need the tasks extra: pip install -e '.[mcp,tasks]' in a "
+            f"clone of ChainWeaver ({missing})") from None
     if settings.encryption_key is not None:
         _set_encryption_key(settings.encryption_key)
     audit = TaskAudit(security.audit_hook, security.hook_timeout)
