@@ -112,6 +112,21 @@ def clean_input_model(flow: Flow, tools: Mapping[str, Tool]) -> type[BaseModel] 
     return input_model
 
 
+def clean_needs_approval(flow: Flow, tools: Mapping[str, Tool]) -> bool:
+    """Whether a run of a flow :func:`clean_input_model` showed clean asks for approval
+    (what ``approval_request`` finds in its plan): the flow's own contract requires it
+    (it covers every step), or a step's tool or fallback does."""
+    own = flow.safety
+    if own is not None and own.requires_approval:
+        return True
+    for step in flow.steps:
+        for name in (step.tool_name, step.fallback):
+            safety = tools[name].safety if name is not None else None
+            if safety is not None and safety.requires_approval:
+                return True
+    return False
+
+
 def _writes(step: FlowStep, tool: Tool, tools: Mapping[str, Tool],
             produced: frozenset[str]) -> frozenset[str] | None:
     """What a step with a fallback, a retry or an output mapping writes (None: not

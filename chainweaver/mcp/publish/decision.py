@@ -255,7 +255,8 @@ def decide_flow(
         logger.warning("force_expose publishes flow %r despite: %s", name, reason)
     exposed, overridden, withheld = _exposed_flow(policy, flow, safety, forced, contract,
                                                   planned, expose_schemas,
-                                                  expose_prompts, server_prompt_names)
+                                                  expose_prompts, server_prompt_names,
+                                                  None if input_model is None else executor)
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
                           tuple(exposed.prompt_names), overridden, exposed.needs_approval,
@@ -285,9 +286,11 @@ def _exposed_flow(
     expose_schemas: bool,
     expose_prompts: bool,
     server_prompt_names: frozenset[str],
+    clean_of: FlowExecutor | None,
 ) -> tuple[ExposedFlow, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The exposed flow, its prompt names that server-level prompts take over, and the
-    prompts the prompt policy withholds (with why)."""
+    prompts the prompt policy withholds (with why). ``clean_of``: the executor that
+    showed the flow clean without its plan (None: the plan was compiled)."""
     tool_name = policy.tool_name(flow.name)
     if not NAME_PATTERN.fullmatch(tool_name):
         raise ExposureConfigError(
@@ -320,7 +323,9 @@ def _exposed_flow(
             else:
                 authored[prompt_name] = prompt
     uri = schema_uri(tool_name) if expose_schemas else None
-    needs_approval = policy.approval == "elicit" and approval_request(planned.get()) is not None
+    needs_approval = policy.approval == "elicit" and (
+        approval_request(planned.get()) is not None if clean_of is None
+        else clean_of.clean_needs_approval(flow))
     exposed = ExposedFlow(flow, tool_name, safety, forced, contract, planned, uri, authored,
                           invocation, needs_approval, task_mode(policy, flow))
     return exposed, tuple(overridden), tuple(withheld)
