@@ -22,6 +22,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from bench_server import bare_classify, build_executor, fmt
 from fastmcp import Client, FastMCP
 from fastmcp.tools.function_tool import FunctionTool
 
+import chainweaver
 from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig
 from chainweaver.mcp.publish.contract import build_contract
 from chainweaver.mcp.publish.decision import _exclusion_reason
@@ -280,6 +282,63 @@ def bench_lists(sizes: Iterable[int], rounds: int, calls_per_kind: int | None = 
 # ------------------------------------------------------------------ main
 
 
+async def first_list_worker(flows: int, page_size: int | None) -> dict[str, float]:
+    """One fresh process: build the server, connect, and time the first ``tools/list``
+    (every flow decided), in wall-clock and in this process's CPU time (which other
+    jobs on a shared machine disturb much less)."""
+    executor = build_executor(flows)
+    gc.collect()
+    started = time.perf_counter()
+    server = FlowServer(executor, serving=ServingConfig(page_size=page_size), **FLAGS)
+    built = time.perf_counter()
+    async with Client(server.fastmcp) as client:
+        connected, cpu = time.perf_counter(), time.process_time()
+        tools = await client.list_tools_mcp()
+        listed, cpu = time.perf_counter(), time.process_time() - cpu
+    return {"construct": built - started, "connect": connected - built,
+            "first tools/list": listed - connected, "cpu": cpu, "tools": len(tools.tools),
+            "plans compiled": executor.plans_compiled}
+
+
+def bench_first_list(flows: int, rounds: int, reference: str | None,
+                     page_size: int | None = None) -> None:
+    """Section 4: the first ``tools/list`` after start, each in a fresh process; with
+    ``reference`` (a folder holding another ``chainweaver``), that code in turns."""
+    section(f"4. First tools/list after start at {flows} flows, page size {page_size} "
+            f"({rounds} fresh processes"
+            f"{' per side, in turns' if reference else ''})")
+    sides = {"this tree": None, **({"reference": reference} if reference else {})}
+    samples: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for turn in range(rounds):
+        order = list(sides) if turn % 2 == 0 else list(sides)[::-1]
+        for side in order:
+            env = dict(os.environ)
+            if sides[side] is not None:
+                env["PYTHONPATH"] = str(sides[side])
+            command = [sys.executable, str(Path(__file__).resolve()), "--first-list-worker",
+                       str(flows), str(page_size or 0)]
+            done = subprocess.run(command, capture_output=True, text=True, check=False,
+                                  env=env)
+            if done.returncode != 0:
+                raise SystemExit(f"first-list worker failed ({side}):\n{done.stderr}")
+            samples[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for side, runs in samples.items():
+        first = [run["first tools/list"] for run in runs]
+        cpu = [run["cpu"] for run in runs]
+        print(f"  {side:<10} first tools/list {spread(first)}   CPU {spread(cpu)}   construct "
+              f"{fmt(min(run['construct'] for run in runs))}   listed "
+              f"{runs[0]['tools']:g} tools, {runs[0]['plans compiled']:g} plans compiled",
+              flush=True)
+    if reference:
+        mine = [run["first tools/list"] for run in samples["this tree"]]
+        base = [run["first tools/list"] for run in samples["reference"]]
+        cpu_mine = [run["cpu"] for run in samples["this tree"]]
+        cpu_base = [run["cpu"] for run in samples["reference"]]
+        print(f"  reference / this tree: {min(base) / min(mine):.1f}x best, "
+              f"{statistics.median(base) / statistics.median(mine):.1f}x median; CPU "
+              f"{min(cpu_base) / min(cpu_mine):.1f}x best")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--small", type=int, default=100, help="small catalogue (100)")
@@ -296,6 +355,15 @@ def main() -> None:
                         help="run section 3 only")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: small sizes, few repeats")
+    parser.add_argument("--first-list", type=int, default=None, metavar="FLOWS",
+                        help="run section 4 only: the first tools/list at FLOWS flows")
+    parser.add_argument("--first-list-rounds", type=int, default=3,
+                        help="fresh processes per side for section 4 (3)")
+    parser.add_argument("--first-list-ref", default=None, metavar="DIR",
+                        help="a folder holding another chainweaver package to run in turns")
+    parser.add_argument("--first-list-page-size", type=int, default=None,
+                        help="ServingConfig(page_size=...) for section 4 (none: cut by size)")
+    parser.add_argument("--first-list-worker", type=int, nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--list-worker", nargs=3, metavar=("FLOWS", "VARIANT", "CALLS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -303,6 +371,15 @@ def main() -> None:
     if args.list_worker:
         flows, variant, calls = args.list_worker
         print(json.dumps(asyncio.run(list_worker(int(flows), variant, int(calls)))))
+        return
+    if args.first_list_worker:
+        flows, page = args.first_list_worker
+        print(json.dumps(asyncio.run(first_list_worker(flows, page or None))))
+        return
+    if args.first_list:
+        print(f"chainweaver from {Path(chainweaver.__file__).parent}", flush=True)
+        bench_first_list(args.first_list, args.first_list_rounds, args.first_list_ref,
+                         args.first_list_page_size)
         return
     if args.quick:
         args.small, args.large, args.repeats = 10, 400, 3
@@ -316,6 +393,7 @@ def main() -> None:
         asyncio.run(bench_start(args.small, args.large, args.repeats))
         bench_parts(args.large, max(3, args.repeats // 2))
     bench_lists(sizes, args.list_rounds, args.list_calls)
+    bench_first_list(args.large, 1 if args.quick else 3, None)
     print(f"\n(whole run {time.perf_counter() - started:.0f} s)")
 
 

@@ -4,7 +4,12 @@ The core API imports without the ``mcp`` extra; ``chainweaver.mcp`` publishes fl
 to MCP clients.
 """
 
-from .checkpoints import CheckpointMismatchError, CheckpointStore, MemoryCheckpointStore
+from .checkpoints import (
+    CheckpointMismatchError,
+    CheckpointStore,
+    CheckpointStoreError,
+    MemoryCheckpointStore,
+)
 from .errors import (
     ChainWeaverError,
     DefinitionError,
@@ -37,6 +42,7 @@ __all__ = [
     "ALWAYS_APPROVE",
     "ChainWeaverError",
     "CheckpointMismatchError",
+    "CheckpointStoreError",
     "CheckpointStore",
     "Const",
     "DefinitionError",

@@ -43,6 +43,13 @@ class CheckpointMismatchError(ChainWeaverError):
     """A run id's checkpoints belong to another flow version, plan or input."""
 
 
+class CheckpointStoreError(ChainWeaverError):
+    """The checkpoint store failed to load or save (down, or closed under the run as
+    its process shuts down): the run stopped at a step boundary, and nothing says the
+    flow failed. Its checkpoints are as the store last acknowledged them, so the same
+    run id resumes once the store is back. ``__cause__`` is the store's error."""
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
     """Where a run's checkpoints live: a few named byte strings per run id.
@@ -123,7 +130,10 @@ class Durable:
         head = {"flow": plan.flow.name, "version": plan.flow.version,
                 "plan": plan_fingerprint(plan), "input": hashlib.sha256(
                     pydantic_core.to_json(state.flow_input)).hexdigest()}
-        entries = await store.load(run_id)
+        try:
+            entries = await store.load(run_id)
+        except Exception as error:
+            raise _store_failed(run_id, "load", error) from error
         if not entries:
             return cls(store, run_id, head, entries)
         _check(run_id, head, _read(run_id, "its head", entries[_HEAD])
@@ -197,7 +207,15 @@ class Durable:
         if self.pending_head is not None:
             entries[_HEAD] = self.pending_head
             self.pending_head = None
-        await self.store.save(self.run_id, entries)
+        try:
+            await self.store.save(self.run_id, entries)
+        except Exception as error:
+            raise _store_failed(self.run_id, "save", error) from error
+
+
+def _store_failed(run_id: str, action: str, error: Exception) -> CheckpointStoreError:
+    return CheckpointStoreError(f"run {run_id!r}: the checkpoint store could not {action} "
+                                f"its checkpoints ({type(error).__name__})")
 
 
 def _check(run_id: str, head: dict[str, str], saved: dict[str, str]) -> None:

@@ -29,6 +29,7 @@ from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .lanes import Lanes
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
+from .quick_check import clean_input_model, clean_needs_approval
 from .registry import FlowRegistry
 from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import ALWAYS_APPROVE, ApprovalHook, Cancellation, RunObserver
@@ -194,6 +195,16 @@ class FlowExecutor:
         anything.
         """
         return [problem.message for problem in self._plan(flow)[1]]
+
+    def clean_input_model(self, flow: Flow) -> type[BaseModel] | None:
+        """The input model of the flow's plan when the flow is shown to have no problem
+        without compiling it (:mod:`chainweaver.quick_check`); None: compile to know."""
+        return clean_input_model(flow, self._tools)
+
+    def clean_needs_approval(self, flow: Flow) -> bool:
+        """For a flow :meth:`clean_input_model` showed clean: whether a run of it asks
+        for approval, read from its tools (its plan would say the same)."""
+        return clean_needs_approval(flow, self._tools)
 
     def validate_flow(self, flow: Flow) -> None:
         """Raise :class:`FlowValidationError` if :meth:`check_flow` finds problems."""

@@ -358,6 +358,7 @@ class Flow:
     dependencies: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False,
                                                        compare=False)
     order: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _sinks: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_name("flow", self.name)
@@ -398,8 +399,7 @@ class Flow:
     @property
     def sinks(self) -> tuple[int, ...]:
         """Declaration indices of the steps no other step runs after."""
-        used = {index for deps in self.dependencies for index in deps}
-        return tuple(i for i in range(len(self.steps)) if i not in used)
+        return self._sinks
 
     @property
     def sink(self) -> int | None:
@@ -456,6 +456,8 @@ def _set_graph(flow: Flow, steps: tuple[FlowStep, ...]) -> None:
     object.__setattr__(flow, "step_ids", tuple(ids))
     object.__setattr__(flow, "dependencies", tuple(dependencies))
     object.__setattr__(flow, "order", _topological_order(where, ids, dependencies))
+    used = {index for deps in dependencies for index in deps}
+    object.__setattr__(flow, "_sinks", tuple(i for i in range(len(steps)) if i not in used))
     _check_mapped_writes(where, flow)
 
 

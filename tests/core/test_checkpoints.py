@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from chainweaver import (
     CheckpointMismatchError,
+    CheckpointStoreError,
     Flow,
     FlowExecutor,
     FlowRegistry,
@@ -132,6 +134,34 @@ def test_a_run_whose_input_or_plan_changed_refuses_to_resume() -> None:
     with pytest.raises(CheckpointMismatchError, match="not 'order' 2.0.0"):
         asyncio.run(executor.execute_flow_async("order", {"n": 1}, "2.0.0", run_id="run-1",
                                                 checkpoints=store))
+
+
+class ClosingStore(MemoryCheckpointStore):
+    """A store that closes after ``saves`` writes (its process shutting down)."""
+
+    def __init__(self, saves: int) -> None:
+        super().__init__()
+        self.saves = saves
+
+    async def save(self, run_id: str, entries: Any) -> None:
+        if self.saves <= 0:
+            raise ConnectionError("closed")
+        self.saves -= 1
+        await super().save(run_id, entries)
+
+
+def test_a_store_that_fails_stops_the_run_as_the_stores_error_and_it_resumes_later() -> None:
+    executor, calls, _ = _build(set())
+    store = ClosingStore(saves=1)  # fetch's checkpoint is kept; the next one fails
+    with pytest.raises(CheckpointStoreError, match="could not save") as raised:
+        asyncio.run(executor.execute_flow_async("order", {"n": 1}, run_id="run-1",
+                                                checkpoints=store))
+    assert isinstance(raised.value.__cause__, ConnectionError)
+    store.saves = 99  # back
+    result = asyncio.run(executor.execute_flow_async("order", {"n": 1}, run_id="run-1",
+                                                     checkpoints=store))
+    assert result.success and result.final_output == {"total": 10}
+    assert calls["fetch"] == 1  # resumed after the step the store acknowledged
 
 
 def test_checkpoints_need_a_run_id() -> None:

@@ -147,3 +147,58 @@ def test_a_contract_that_cannot_be_hashed_still_merges() -> None:
     odd = ToolSafetyContract(SideEffectLevel.READ, idempotent=[True])  # type: ignore[arg-type]
     merged = merge_safety_contracts([odd, ToolSafetyContract(SideEffectLevel.NONE)])
     assert merged == ToolSafetyContract(SideEffectLevel.READ, idempotent=True)
+
+
+@pytest.mark.anyio
+async def test_lists_compile_no_plan_and_a_call_compiles_its_own_once() -> None:
+    executor = catalogue()
+    server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
+                        serving=ServingConfig(page_size=50))
+    async with Client(server.fastmcp) as client:
+        assert len((await client.list_tools_mcp()).tools) == 50
+        await client.list_resources_mcp()
+        await client.list_prompts_mcp()
+        assert len(server.exposure_report()) == FLOWS
+        assert executor.plans_compiled == 0  # every flow decided, no plan compiled
+        for _ in range(2):
+            result = await client.call_tool("count_0007", {"text": "a b c"})
+            assert result.structured_content == {"words": 3}
+        assert executor.plans_compiled == 1
+
+
+@pytest.mark.parametrize("approval", [None, "elicit"])
+def test_the_decision_without_plans_answers_exactly_as_with_them(
+        monkeypatch: pytest.MonkeyPatch, approval: str | None) -> None:
+    class Other(BaseModel):
+        other: int
+
+    executor = catalogue(3)
+    executor.register_tool(Tool("other", "Needs another field.", Other, Words,
+                                lambda data: Words(words=data.other),
+                                ToolSafetyContract(SideEffectLevel.NONE)))
+    executor.register_tool(Tool("erase", "Erase.", Text, Words, count,
+                                ToolSafetyContract(SideEffectLevel.DESTRUCTIVE)))
+    for flow in [
+        Flow("unfed", "", [FlowStep("count"), FlowStep("other")]),
+        Flow("renamed", "", [FlowStep("count", {"text": "body"}), FlowStep("other",
+                                                                           {"other": "words"})]),
+        Flow("ghost", "", [FlowStep("count"), FlowStep("nothing")]),
+        Flow("erasing", "", [FlowStep("count"), FlowStep("erase", {"text": "words"})]),
+        Flow("nested", "", [FlowStep(flow="count_0001")]),
+        Flow("bad_output", "", [FlowStep("count", output_mapping={"n": "nope"})]),
+    ]:
+        executor.registry.register_flow(flow)
+
+    def report() -> list[dict]:
+        policy = ExposurePolicy(approval=approval) if approval else ExposurePolicy()
+        server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
+                            policy=policy)
+        return [line.to_dict() for line in server.exposure_report()]
+
+    quick = report()
+    # The flows shown clean compiled none, approval asked for or not (their approval
+    # is read from their tools).
+    assert executor.plans_compiled == 5
+    monkeypatch.setattr(FlowExecutor, "clean_input_model", lambda self, flow: None)
+    assert report() == quick
+    assert [line["exposed"] for line in quick].count(False) >= 4

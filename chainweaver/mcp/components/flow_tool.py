@@ -33,7 +33,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import PrivateAttr
 
-from chainweaver.checkpoints import CheckpointStore
+from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
@@ -211,8 +211,11 @@ class FlowTool(FastMCPTool):
         call = _Call()
         try:
             return await self._call(call, arguments, ctx, status, in_task, run, checkpoints)
-        except MCPError:
-            raise  # a protocol error, meant as one (asyncio.CancelledError is no Exception)
+        except (MCPError, CheckpointStoreError):
+            # A protocol error, meant as one (asyncio.CancelledError is no Exception);
+            # a task store that failed under a durable run: no failure of the flow (the
+            # task's runner stops the leg, and the run resumes on redelivery).
+            raise
         except Exception as error:
             if call.reporter is not None:
                 call.reporter.abandon()

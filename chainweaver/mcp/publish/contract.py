@@ -93,13 +93,16 @@ def published_schema(model: type[BaseModel], mode: SchemaMode = "validation"
 _CONTRACTS: dict[tuple[type[BaseModel], type[BaseModel] | None], PublishedContract] = {}
 
 
-def build_contract(executor: FlowExecutor, flow: Flow) -> PublishedContract:
+def build_contract(executor: FlowExecutor, flow: Flow,
+                   input_model: type[BaseModel] | None = None) -> PublishedContract:
     """The flow's contract; :class:`ContractError` when a schema cannot be published.
 
-    Flows with the same input and output models share one (immutable) contract.
+    ``input_model``: its plan's, when known without the plan. Flows with the same input
+    and output models share one (immutable) contract.
     """
     # The plan's: a first step's constants and pointers change what the caller gives.
-    input_model = executor.plan(flow).input_model
+    if input_model is None:
+        input_model = executor.plan(flow).input_model
     output_model = executor.output_model(flow)
     if input_model is None:
         raise ContractError("its input model is unknown")

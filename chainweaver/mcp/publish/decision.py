@@ -7,8 +7,9 @@ applies it to each flow name when that flow is first needed, and memoises it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from chainweaver.errors import ExposureConfigError
@@ -35,6 +36,36 @@ def schema_uri(tool_name: str) -> str:
     return f"chainweaver://flows/{tool_name}/schema"
 
 
+class PlanOnce:
+    """A flow's plan, compiled at most once and then carried.
+
+    Given the plan (the decision compiled it) or the executor to compile it with on
+    first use: the decision compiles no plan for a flow it could show clean without one
+    (``FlowExecutor.clean_input_model``: tool steps only, so its plan depends on
+    nothing registered later).
+    """
+
+    __slots__ = ("_plan", "_executor", "_flow")
+    _lock = threading.Lock()  # first uses in worker threads compile it once
+
+    def __init__(self, plan: Plan | None = None, *, executor: FlowExecutor | None = None,
+                 flow: Flow | None = None) -> None:
+        self._plan = plan
+        self._executor = executor
+        self._flow = flow
+
+    def get(self) -> Plan:
+        plan = self._plan
+        if plan is None:
+            with self._lock:
+                if self._plan is None:
+                    assert self._executor is not None and self._flow is not None
+                    self._plan = self._executor.plan(self._flow)
+                    self._executor = self._flow = None
+                plan = self._plan
+        return plan
+
+
 @dataclass(frozen=True)
 class ExposedFlow:
     """A flow that is published, with everything the primitives need to serve it."""
@@ -45,8 +76,8 @@ class ExposedFlow:
     forced: bool
     contract: PublishedContract
     # The plan this decision reviewed (sub-flow versions included): calls run exactly it,
-    # whatever is registered later.
-    plan: Plan
+    # whatever is registered later. Read it as ``plan``.
+    planned: PlanOnce = field(repr=False, compare=False)
     schema_uri: str | None
     # published prompt name -> the flow's authored prompt (server overrides removed)
     authored_prompts: Mapping[str, FlowPrompt]
@@ -56,6 +87,11 @@ class ExposedFlow:
     # Background tasks: "forbidden", "optional" or "required" (the flow's own mode, or
     # the server's default); what the tool advertises and the task engine obeys.
     task_mode: str = "forbidden"
+
+    @property
+    def plan(self) -> Plan:
+        """The flow's plan (compiled on first use when the decision needed none)."""
+        return self.planned.get()
 
     @property
     def prompt_names(self) -> list[str]:
@@ -193,25 +229,34 @@ def decide_flow(
         return _excluded(flow, OPTED_OUT)
     if policy.flow_names is not None and name not in policy.flow_names:
         return _excluded(flow, "not listed in flow_names")
-    problems = executor.check_flow(flow)
-    if problems:
-        # A flow that cannot run is never published, forced or not.
-        return _excluded(flow, "flow is invalid: " + "; ".join(problems))
+    # Most flows are shown clean without compiling their plan (the first list of a
+    # large catalogue would compile every one); the others are compiled here, and
+    # every problem and its words come from the compiler.
+    input_model = executor.clean_input_model(flow)
+    if input_model is None:
+        problems = executor.check_flow(flow)
+        if problems:
+            # A flow that cannot run is never published, forced or not.
+            return _excluded(flow, "flow is invalid: " + "; ".join(problems))
+        planned = PlanOnce(executor.plan(flow))
+    else:
+        planned = PlanOnce(executor=executor, flow=flow)
     safety = executor.effective_safety(flow)
     reason = _exclusion_reason(flow, executor, policy, safety)
     forced = reason is not None and policy.force_expose
     if reason is not None and not forced:
         return _excluded(flow, reason)
     try:
-        contract = build_contract(executor, flow)
+        contract = build_contract(executor, flow, input_model)
     except ContractError as unpublishable:
         # Publishing it would break tools/list for every flow, so never, forced or not.
         return _excluded(flow, str(unpublishable))
     if forced:
         logger.warning("force_expose publishes flow %r despite: %s", name, reason)
     exposed, overridden, withheld = _exposed_flow(policy, flow, safety, forced, contract,
-                                                  executor.plan(flow), expose_schemas,
-                                                  expose_prompts, server_prompt_names)
+                                                  planned, expose_schemas,
+                                                  expose_prompts, server_prompt_names,
+                                                  None if input_model is None else executor)
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
                           tuple(exposed.prompt_names), overridden, exposed.needs_approval,
@@ -237,13 +282,15 @@ def _exposed_flow(
     safety: ToolSafetyContract | None,
     forced: bool,
     contract: PublishedContract,
-    plan: Plan,
+    planned: PlanOnce,
     expose_schemas: bool,
     expose_prompts: bool,
     server_prompt_names: frozenset[str],
+    clean_of: FlowExecutor | None,
 ) -> tuple[ExposedFlow, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The exposed flow, its prompt names that server-level prompts take over, and the
-    prompts the prompt policy withholds (with why)."""
+    prompts the prompt policy withholds (with why). ``clean_of``: the executor that
+    showed the flow clean without its plan (None: the plan was compiled)."""
     tool_name = policy.tool_name(flow.name)
     if not NAME_PATTERN.fullmatch(tool_name):
         raise ExposureConfigError(
@@ -276,7 +323,9 @@ def _exposed_flow(
             else:
                 authored[prompt_name] = prompt
     uri = schema_uri(tool_name) if expose_schemas else None
-    needs_approval = policy.approval == "elicit" and approval_request(plan) is not None
-    exposed = ExposedFlow(flow, tool_name, safety, forced, contract, plan, uri, authored,
+    needs_approval = policy.approval == "elicit" and (
+        approval_request(planned.get()) is not None if clean_of is None
+        else clean_of.clean_needs_approval(flow))
+    exposed = ExposedFlow(flow, tool_name, safety, forced, contract, planned, uri, authored,
                           invocation, needs_approval, task_mode(policy, flow))
     return exposed, tuple(overridden), tuple(withheld)

@@ -362,7 +362,8 @@ def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
 
     (Tool names cannot clash: each is the server prefix and a unique flow name.)
     """
-    for prompt_name in exposed.prompt_names:
+    prompt_names = exposed.prompt_names
+    for prompt_name in prompt_names:
         if prompt_name in catalogue.prompts:
             raise ExposureConfigError(
                 f"prompt name {prompt_name!r} of flow {exposed.flow.name!r} collides with "
@@ -370,7 +371,7 @@ def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
     catalogue.tools[exposed.tool_name] = exposed
     if exposed.schema_uri is not None:
         catalogue.resources[exposed.schema_uri] = exposed
-    for prompt_name in exposed.prompt_names:
+    for prompt_name in prompt_names:
         catalogue.prompts[prompt_name] = PromptEntry(
             prompt_name, exposed, exposed.authored_prompts.get(prompt_name))
 

@@ -92,6 +92,7 @@ class FlowTasksExtension(TasksExtension):
         super().__init__(**settings)
         self.provider = provider
         self.audit = audit
+        self._runner: tuple[Docket, FastMCPTool] | None = None  # (its start's Docket, it)
 
     async def intercept_tool_call(
         self,
@@ -243,9 +244,17 @@ class FlowTasksExtension(TasksExtension):
 
     async def registered_runner(self) -> FastMCPTool:
         """The runner as Docket registered it: through the server's transforms (a
-        Namespace renames it), so its key is the one Docket and tasks/update know."""
+        Namespace renames it), so its key is the one Docket and tasks/update know.
+
+        Found once per start (Docket registers it once, at start): every task creation
+        used to walk the server's task components again."""
+        docket = self.docket
+        found = self._runner
+        if found is not None and found[0] is docket:
+            return found[1]
         for component in await self.server.get_tasks():
             if isinstance(component, FlowTaskRunner):
+                self._runner = (docket, component)
                 return component
         raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
 

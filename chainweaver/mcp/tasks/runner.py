@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, TextContent
 from pydantic import PrivateAttr
 
-from chainweaver.checkpoints import INTERRUPTED
+from chainweaver.checkpoints import INTERRUPTED, CheckpointStoreError
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.requests import completed
@@ -192,6 +192,16 @@ class FlowTaskRunner(FastMCPTool):
                                              status=fan_out(reports, counter),
                                              in_task=asking, run=run,
                                              checkpoints=checkpoint_store(docket))
+        except CheckpointStoreError as error:
+            # The task store failed under the run (its worker shutting down, Redis
+            # gone): not a failure of the flow. The run stays unfinished, the leg
+            # stops, and a later delivery resumes it from its checkpoints.
+            cause = type(error.__cause__ or error).__name__
+            logger.warning("task %s: run %s of flow %r %s stopped: the task store failed "
+                           "under it (%s); it resumes from its checkpoints when the task "
+                           "is delivered again", task_id, run_id, exposed.flow.name,
+                           exposed.flow.version, cause)
+            raise
         except BaseException as error:
             if counter is not None:
                 counter.finished("cancelled" if isinstance(error, asyncio.CancelledError)
