@@ -13,6 +13,7 @@ no guard at all: it pays nothing.
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,10 +22,12 @@ from typing import Any, Literal
 
 from .errors import DefinitionError
 
+logger = logging.getLogger("chainweaver.grants")
 _REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 StepKind = Literal["tool", "fallback", "subflow", "flow"]
 # Decisions one run keeps for its audit; past this they are counted only.
-MAX_KEPT_DECISIONS = 32
+MAX_KEPT_DECISIONS = 16
+PATH_LIMIT = 128  # characters of a step path (or target) an audit entry keeps
 
 
 def _claim_values(value: Any) -> frozenset[str]:
@@ -275,6 +278,7 @@ class Decisions:
     :data:`MAX_KEPT_DECISIONS` as they were made, the rest counted."""
 
     kept: list[dict[str, Any]] = field(default_factory=list)
+    refusal: dict[str, Any] | None = None  # the first refused attempt
     allowed: int = 0
     denied: int = 0
     delegated: int = 0
@@ -287,19 +291,28 @@ class Decisions:
             self.denied += 1
         if delegated is not None:
             self.delegated += 1
-        if len(self.kept) < MAX_KEPT_DECISIONS:
-            entry = {"path": path, "kind": kind, "target": target,
+        if len(self.kept) < MAX_KEPT_DECISIONS or (not allowed and self.refusal is None):
+            entry = {"path": _cut(path), "kind": kind, "target": _cut(target),
                      "decision": "allowed" if allowed else "denied", "reason": reason,
                      "grant": "delegation" if delegated is not None else "caller"}
-            self.kept.append(entry)
+            if len(self.kept) < MAX_KEPT_DECISIONS:
+                self.kept.append(entry)
+            if not allowed and self.refusal is None:
+                self.refusal = entry
 
     def summary(self) -> dict[str, Any]:
         total = self.allowed + self.denied
         return {"allowed": self.allowed, "denied": self.denied,
                 "delegated": self.delegated, "omitted": max(0, total - len(self.kept)),
-                "steps": [dict(entry) for entry in self.kept]}
+                "steps": [dict(entry) for entry in self.kept],
+                "refused": None if self.refusal is None else dict(self.refusal)}
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= PATH_LIMIT else text[:PATH_LIMIT - 1] + "…"
+
+
+# The caller as it is now (may return an awaitable; None: no caller any more).
 CallerSource = Callable[[], Any]
 
 
@@ -314,13 +327,12 @@ class StepGuard:
     """
 
     __slots__ = ("caller", "authorizer", "flow_name", "flow_version", "prefix",
-                 "delegations", "decisions", "names")
+                 "delegations", "decisions")
 
     def __init__(self, caller: CallerSource, authorizer: StepAuthorizer | None,
                  flow_name: str, flow_version: str, *, prefix: str = "",
                  delegations: tuple[Delegation, ...] = (),
-                 decisions: Decisions | None = None,
-                 names: Callable[[str], str] | None = None) -> None:
+                 decisions: Decisions | None = None) -> None:
         self.caller = caller
         self.authorizer = authorizer
         self.flow_name = flow_name
@@ -328,7 +340,6 @@ class StepGuard:
         self.prefix = prefix
         self.delegations = delegations
         self.decisions = decisions if decisions is not None else Decisions()
-        self.names = names  # a path as the caller may see it (hidden sub-flows)
 
     def path(self, step_id: str) -> str:
         return f"{self.prefix}{step_id}"
@@ -341,7 +352,7 @@ class StepGuard:
         own = tuple(Delegation(prefix + d.step, d.reason) for d in subflow_delegations)
         return StepGuard(self.caller, self.authorizer, self.flow_name, self.flow_version,
                          prefix=prefix, delegations=self.delegations + own,
-                         decisions=self.decisions, names=self.names)
+                         decisions=self.decisions)
 
     def delegated(self, path: str) -> str | None:
         for delegation in self.delegations:
@@ -356,55 +367,70 @@ class StepGuard:
                            tool, safety, MappingProxyType(dict(arguments)), requires,
                            self.delegated(path), attempt)
 
-    def declared(self, request: StepRequest) -> tuple[Any, str | None]:
-        """The caller now, and what it lacks of the declared grants (None: nothing, or
-        the step is delegated)."""
-        caller = self.caller()
+    def declared(self, request: StepRequest, caller: Any) -> str | None:
+        """What ``caller`` (as it is now) lacks of the declared grants (None: nothing,
+        or the step is delegated)."""
         if caller is None:
-            return None, "no_caller"
+            return "no_caller"
         if request.requires is None or request.delegated is not None:
-            return caller, None
-        missing = request.requires.missing(caller)
-        return caller, None if missing is None else "missing_grant"
+            return None
+        return None if request.requires.held_by(caller) else "missing_grant"
 
     def decide(self, request: StepRequest) -> str | None:
-        """Check ``request`` (from sync code: an async hook is awaited on a private
-        loop); the refusal's reason, or None when the step may run."""
-        caller, refused = self.declared(request)
+        """Check ``request`` (from sync code: an async hook or caller source is awaited
+        on a private loop); the refusal's reason, or None when the step may run."""
+        try:
+            caller = self.caller()
+            if inspect.isawaitable(caller):
+                caller = _blocking(caller)
+        except Exception:
+            caller = None
+        refused = self.declared(request, caller)
         if refused is None and self.authorizer is not None:
-            asked = _asked(request, caller)
             try:
-                answer = self.authorizer(asked)
+                answer = self.authorizer(_asked(request, caller))
                 if inspect.isawaitable(answer):
-                    from .calling import run_coroutine_blocking
-                    answer = run_coroutine_blocking(_awaited(answer))
-            except Exception:
-                answer = StepDecision(False, "step_authorizer_error")
+                    answer = _blocking(answer)
+            except Exception as error:
+                answer = _hook_failed(self.authorizer, error)
             refused = _verdict(answer)
         return self._noted(request, refused)
 
     async def decide_async(self, request: StepRequest) -> str | None:
         """:meth:`decide` on the event loop (an async hook is awaited)."""
-        caller, refused = self.declared(request)
+        try:
+            caller = self.caller()
+            if inspect.isawaitable(caller):
+                caller = await caller
+        except Exception:
+            caller = None
+        refused = self.declared(request, caller)
         if refused is None and self.authorizer is not None:
             try:
                 answer = self.authorizer(_asked(request, caller))
                 if inspect.isawaitable(answer):
                     answer = await answer
-            except Exception:
-                answer = StepDecision(False, "step_authorizer_error")
+            except Exception as error:
+                answer = _hook_failed(self.authorizer, error)
             refused = _verdict(answer)
         return self._noted(request, refused)
 
     def _noted(self, request: StepRequest, refused: str | None) -> str | None:
-        self.decisions.add(self.shown(request.path), request.kind,
-                           request.target if self.names is None
-                           or self.shown(request.path) == request.path else "",
+        self.decisions.add(request.path or "(flow)", request.kind, request.target,
                            refused is None, refused or "ok", request.delegated)
         return refused
 
-    def shown(self, path: str) -> str:
-        return self.names(path) if self.names is not None else path
+
+def _hook_failed(hook: Any, error: Exception) -> StepDecision:
+    """A hook that raised refuses the step (and the operator's log says why)."""
+    logger.warning("step authorizer %s raised %s: step refused",
+                   getattr(hook, "__name__", "hook"), type(error).__name__)
+    return StepDecision(False, "step_authorizer_error")
+
+
+def _blocking(awaitable: Awaitable[Any]) -> Any:
+    from .calling import run_coroutine_blocking
+    return run_coroutine_blocking(_awaited(awaitable))
 
 
 def _asked(request: StepRequest, caller: Any) -> StepRequest:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -17,7 +17,14 @@ from fastmcp.server.auth import AuthProvider
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
 from chainweaver.governance.state import GovernanceSettings, check_governance
-from chainweaver.mcp.gate.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
+from chainweaver.grants import StepAuthorizer
+from chainweaver.mcp.gate.hooks import (
+    AuditHook,
+    Authenticator,
+    Authorizer,
+    CallerIdentity,
+    RateLimiter,
+)
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
 
@@ -205,6 +212,14 @@ class SecurityConfig:
     401 with ``WWW-Authenticate: Bearer``. It does not apply to stdio. ``visible`` is the
     per-caller view rule: ``(caller, flow) -> bool``, a ``Visibility`` or
     ``visible_claim(...)`` (``docs/security.md``, "Per-caller views").
+
+    ``step_authorizer`` is asked before every attempt of every step of a run (tool
+    call, retry, fallback, sub-flow), in every lane, after the declared grants held:
+    ``(StepRequest) -> bool | StepDecision`` (``docs/step-grants.md``). It may narrow
+    what declared grants allow, never widen it. ``refresh_caller`` gives the caller as
+    it is *now* before each of those checks (``(CallerIdentity) -> CallerIdentity |
+    None``, sync or async; None: the caller is gone and the step is refused), so a
+    revoked grant stops a long run or a resumed task at its next step.
     """
 
     authenticator: Authenticator | None = None
@@ -215,12 +230,15 @@ class SecurityConfig:
     error_detail: ErrorDetail = "full"
     auth: AuthProvider | None = None
     visible: Any = None  # VisibleRule | Visibility | None, checked by FlowServer
+    step_authorizer: StepAuthorizer | None = None
+    refresh_caller: Callable[[CallerIdentity], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.auth is not None and not isinstance(self.auth, AuthProvider):
             raise ExposureConfigError(
                 f"auth must be a fastmcp AuthProvider or None, got {self.auth!r}")
-        for setting in ("authenticator", "authorizer", "audit_hook"):
+        for setting in ("authenticator", "authorizer", "audit_hook", "step_authorizer",
+                        "refresh_caller"):
             hook = getattr(self, setting)
             if hook is not None and not callable(hook):
                 raise ExposureConfigError(f"{setting} must be callable or None, got {hook!r}")

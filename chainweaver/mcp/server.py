@@ -136,7 +136,9 @@ class FlowServer:
                                       flow_timeout=serving.flow_timeout, owner=owner,
                                       runs=RunSettings.build(
                                           policy.approval == "elicit", approval_timeout,
-                                          keys, serving.run_notifications),
+                                          keys, serving.run_notifications,
+                                          step_authorizer=security.step_authorizer,
+                                          refresh_caller=security.refresh_caller),
                                       views=views, run_log=run_log, outputs=outputs)
         self._notifier = ChangeNotifier(self._exposure,
                                         debounce=cast(float, serving.change_debounce),

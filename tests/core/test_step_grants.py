@@ -316,7 +316,9 @@ def test_decisions_are_kept_bounded_and_counted() -> None:
         decisions.add(f"s{index}", "tool", "t", index % 2 == 0, "ok", None)
     summary = decisions.summary()
     assert len(summary["steps"]) == MAX_KEPT_DECISIONS
-    assert summary["omitted"] == 10 and summary["allowed"] + summary["denied"] == 42
+    assert summary["omitted"] == 10
+    assert summary["allowed"] + summary["denied"] == MAX_KEPT_DECISIONS + 10
+    assert summary["refused"] == summary["steps"][1]  # the first refusal, in full
 
 
 def test_a_guard_collects_each_decision_of_a_run() -> None:

@@ -65,6 +65,8 @@ class RunNote:
     error_type: str | None = None
     output_sha256: str | None = None
     output_length: int | None = None
+    # The run's step decisions (chainweaver.grants.Decisions.summary), when it had any.
+    steps: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -379,11 +379,17 @@ class SecurityGate(GateHooks):
             # output schema, yet the run succeeded): the digest of the output itself,
             # which the link reads back (the result holds a preview).
             digest, length, failed = note.output_sha256, note.output_length, False
+        steps = note.steps if note is not None else None
+        refusal = steps.get("refused") if steps is not None else None
+        if refusal is not None:
+            # A step the run refused for this caller: its own record, beside the call's.
+            await self._audit(gate, caller, "denied", refusal["reason"], phase="step",
+                              step_id=refusal["path"])
         await self._audit(
             gate, caller, "allowed", "ok", started=started,
             outcome="error" if failed else "ok",
             error_type=note.error_type if note is not None and failed else None,
-            result_sha256=digest, result_length=length,
+            result_sha256=digest, result_length=length, steps=steps,
         )
         return result
 
@@ -479,9 +485,12 @@ class SecurityGate(GateHooks):
                      outcome: Literal["ok", "error", "cancelled"] | None = None,
                      error_type: str | None = None, result_sha256: str | None = None,
                      result_length: int | None = None,
-                     phase: Literal["approval"] | None = None, step_id: str | None = None,
-                     task_id: str | None = None, runs_root: str = RUNS_URI) -> None:
-        if decision == "denied" and reason != BODY_TOO_LARGE and self.refusals is not None:
+                     phase: Literal["approval", "step"] | None = None,
+                     step_id: str | None = None, task_id: str | None = None,
+                     runs_root: str = RUNS_URI, steps: Mapping[str, Any] | None = None
+                     ) -> None:
+        if decision == "denied" and reason != BODY_TOO_LARGE and phase != "step" \
+                and self.refusals is not None:
             self.refusals(gate, self.exposure, runs_root)
         if self.audit_hook is None:
             return
@@ -493,6 +502,6 @@ class SecurityGate(GateHooks):
             decision=decision, reason=reason,
             duration_ms=None if started is None else (time.perf_counter() - started) * 1000,
             outcome=outcome, error_type=error_type, result_sha256=result_sha256,
-            result_length=result_length, step_id=step_id, task_id=task_id)
+            result_length=result_length, step_id=step_id, task_id=task_id, steps=steps)
         await deliver_audit(self.audit_hook, event, self.hook_timeout)
 

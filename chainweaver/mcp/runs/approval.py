@@ -102,15 +102,21 @@ class RunSettings:
     # process, or the Redis of the server's tasks backend (see ApprovalNonces).
     nonces: ApprovalNonces = field(default_factory=lambda: ApprovalNonces(),
                                    repr=False, compare=False)
+    # Step grants (chainweaver.grants): the server's step authorizer and how it learns
+    # the caller as it is now (SecurityConfig).
+    step_authorizer: Any = field(default=None, compare=False)
+    refresh_caller: Any = field(default=None, compare=False)
 
     @classmethod
     def build(cls, approval: bool, approval_timeout: float,
-              keys: tuple[bytes, ...] | None, notifications: bool = True) -> RunSettings:
+              keys: tuple[bytes, ...] | None, notifications: bool = True, *,
+              step_authorizer: Any = None, refresh_caller: Any = None) -> RunSettings:
+        steps = {"step_authorizer": step_authorizer, "refresh_caller": refresh_caller}
         if not keys:
-            return cls(approval, approval_timeout, notifications)
+            return cls(approval, approval_timeout, notifications, **steps)
         derived = tuple(hashlib.sha256(b"chainweaver/approval-state:" + key).digest()
                         for key in keys)
-        return cls(approval, approval_timeout, notifications, derived)
+        return cls(approval, approval_timeout, notifications, derived, **steps)
 
 
 class ApprovalAnswer(BaseModel):
