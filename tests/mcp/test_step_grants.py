@@ -75,8 +75,21 @@ class Who:
                               scopes=frozenset(self.SCOPES[self.who]))
 
 
+# Scopes withdrawn since each caller's token was issued (the directory's word now): the
+# token still says them, so the flow stays in the caller's view, but the run asks
+# refresh_caller before each step and is refused where the grant is needed.
+REVOKED: dict[str, set[str]] = {}
+
+
+def refresh(caller: CallerIdentity) -> CallerIdentity:
+    gone = REVOKED.get(caller.id, set())
+    return CallerIdentity(caller.id, caller.claims, subject=caller.subject,
+                          scopes=caller.scopes - gone)
+
+
 def billing(**security: Any) -> tuple[FlowServer, Who, list[AuditEvent]]:
     RAN.clear()
+    REVOKED.clear()
     executor = FlowExecutor(FlowRegistry())
     for item in (open_invoice, read_ledger, export_ledger, broken):
         executor.register_tool(item)
@@ -100,6 +113,7 @@ def billing(**security: Any) -> tuple[FlowServer, Who, list[AuditEvent]]:
     events: list[AuditEvent] = []
     who = Who()
     security.setdefault("authenticator", who)
+    security.setdefault("refresh_caller", refresh)
     server = FlowServer(executor, security=SecurityConfig(audit_hook=events.append,
                                                           **security))
     return server, who, events
@@ -113,9 +127,9 @@ def text(result: Any) -> str:
 async def test_a_child_tool_the_caller_may_not_use_is_refused_before_it_runs(mode: str
                                                                             ) -> None:
     server, who, events = billing()
-    who.who = "guest"
+    REVOKED["ann"] = {"billing.read"}
     async with Client(server.fastmcp, mode=mode) as client:
-        result = await client.call_tool("invoice", {"tenant": "guest"}, raise_on_error=False)
+        result = await client.call_tool("invoice", {"tenant": "ann"}, raise_on_error=False)
     assert result.is_error and RAN == ["open_invoice"]
     assert text(result).startswith("StepRefused: step 1 ('read_ledger') was refused")
     assert "missing_grant" in text(result)
@@ -124,7 +138,7 @@ async def test_a_child_tool_the_caller_may_not_use_is_refused_before_it_runs(mod
                                                        ("read_ledger", "failed")]
     step = [e for e in events if e.phase == "step"]
     assert [(e.decision, e.reason, e.step_id, e.caller_id) for e in step] == [
-        ("denied", "missing_grant", "read_ledger", "guest")]
+        ("denied", "missing_grant", "read_ledger", "ann")]
     (done,) = [e for e in events if e.phase == "completed" and e.kind == "tool"]
     assert done.outcome == "error" and done.error_type == "StepRefused"
     assert done.steps is not None and done.steps["denied"] == 1
@@ -169,15 +183,17 @@ async def test_the_same_tool_on_another_tenant_is_refused_by_its_arguments(mode:
 @pytest.mark.parametrize("mode", ERAS)
 async def test_a_privileged_hidden_sub_flow_two_levels_down_is_named_by_its_index(
         mode: str) -> None:
-    server, _, events = billing()
+    server, who, events = billing()
+    who.who = "root"
+    REVOKED["root"] = {"billing.admin"}
     async with Client(server.fastmcp, mode=mode) as client:
-        result = await client.call_tool("deep_invoice", {"tenant": "ann"},
+        result = await client.call_tool("deep_invoice", {"tenant": "root"},
                                         raise_on_error=False)
     assert result.is_error
     assert text(result) == "StepRefused: step 'subflow#2' failed"
     for hidden in ("archive", "exporter", "export_ledger"):
         assert hidden not in text(result) and hidden not in str(result.meta)
-    assert "export_ledger" not in RAN and "read_ledger:ann" in RAN
+    assert "export_ledger" not in RAN and "read_ledger:root" in RAN
     # The operator's audit names the real path.
     assert [e.step_id for e in events if e.phase == "step"] == ["archive/exporter/export_ledger"]
 
@@ -185,12 +201,14 @@ async def test_a_privileged_hidden_sub_flow_two_levels_down_is_named_by_its_inde
 @pytest.mark.parametrize("mode", ERAS)
 async def test_a_fallback_stronger_than_its_step_is_refused(mode: str) -> None:
     server, who, _ = billing()
+    who.who = "root"
+    REVOKED["root"] = {"billing.admin"}
     async with Client(server.fastmcp, mode=mode) as client:
-        result = await client.call_tool("risky_invoice", {"tenant": "ann"},
+        result = await client.call_tool("risky_invoice", {"tenant": "root"},
                                         raise_on_error=False)
         assert result.is_error and "StepRefused" in text(result)
-        assert "export_ledger" not in RAN
-        who.who = "root"
+        assert "export_ledger" not in RAN and "broken" in RAN
+        REVOKED.clear()
         allowed = await client.call_tool("risky_invoice", {"tenant": "root"})
     assert allowed.meta["chainweaver"]["steps"][1]["fallback"] == "export_ledger"
 
@@ -235,13 +253,13 @@ async def test_a_revoked_caller_is_refused_at_the_next_step(mode: str) -> None:
 async def test_mounted_and_namespaced_servers_check_every_step(mode: str,
                                                               namespace: str | None) -> None:
     server, who, events = billing()
-    who.who = "guest"
+    REVOKED["ann"] = {"billing.read"}
     parent = FastMCP("parent")
     server.mount_into(parent, namespace=namespace)
     name = "invoice" if namespace is None else f"{namespace}_invoice"
     async with Client(parent, mode=mode) as client:
         assert name in {t.name for t in await client.list_tools()}
-        result = await client.call_tool(name, {"tenant": "guest"}, raise_on_error=False)
+        result = await client.call_tool(name, {"tenant": "ann"}, raise_on_error=False)
     assert result.is_error and "StepRefused" in text(result)
     assert RAN == ["open_invoice"]
     assert [e.reason for e in events if e.phase == "step"] == ["missing_grant"]
