@@ -28,7 +28,7 @@ TASK_TEST_FILES = [
     "e2e/test_durable_visibility.py", "e2e/test_shared_governance_tasks.py",
     "e2e/test_large_outputs_tasks.py", "mcp/test_run_store_failures.py",
     "mcp/test_run_store_hostile.py", "cli/test_cli_hostile_state.py",
-    "mcp/test_step_grants_tasks.py",
+    "mcp/test_step_grants_tasks.py", "e2e/test_step_grants_redis.py",
 ]
 collect_ignore = [] if TASKS_INSTALLED else TASK_TEST_FILES
 
