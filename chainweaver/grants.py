@@ -41,6 +41,15 @@ def _claim_values(value: Any) -> frozenset[str]:
     return frozenset()
 
 
+def _claim_holds(value: Any, accepted: frozenset[str]) -> bool:
+    """Whether a claim's value holds one of ``accepted`` (see :func:`_claim_values`)."""
+    if isinstance(value, str) and " " not in value:
+        return value in accepted
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(item, str) and item in accepted for item in value)
+    return not accepted.isdisjoint(_claim_values(value))
+
+
 @dataclass(frozen=True)
 class Grants:
     """What a caller must hold: every scope in ``scopes``, and for each claim in
@@ -117,13 +126,12 @@ class Grants:
         if caller is None:
             return "caller"
         held: frozenset[str] = getattr(caller, "scopes", frozenset())
-        for scope in sorted(self.scopes):
-            if scope not in held:
-                return f"scope:{scope}"
+        if not self.scopes <= held:  # one set operation on the common path
+            return f"scope:{min(self.scopes - held)}"
         if self.claims:
             claims = getattr(caller, "claims", None) or {}
             for name, accepted in self.claims.items():
-                if not accepted & _claim_values(claims.get(name)):
+                if not _claim_holds(claims.get(name), accepted):
                     return f"claim:{name}"
         return None
 
