@@ -343,3 +343,14 @@ def test_grants_declarations_are_checked() -> None:
         Grants(frozenset({"b"}), {"t": ["y"]}))
     assert combined.held_by(Caller("c", {"a", "b"}, {"t": ["y"]}))
     assert not combined.held_by(Caller("c", {"a", "b"}, {"t": "x"}))
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_a_sub_flow_with_a_timeout_runs_its_steps_under_the_same_guard(lane: str) -> None:
+    inner = Flow("inner", "d", [FlowStep("read_record"), FlowStep("purge")])
+    outer = Flow("outer", "d", [FlowStep(flow="inner", id="timed", timeout=30)])
+    runner = executor(inner, outer)
+    result = run(runner, "outer", lane, caller=READER)
+    assert result.error.type == "StepRefused" and "timed/purge" in result.error.message
+    assert CALLS == ["read:a"]
+    assert run(runner, "outer", lane, caller=ADMIN).success
