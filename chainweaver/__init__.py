@@ -29,6 +29,7 @@ from .errors import (
 from .executor import ALWAYS_APPROVE, ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
+from .grants import Caller, Delegation, Grants, StepDecision, StepRequest
 from .keys import IdempotencyKey
 from .mappings import Const, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
@@ -40,6 +41,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALWAYS_APPROVE",
+    "Caller",
+    "Delegation",
+    "Grants",
+    "StepDecision",
+    "StepRequest",
     "ChainWeaverError",
     "CheckpointMismatchError",
     "CheckpointStoreError",

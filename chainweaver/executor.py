@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from .checkpoints import CheckpointStore
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
+from .grants import StepAuthorizer, StepGuard, fixed_caller
 from .lanes import Lanes
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .quick_check import clean_input_model, clean_needs_approval
@@ -43,10 +44,15 @@ class FlowExecutor:
     """Runs registered flows with the tools registered on it."""
 
     def __init__(self, registry: FlowRegistry, *, max_threads: int = 32,
-                 max_concurrent_steps: int = 16) -> None:
+                 max_concurrent_steps: int = 16,
+                 step_authorizer: StepAuthorizer | None = None) -> None:
         if max_concurrent_steps < 1:
             raise ValueError("max_concurrent_steps must be at least 1")
+        if step_authorizer is not None and not callable(step_authorizer):
+            raise TypeError("step_authorizer must be a callable (StepRequest) -> bool")
         self.registry = registry
+        # Asked before every attempt of every step of a run with a caller (grants.py).
+        self.step_authorizer = step_authorizer
         self._tools: dict[str, Tool] = {}
         # (name, version) -> (plan, problems); compiled once per flow version.
         self._plans: dict[tuple[str, str], tuple[Plan, list[Problem]]] = {}
@@ -240,7 +246,7 @@ class FlowExecutor:
         self, name: str, input: Mapping[str, Any] | BaseModel, version: str | None = None,
         *, plan: Plan | None = None, observer: RunObserver | None = None,
         cancel: Cancellation | None = None, approve: ApprovalHook | None = None,
-        run_id: str | None = None,
+        run_id: str | None = None, caller: Any = None, guard: StepGuard | None = None,
     ) -> ExecutionResult:
         """Run a flow synchronously, one step at a time in plan order.
 
@@ -259,10 +265,33 @@ class FlowExecutor:
         but ``True`` (or raises) fails it with ``ApprovalDenied``. No step runs either way.
 
         ``run_id`` names the run for idempotency keys (a fresh id when left out).
+
+        ``caller`` is who the run is for (anything with ``scopes`` and ``claims``, such as
+        :class:`~chainweaver.grants.Caller`, or a callable returning the caller as it is
+        now). When the flow declares grants (at any depth) or the executor has a
+        ``step_authorizer``, every attempt of every step (call, retry, fallback,
+        sub-flow) is checked first; a refusal fails the run with ``StepRefused`` at that
+        step, before it runs (``docs/step-grants.md``). No caller holds no grant.
+        ``guard`` (a :class:`~chainweaver.grants.StepGuard`) replaces ``caller`` for
+        servers that collect the decisions themselves.
         """
-        return self._lanes.run_sync(self._plan_to_run(name, version, plan), input,
+        to_run = self._plan_to_run(name, version, plan)
+        return self._lanes.run_sync(to_run, input,
                                     observer=observer, cancel=cancel,
-                                    approve=_checked(approve), run_id=_run_id(run_id))
+                                    approve=_checked(approve), run_id=_run_id(run_id),
+                                    guard=guard or self.step_guard(to_run, caller))
+
+    def step_guard(self, plan: Plan, caller: Any,
+                   authorizer: StepAuthorizer | None = None) -> StepGuard | None:
+        """The guard a run of ``plan`` for ``caller`` asks before every attempt; None
+        when there is nothing to ask (no declared grant, no step authorizer)."""
+        authorizer = authorizer or self.step_authorizer
+        if not plan.needs and authorizer is None:
+            return None
+        source = caller if callable(caller) and not hasattr(caller, "scopes") \
+            else fixed_caller(caller)
+        return StepGuard(source, authorizer, plan.flow.name, plan.flow.version,
+                         delegations=tuple(plan.flow.delegations))
 
     def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
         if plan is None:
@@ -288,6 +317,8 @@ class FlowExecutor:
         approve: ApprovalHook | None = None,
         run_id: str | None = None,
         checkpoints: CheckpointStore | None = None,
+        caller: Any = None,
+        guard: StepGuard | None = None,
     ) -> ExecutionResult:
         """Run a flow without blocking the event loop, ready steps concurrently.
 
@@ -318,13 +349,18 @@ class FlowExecutor:
         the steps that had not completed (:mod:`chainweaver.checkpoints`). Checkpoints
         of another flow version, plan or input raise
         :class:`~chainweaver.checkpoints.CheckpointMismatchError`.
+
+        ``caller`` and ``guard`` are as for :meth:`execute_flow`: every attempt of every
+        step is checked against the caller as it is then (a resumed run included).
         """
         if checkpoints is not None and run_id is None:
             raise ValueError("checkpoints= needs run_id= (the id a resumed run is found by)")
-        return await self._lanes.run_async(self._plan_to_run(name, version, plan), input,
+        to_run = self._plan_to_run(name, version, plan)
+        return await self._lanes.run_async(to_run, input,
                                            timeout, observer=observer, cancel=cancel,
                                            approve=_checked(approve), run_id=_run_id(run_id),
-                                           checkpoints=checkpoints)
+                                           checkpoints=checkpoints,
+                                           guard=guard or self.step_guard(to_run, caller))
 
 
 def _run_id(run_id: str | None) -> str | None:

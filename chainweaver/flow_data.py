@@ -22,9 +22,11 @@ from pydantic import BaseModel
 from .errors import DefinitionError, FlowFileError
 from .flow_format import (
     DEFAULT_LIMITS,
+    DelegationFormat,
     FlowFileFormat,
     FlowFileLimits,
     GovernanceFormat,
+    GrantsFormat,
     PromptArgumentFormat,
     PromptFormat,
     PromptMessageFormat,
@@ -42,6 +44,7 @@ from .flows import (
     RetryPolicy,
     exception_class,
 )
+from .grants import Delegation, Grants
 from .inline_schema import InlineSchemaError, model_from_json_schema
 from .mappings import Const, MappingSource, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
@@ -55,6 +58,8 @@ STEP_KEYS = keys(StepFormat)
 RETRY_KEYS = keys(RetryFormat)
 GOVERNANCE_KEYS = keys(GovernanceFormat)
 SAFETY_KEYS = keys(SafetyFormat)
+GRANTS_KEYS = keys(GrantsFormat)
+DELEGATION_KEYS = keys(DelegationFormat)
 PROMPT_KEYS = keys(PromptFormat)
 ARGUMENT_KEYS = keys(PromptArgumentFormat)
 MESSAGE_KEYS = keys(PromptMessageFormat)
@@ -264,6 +269,8 @@ def _step(f: _Fields, item: Any, field: str) -> FlowStep:
         raise f.error(field, "needs exactly one of 'tool' (a tool name) or 'flow' (a "
                       "registered flow run as one step)")
     options: dict[str, Any] = {}
+    if "requires" in data:
+        options["requires"] = _requires(f, data["requires"], f"{field}.requires")
     for key in ("id", "when", "on_error", "fallback", "flow"):
         if key in data:
             options[key] = f.string(data[key], f"{field}.{key}")
@@ -283,7 +290,7 @@ def _step(f: _Fields, item: Any, field: str) -> FlowStep:
     if "when" in data:
         with f.core(f"{field}.when"):
             FlowStep(tool, when=options["when"], flow=options.get("flow"))
-    with f.core(where if set(options) <= {"flow", "output_mapping"} else field):
+    with f.core(where if set(options) <= {"flow", "output_mapping", "requires"} else field):
         return FlowStep(tool, mapping, **options)
 
 
@@ -297,6 +304,37 @@ def _steps(f: _Fields, value: Any) -> list[FlowStep]:
             continue
         steps.append(_step(f, item, field))
     return steps
+
+
+def _requires(f: _Fields, value: Any, field: str) -> Grants | None:
+    """A list of scopes, or a mapping with ``scopes`` and ``claims``."""
+    if isinstance(value, list):
+        scopes = [f.string(item, field) for item in value]
+        with f.core(field):
+            return Grants.of(scopes, field)
+    if not isinstance(value, dict):
+        raise f.error(field, f"must be a list of scopes or a mapping with scopes and "
+                      f"claims, got {_kind(value)}")
+    data = f.mapping(value, field, GRANTS_KEYS)
+    scopes = [f.string(item, f"{field}.scopes")
+              for item in f.items(data.get("scopes", []), f"{field}.scopes")]
+    claims = data.get("claims", {})
+    if not isinstance(claims, dict):
+        raise f.error(f"{field}.claims", f"must be a mapping of claim names to accepted "
+                      f"values, got {_kind(claims)}")
+    with f.core(field):
+        return Grants.of({"scopes": scopes, "claims": claims}, field)
+
+
+def _delegations(f: _Fields, value: Any) -> list[Delegation]:
+    result = []
+    for index, item in enumerate(f.items(value, "delegations")):
+        here = f"delegations[{index}]"
+        data = f.mapping(item, here, DELEGATION_KEYS, required=("step", "reason"))
+        with f.core(here):
+            result.append(Delegation(f.string(data["step"], f"{here}.step"),
+                                     f.string(data["reason"], f"{here}.reason")))
+    return result
 
 
 def _governance(f: _Fields, value: Any) -> FlowGovernance:
@@ -446,6 +484,9 @@ def flow_from_data(data: Any, path: str | os.PathLike = "<data>", *,
         "output_schema": _schema(f, top.get("output_schema"), "output_schema",
                                  f"{base}Output"),
         "task_mode": _task_mode(f, top.get("task_mode")),
+        "requires": (_requires(f, top["requires"], "requires") if "requires" in top
+                     else None),
+        "delegations": _delegations(f, top.get("delegations", [])),
     }
     prompts = _prompts(f, top.get("prompts", []))
     duplicates = repeated_names(p.name for p in prompts)

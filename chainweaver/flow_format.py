@@ -99,6 +99,30 @@ class PointerFormat(_Part):
                          "then keys (or list indices) inside its value")
 
 
+class GrantsFormat(_Part):
+    """What a caller must hold (docs/step-grants.md)."""
+
+    scopes: list[Annotated[str, Field(min_length=1)]] = Field(
+        [], description="Scopes the caller must all hold")
+    claims: dict[str, Annotated[str, Field(min_length=1)]
+                 | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+                 ] = Field({}, description="Claim name -> the accepted value (or values): "
+                           "the caller's claim must hold one of them")
+
+
+# A list of scopes, or scopes and claims.
+RequiresFormat = list[Annotated[str, Field(min_length=1)]] | GrantsFormat
+
+
+class DelegationFormat(_Part):
+    """A step the flow runs on its own grant, beyond its caller's."""
+
+    step: str = Field(min_length=1, description="A step id, or a path 'outer/inner' into "
+                      "a sub-flow step")
+    reason: str = Field(min_length=1, description="Why the flow may run it for callers "
+                        "who lack its grants (shown in reports, inspect and the audit)")
+
+
 class StepFormat(_Part):
     """One step: a tool (``tool``) or a registered flow run as one step (``flow``)."""
 
@@ -135,6 +159,8 @@ class StepFormat(_Part):
     on_error: Literal["fail", "skip", "fallback"] = "fail"
     fallback: str | Absent = Field(None, pattern=NAME_PATTERN, description="Tool to run on "
                                    "the same input when the step fails (on_error: fallback)")
+    requires: RequiresFormat | Absent = Field(None, description="Grants the caller must "
+                                              "hold for this step (beside its tool's own)")
 
     @model_validator(mode="after")
     def _tool_or_flow(self) -> StepFormat:
@@ -202,6 +228,10 @@ class FlowFileFormat(_Part):
     task_mode: Literal["forbidden", "optional", "required"] | Absent = Field(
         None, description="Whether MCP clients may run the flow as a background task "
         "(default: the server's setting)")
+    requires: RequiresFormat | Absent = Field(None, description="Grants a caller must hold "
+                                              "to run this flow (as a sub-flow too)")
+    delegations: list[DelegationFormat] = Field(
+        [], description="Steps the flow runs beyond its caller's grants, each with a reason")
 
 
 def keys(model: type[BaseModel]) -> tuple[str, ...]:
@@ -212,8 +242,9 @@ def keys(model: type[BaseModel]) -> tuple[str, ...]:
 def flow_file_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a flow file."""
     schema = FlowFileFormat.model_json_schema()
-    for part in ("StepFormat", "RetryFormat"):
-        for spec in schema["$defs"][part]["properties"].values():
+    for properties in (schema["$defs"]["StepFormat"]["properties"],
+                       schema["$defs"]["RetryFormat"]["properties"], schema["properties"]):
+        for spec in properties.values():
             if "default" in spec and spec["default"] is None:
                 del spec["default"]  # a key to leave out, not to set to null
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from .conditions import Condition
 from .errors import DefinitionError, LifecycleTransitionError, PromptDefinitionError
+from .grants import Delegation, Grants, delegations_of
 from .mappings import MappingSource, input_mapping_of
 from .prompts import FlowPrompt, repeated_names
 from .safety import ToolSafetyContract
@@ -240,6 +241,8 @@ class FlowStep:
     ``after`` lists the ids this step waits for (``None``: the previous step in the
     list; ``()``: none). ``when`` is a condition in the safe ``when`` language;
     ``output_mapping`` maps context keys to output fields (only those are written).
+    ``requires`` adds grants the caller must hold for this step (beside its tool's,
+    its fallback's and its sub-flow's own; see ``docs/step-grants.md``).
     """
 
     tool_name: str | None = None
@@ -254,6 +257,7 @@ class FlowStep:
     fallback: str | None = None
     output_mapping: Mapping[str, str] = field(default_factory=dict)
     flow: str | None = None
+    requires: Grants | None = None
     condition: Condition | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -301,6 +305,7 @@ class FlowStep:
             raise DefinitionError(f"{label}: on_error='fallback' and fallback= go together")
         if self.fallback is not None:
             check_name("tool", self.fallback)
+        object.__setattr__(self, "requires", Grants.of(self.requires, f"{label}: requires"))
 
     @property
     def name(self) -> str:
@@ -354,6 +359,10 @@ class Flow:
     prompts: Sequence[FlowPrompt] = ()
     # May an MCP client run it as a background task? None: the server's default.
     task_mode: TaskMode | None = None
+    # What a caller must hold to run this flow (as a sub-flow too), and the steps it
+    # runs on its own grant (docs/step-grants.md).
+    requires: Grants | None = None
+    delegations: Sequence[Delegation] = ()
     step_ids: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     dependencies: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False,
                                                        compare=False)
@@ -390,6 +399,20 @@ class Flow:
             )
         object.__setattr__(self, "prompts", prompts)
         check_task_mode(f"flow {self.name!r}", self.task_mode)
+        object.__setattr__(self, "requires",
+                           Grants.of(self.requires, f"flow {self.name!r}: requires"))
+        delegations = delegations_of(self.delegations, f"flow {self.name!r}: delegations")
+        for delegation in delegations:
+            head = delegation.step.split("/", 1)[0]
+            if head not in self.step_ids:
+                raise DefinitionError(
+                    f"flow {self.name!r}: delegation names step {head!r}, which the flow "
+                    f"does not have (ids: {', '.join(self.step_ids)})")
+            if "/" in delegation.step and self.steps[self.step_ids.index(head)].flow is None:
+                raise DefinitionError(
+                    f"flow {self.name!r}: delegation path {delegation.step!r} goes into "
+                    f"step {head!r}, which runs a tool, not a sub-flow")
+        object.__setattr__(self, "delegations", delegations)
         if self.sink is None and self.output_schema is None:
             raise DefinitionError(
                 f"flow {self.name!r}: steps {', '.join(repr(self.step_ids[i]) for i in self.sinks)}"

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from . import outcome
 from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
 from .checkpoints import CheckpointStore, Durable
+from .grants import StepGuard
 from .plan import Plan
 from .results import ErrorInfo, ExecutionResult
 from .run_events import (
@@ -38,11 +39,12 @@ from .run_events import (
 )
 from .runner import (
     CALL,
+    CHECK,
     FLOW,
     SLEEP,
+    LaneRequest,
     RunState,
     StepFailed,
-    StepRequest,
     run_plain_step,
     run_step,
 )
@@ -88,10 +90,12 @@ class Lanes:
     def run_sync(self, plan: Plan, input: Mapping[str, Any] | BaseModel,
                  stop: Stop | None = None, *, observer: RunObserver | None = None,
                  cancel: Cancellation | None = None, approve: Approve = None,
-                 run_id: str | None = None) -> ExecutionResult:
+                 run_id: str | None = None, guard: StepGuard | None = None
+                 ) -> ExecutionResult:
         """Run ``plan`` one step at a time in plan order; ``stop`` is set when the async
         run that started this one (a sub-flow in a worker thread) is over: then nothing
-        further runs. ``approve`` as for :func:`approval_gate`."""
+        further runs. ``approve`` as for :func:`approval_gate`; ``guard`` is asked
+        before every attempt (:mod:`chainweaver.grants`)."""
         started = time.perf_counter()
         gate = approval_gate(plan, approve)
         if isinstance(gate, ErrorInfo):
@@ -105,14 +109,22 @@ class Lanes:
             refused = _denied(plan, gate[0], _ask_blocking(gate[1], gate[0]))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+        if guard is not None:
+            refused = _entry_refused(plan, guard, guard.decide)
+            if refused is not None:
+                return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+            state.guard = guard
         if observer is not None:
             _observe(state, observer)
+        # Plain steps skip the generator when nothing can stop them between steps and
+        # no guard asks before them (decided once: the loop stays as tight as it was).
+        direct = stop is None and guard is None
         for planned in plan.steps:
             if stop is not None and stop.is_set():
                 break  # the caller is gone: the result is discarded
             if cancel is not None and cancel.cancelled:
                 return _reported(outcome.cancelled(state, started), observer)
-            if planned.plain and stop is None:  # nothing can stop it between steps
+            if planned.plain and direct:
                 run_plain_step(state, planned)
             else:
                 self._drive_sync(run_step(state, planned), stop)
@@ -128,13 +140,15 @@ class Lanes:
                         observer: RunObserver | None = None,
                         cancel: Cancellation | None = None,
                         approve: Approve = None, run_id: str | None = None,
-                        checkpoints: CheckpointStore | None = None) -> ExecutionResult:
+                        checkpoints: CheckpointStore | None = None,
+                        guard: StepGuard | None = None) -> ExecutionResult:
         """Run ``plan``, ready steps at once; ``parent`` is set when the run that started
         this one is over. ``slots`` bounds the tool steps running at once in the whole
         call: a new call makes them (``max_concurrent``); sub-flows share their caller's
         (a sub-flow step itself takes no slot, so none waits for itself). ``approve`` as
         for :func:`approval_gate`. ``run_id`` names the run (its idempotency keys);
-        with ``checkpoints`` the run is durable (:mod:`chainweaver.checkpoints`)."""
+        with ``checkpoints`` the run is durable (:mod:`chainweaver.checkpoints`);
+        ``guard`` is asked before every attempt (:mod:`chainweaver.grants`)."""
         if slots is None:
             slots = asyncio.Semaphore(self.max_concurrent)
         started = time.perf_counter()
@@ -153,6 +167,11 @@ class Lanes:
             refused = _denied(plan, gate[0], await ask_approval(gate[1], gate[0]))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+        if guard is not None:
+            refused = await _entry_refused_async(plan, guard)
+            if refused is not None:
+                return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+            state.guard = guard
         if observer is not None:
             _observe(state, observer)
         state.schedule()
@@ -268,7 +287,7 @@ class Lanes:
 
     # ------------------------------------------------------- answering steps
 
-    def _drive_sync(self, runner: Generator[StepRequest, Any, None], stop: Stop | None) -> None:
+    def _drive_sync(self, runner: Generator[LaneRequest, Any, None], stop: Stop | None) -> None:
         """Answer a step's requests by calling directly (the sync lane, or a worker thread).
 
         Once ``stop`` is set (the async call that started it is over) it makes no further
@@ -298,14 +317,18 @@ class Lanes:
                         time.sleep(seconds)
                     else:
                         stop.wait(seconds)
+                elif request[0] is CHECK:
+                    _, guard, asked = request
+                    reply = guard.decide(asked)
                 elif request[0] is FLOW:  # a sub-flow runs in this lane too
-                    _, plan, input, timeout, run_id = request
-                    reply = self._subflow_blocking(plan, input, timeout, stop, run_id)
+                    _, plan, input, timeout, run_id, inner_guard = request
+                    reply = self._subflow_blocking(plan, input, timeout, stop, run_id,
+                                                   inner_guard)
             except (Exception, asyncio.CancelledError) as caught:
                 # Nothing cancels this thread: a CancelledError is the tool's own failure.
                 error = caught
 
-    async def _drive_async(self, runner: Generator[StepRequest, Any, None], stop: Stop,
+    async def _drive_async(self, runner: Generator[LaneRequest, Any, None], stop: Stop,
                            slots: asyncio.Semaphore) -> None:
         """Answer a step's requests by awaiting (async tools, sub-flows, sleeps)."""
         reply: Any = None
@@ -327,11 +350,14 @@ class Lanes:
                 elif request[0] is SLEEP:
                     _, seconds = request
                     await asyncio.sleep(seconds)
+                elif request[0] is CHECK:
+                    _, guard, asked = request
+                    reply = await guard.decide_async(asked)
                 elif request[0] is FLOW:
-                    _, plan, input, timeout, run_id = request
+                    _, plan, input, timeout, run_id, inner_guard = request
                     reply = await self.run_async(plan, input, timeout, parent=stop,
                                                  slots=slots, approve=PARENT_DECIDED,
-                                                 run_id=run_id)
+                                                 run_id=run_id, guard=inner_guard)
             except asyncio.CancelledError as caught:
                 current = asyncio.current_task()
                 if current is None or current.cancelling():
@@ -341,12 +367,41 @@ class Lanes:
                 error = caught
 
     def _subflow_blocking(self, plan: Plan, input: dict[str, Any], timeout: float | None,
-                          stop: Stop | None, run_id: str) -> ExecutionResult:
+                          stop: Stop | None, run_id: str, guard: StepGuard | None
+                          ) -> ExecutionResult:
         if timeout is None:
-            return self.run_sync(plan, input, stop, approve=PARENT_DECIDED, run_id=run_id)
+            return self.run_sync(plan, input, stop, approve=PARENT_DECIDED, run_id=run_id,
+                                 guard=guard)
         # A run of its own on a private loop: its own bound.
         return run_coroutine_blocking(self.run_async(plan, input, timeout, parent=stop,
-                                                     approve=PARENT_DECIDED, run_id=run_id))
+                                                     approve=PARENT_DECIDED, run_id=run_id,
+                                                     guard=guard))
+
+
+def _entry_request(plan: Plan, guard: StepGuard) -> Any:
+    """The check of the called flow itself (its own ``requires``), before any step;
+    None for a sub-flow's run (its step asked) or a flow that declares nothing."""
+    flow = plan.flow
+    if guard.prefix or flow.requires is None:
+        return None
+    return guard.request("", "flow", flow.name, None, flow.safety, {}, flow.requires)
+
+
+def _entry_refused(plan: Plan, guard: StepGuard, decide: Any) -> ErrorInfo | None:
+    request = _entry_request(plan, guard)
+    refused = decide(request) if request is not None else None
+    return None if refused is None else _flow_refused(plan, refused)
+
+
+async def _entry_refused_async(plan: Plan, guard: StepGuard) -> ErrorInfo | None:
+    request = _entry_request(plan, guard)
+    refused = await guard.decide_async(request) if request is not None else None
+    return None if refused is None else _flow_refused(plan, refused)
+
+
+def _flow_refused(plan: Plan, reason: str) -> ErrorInfo:
+    return ErrorInfo("StepRefused", f"flow {plan.flow.name!r} {plan.flow.version} was "
+                     f"refused for this caller ({reason}); no step ran", detail=reason)
 
 
 def _observe(state: RunState, observer: RunObserver) -> None:

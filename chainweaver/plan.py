@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from .conditions import Condition
 from .flows import Flow, FlowStep
+from .grants import Grants, union
 from .mapping_checks import check_computed, derived_input_model
 from .mappings import ComputedSource, Const, Pointer
 from .safety import ToolSafetyContract
@@ -85,6 +86,23 @@ class PlannedStep:
     # sync lane runs it without a generator (runner.run_plain_step).
     plain: bool
     computed: tuple[ComputedSource, ...] = ()  # fields fed by constants and pointers
+    # Declared grants (chainweaver.grants): of the step's tool or sub-flow (with the
+    # step's own), and of its fallback (with the step's own). None: none declared.
+    grants: Grants | None = None
+    fallback_grants: Grants | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GrantNeed:
+    """A grant a run of the plan may ask its caller for: at ``path`` (``""``: the flow
+    itself), before a ``kind`` of attempt (``tool``, ``fallback``, ``subflow``,
+    ``flow``) of ``target``; ``delegated``: the reason a flow runs it on its own grant."""
+
+    path: str
+    kind: str
+    target: str
+    grants: Grants
+    delegated: str | None = None
 
 
 @dataclass(slots=True)
@@ -100,6 +118,10 @@ class Plan:
     # What one approval of a run covers, once asked (run_events.approval_request): a
     # 1-tuple holding the ApprovalRequest, or None in it when no step needs approval.
     approval: tuple[Any] | None = field(default=None, repr=False, compare=False)
+    # Every declared grant on every path (sub-flows and fallbacks included): a run
+    # with a caller checks them (and asks the step authorizer) only when there are any.
+    needs: tuple[GrantNeed, ...] = ()
+    required: Grants | None = None  # what a caller must hold, delegated steps aside
 
 
 # How compile_plan looks things up (the executor passes its own).
@@ -202,16 +224,66 @@ def compile_plan(flow: Flow, resolver: Resolver,
             and step.retry is None and step.timeout is None and fallback is None
             and step.on_error == "fail",
             tuple(computed),
+            union(step.requires, subflow.requires if subflow is not None
+                  else tool.requires if tool is not None else None),
+            union(step.requires, fallback.requires) if fallback is not None else None,
         ))
 
     _check_conflicts(planned, ancestors, problems)
     _check_output(flow, input_keys, writes, problems)
     if flow.sink is not None and flow.output_schema is None:
         _check_sink_fallback(planned[position_of[flow.sink]], problems)
+    needs = _grant_needs(flow, planned, problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
-                input_model, tuple(dict.fromkeys(versions)), tuple(problems))
+                input_model, tuple(dict.fromkeys(versions)), tuple(problems),
+                needs=needs,
+                required=union(*(need.grants for need in needs if need.delegated is None)))
     return plan, problems
+
+
+def _grant_needs(flow: Flow, planned: list[PlannedStep], problems: list[Problem]
+                 ) -> tuple[GrantNeed, ...]:
+    """Every grant a run may ask for, each with the delegation that covers it, if any
+    (the flow's own delegations; a sub-flow's came with its plan)."""
+    needs: list[GrantNeed] = []
+    if flow.requires is not None:
+        needs.append(GrantNeed("", "flow", flow.name, flow.requires))
+    for step in planned:
+        if step.grants is not None:
+            needs.append(GrantNeed(step.id, "subflow" if step.subflow else "tool",
+                                   step.step.name, step.grants))
+        if step.fallback_grants is not None and step.fallback is not None:
+            needs.append(GrantNeed(step.id, "fallback", step.fallback.name,
+                                   step.fallback_grants))
+        if step.subplan is not None:
+            for inner in step.subplan.needs:
+                if inner.kind != "flow":  # the sub-flow's own: the step's, above
+                    needs.append(GrantNeed(f"{step.id}/{inner.path}", inner.kind,
+                                           inner.target, inner.grants, inner.delegated))
+    if not flow.delegations:
+        return tuple(needs)
+    paths = set(_step_paths(planned))
+    for delegation in flow.delegations:
+        if delegation.step not in paths:
+            problems.append(Problem(
+                "UnknownDelegationError", f"delegation names step path "
+                f"{delegation.step!r}, which no step of the flow (or of its sub-flows) "
+                "has", delegation.step.split("/", 1)[0], fatal=True))
+    return tuple(need if need.delegated is not None else GrantNeed(
+        need.path, need.kind, need.target, need.grants,
+        next((d.reason for d in flow.delegations if need.path and d.covers(need.path)),
+             None)) for need in needs)
+
+
+def _step_paths(steps: list[PlannedStep] | tuple[PlannedStep, ...]) -> list[str]:
+    """Every step path of a plan's ``steps``, its sub-flows' steps included."""
+    paths = []
+    for step in steps:
+        paths.append(step.id)
+        if step.subplan is not None:
+            paths.extend(f"{step.id}/{inner}" for inner in _step_paths(step.subplan.steps))
+    return paths
 
 
 def _input_model(flow: Flow, resolver: Resolver, first_subplan: Plan | None

@@ -70,11 +70,17 @@ def clean_input_model(flow: Flow, tools: Mapping[str, Tool]) -> type[BaseModel] 
     report no problem at all; None when that is not shown here (then compile to know).
     """
     steps = flow.steps
+    if flow.requires is not None or flow.delegations:
+        return None  # step grants: the plan says what a caller must hold
     facts: list[_Facts] = []  # per declaration index
     for step in steps:
         tool = tools.get(step.tool_name) if step.flow is None else None  # type: ignore[arg-type]
         if tool is None:
             return None  # a sub-flow or a missing tool
+        fallback = tools.get(step.fallback) if step.fallback is not None else None
+        if step.requires is not None or tool.requires is not None \
+                or (fallback is not None and fallback.requires is not None):
+            return None  # step grants: the plan says what a caller must hold
         known = _TOOLS.get(tool)
         if known is None:
             if tool.output_schema is None:

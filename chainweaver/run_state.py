@@ -8,6 +8,7 @@ import uuid
 from time import perf_counter
 from typing import Any, Protocol
 
+from .grants import StepGuard
 from .plan import Plan, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver
@@ -28,7 +29,7 @@ class RunState:
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
                  "failed_at", "waiting", "ready", "observer", "_lock", "begun",
-                 "run_id", "durable")
+                 "run_id", "durable", "guard")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -45,6 +46,8 @@ class RunState:
         self.observer: RunObserver | None = None  # told about each step (run_events)
         self.run_id: str | None = None  # the key scope (made on first use when None)
         self.durable: Checkpointing | None = None  # checkpoints each step (checkpoints.py)
+        # Asked before every attempt (chainweaver.grants); None: nothing to check.
+        self.guard: StepGuard | None = None
         # Steps of the async lane fail in worker threads and on the loop at once.
         self._lock = threading.Lock()
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
+from .grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
 from .keys import Keyed, step_key
 from .mappings import MappingMiss, gather_computed
 from .plan import FieldSource, Plan, PlannedStep
@@ -35,13 +36,18 @@ logger = logging.getLogger("chainweaver.executor")
 CALL: Final = "call"
 SLEEP: Final = "sleep"
 FLOW: Final = "flow"
+CHECK: Final = "check"
 # (CALL, tool, arguments, timeout): call the tool; the reply is what it returned.
 CallRequest = tuple[Literal["call"], Tool, BaseModel, "float | None"]
 # (SLEEP, seconds): wait before a retry.
 SleepRequest = tuple[Literal["sleep"], float]
-# (FLOW, plan, input, timeout, run_id): run a sub-flow; the reply is its ExecutionResult.
-FlowRequest = tuple[Literal["flow"], Plan, "dict[str, Any]", "float | None", str]
-StepRequest = CallRequest | SleepRequest | FlowRequest
+# (FLOW, plan, input, timeout, run_id, guard): run a sub-flow, its steps checked by
+# ``guard`` (None: unchecked); the reply is its ExecutionResult.
+FlowRequest = tuple[Literal["flow"], Plan, "dict[str, Any]", "float | None", str,
+                    "StepGuard | None"]
+# (CHECK, guard, request): may this attempt run? The reply is None or why not.
+CheckRequest = tuple[Literal["check"], StepGuard, StepRequest]
+LaneRequest = CallRequest | SleepRequest | FlowRequest | CheckRequest
 
 
 class StepFailed(Exception):
@@ -140,7 +146,7 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
             notify(observer.step_finished, record)
 
 
-def run_step(state: RunState, planned: PlannedStep) -> Generator[StepRequest, Any, None]:
+def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, Any, None]:
     """Run one step of ``state``'s plan, yielding tool calls, sleeps and sub-flow runs."""
     step = planned.step
     record, started = _begin(state, planned)
@@ -154,6 +160,9 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[StepRequest, An
         if step.retry is None and planned.tool is not None:
             # The common case, without a nested generator: one call of one tool.
             tool = planned.tool
+            if state.guard is not None:
+                yield from _checked(state, planned, "tool", tool.name, tool, arguments,
+                                    planned.grants, 1)
             model = _validate_input(planned, tool, arguments)
             if tool.takes_key:
                 model = keyed(state, planned, tool, model)
@@ -166,6 +175,8 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[StepRequest, An
         else:
             outputs = yield from _attempts(state, planned, arguments, record, observer)
         complete(state, planned, record, outputs)
+    except StepRefused as refused:
+        _refused(state, planned, record, refused)
     except StepFailed as failure:
         record.error = failure.info
         if step.on_error == "fallback" and planned.fallback is not None \
@@ -173,6 +184,10 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[StepRequest, An
             try:
                 outputs = yield from _call_tool(state, planned, planned.fallback,
                                                 record.inputs, record)
+            except StepRefused as refused:
+                record.attempt_errors += (failure.info,)
+                _refused(state, planned, record, refused)
+                return
             except StepFailed as second:
                 record.attempt_errors += (failure.info,)
                 record.error = second.info
@@ -193,6 +208,39 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[StepRequest, An
         # run's outcome settles and reports it.
         if observer is not None and record.status != "running":
             notify(observer.step_finished, record)
+
+
+def _checked(state: RunState, planned: PlannedStep, kind: StepKind, target: str,
+             tool: Tool | None, arguments: dict[str, Any], grants: Grants | None,
+             attempt: int) -> Generator[LaneRequest, Any, None]:
+    """Ask the run's guard whether this attempt may run now (raises StepRefused)."""
+    guard = state.guard
+    assert guard is not None
+    safety = tool.safety if tool is not None \
+        else planned.subflow.safety if planned.subflow is not None else None
+    request = guard.request(guard.path(planned.id), kind, target, tool, safety, arguments,
+                            grants, attempt)
+    try:
+        refused = yield (CHECK, guard, request)
+    except Exception:  # the lane could not ask: refuse, never run unchecked
+        logger.debug("step check of %s failed", planned.label, exc_info=True)
+        refused = "step_authorizer_error"
+    if refused is not None:
+        raise StepRefused(refused, request.path)
+
+
+def _refused(state: RunState, planned: PlannedStep, record: StepRecord,
+             refused: StepRefused) -> None:
+    """A step the guard refused: the run stops here (no skip, retry or fallback)."""
+    guard = state.guard
+    own = guard.path(planned.id) if guard is not None else planned.id
+    inner = f" (at step {refused.path!r})" if refused.path != own else ""
+    record.error = ErrorInfo(
+        "StepRefused", f"{planned.label}{inner} was refused for this caller "
+        f"({refused.reason}); it did not run", **_where(planned),
+        detail=refused.reason)
+    record.status = "failed"
+    state.fail(planned.position, record.error)
 
 
 def complete(state: RunState, planned: PlannedStep, record: StepRecord,
@@ -282,7 +330,7 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
 
 def _attempts(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
               record: StepRecord, observer: RunObserver | None
-              ) -> Generator[StepRequest, Any, dict[str, Any]]:
+              ) -> Generator[LaneRequest, Any, dict[str, Any]]:
     retry = planned.step.retry
     errors: list[ErrorInfo] = []  # added to the record once: no tuple rebuilt per attempt
     attempt = 0
@@ -321,8 +369,14 @@ def sleep_seconds(delay: Any) -> float:
 
 def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
                arguments: dict[str, Any], record: StepRecord
-               ) -> Generator[StepRequest, Any, dict[str, Any]]:
+               ) -> Generator[LaneRequest, Any, dict[str, Any]]:
     assert tool is not None  # plans with missing tools never run
+    if state.guard is not None:
+        fallback = tool is planned.fallback
+        yield from _checked(state, planned, "fallback" if fallback else "tool", tool.name,
+                            tool, arguments,
+                            planned.fallback_grants if fallback else planned.grants,
+                            record.attempts + 1)
     model = _validate_input(planned, tool, arguments)
     if tool.takes_key:
         model = keyed(state, planned, tool, model)
@@ -396,19 +450,43 @@ def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
 
 
 def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
-               record: StepRecord) -> Generator[StepRequest, Any, dict[str, Any]]:
+               record: StepRecord) -> Generator[LaneRequest, Any, dict[str, Any]]:
+    guard = state.guard
+    inner_guard = None
+    subplan = cast(Plan, planned.subplan)  # compiled with the sub-flow it runs
+    if guard is not None:
+        yield from _checked(state, planned, "subflow", subplan.flow.name, None, arguments,
+                            planned.grants, record.attempts + 1)
+        inner_guard = guard.inner(planned.id, tuple(subplan.flow.delegations))
     record.attempts += 1
     # The sub-flow's steps are keyed within this step: stable across redeliveries too.
-    subplan = cast(Plan, planned.subplan)  # compiled with the sub-flow it runs
     result = yield (FLOW, subplan, arguments, planned.step.timeout,
-                    f"{state.scope()}/{planned.id}")
+                    f"{state.scope()}/{planned.id}", inner_guard)
     record.steps = result.steps
     if result.success:
         return dict(result.final_output or {})
     inner = result.error
+    if inner.type == "StepRefused" and inner_guard is not None:
+        # A step inside the sub-flow was refused: the whole run stops there too.
+        raise StepRefused(inner.detail or "forbidden", _inner_path(inner_guard, result))
     # The sub-flow's input comes from this flow's context, not from the caller: invalid,
     # it is this step's input that is wrong (as for a tool).
     kind = "StepInputError" if inner.type == "InputValidationError" else inner.type
     raise StepFailed(ErrorInfo(
         kind, f"{planned.label}: sub-flow {planned.step.flow!r} failed: {inner.message}",
         **_where(planned, field=inner.field), detail=inner.detail), SubFlowFailed(kind))
+
+
+def _inner_path(guard: Any, result: Any) -> str:
+    """The path of the refused step inside a sub-flow's run (its deepest record)."""
+    path = guard.prefix
+    records = result.steps
+    while records:
+        last = records[-1]
+        path += last.step_id
+        if last.steps and last.error is not None and last.error.type == "StepRefused":
+            path += "/"
+            records = last.steps
+        else:
+            break
+    return path

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, PydanticUndefinedAnnotation, PydanticUserError, create_model
 
 from .errors import DefinitionError, InvalidNameError
+from .grants import Grants
 from .keys import Keyed, is_key_annotation
 from .safety import ToolSafetyContract
 
@@ -60,10 +61,13 @@ class Tool:
 
     ``takes_key=True``: ``fn(model, key)`` also receives the step's idempotency key
     (see :data:`chainweaver.IdempotencyKey`); the key is never part of ``input_schema``.
+
+    ``requires``: what a flow's caller must hold for a step to call this tool (scopes,
+    claims; see :class:`~chainweaver.grants.Grants` and ``docs/step-grants.md``).
     """
 
     __slots__ = ("name", "description", "input_schema", "output_schema", "fn",
-                 "safety", "is_async", "input_fields", "takes_key")
+                 "safety", "is_async", "input_fields", "takes_key", "requires")
 
     def __init__(
         self,
@@ -75,8 +79,10 @@ class Tool:
         safety: ToolSafetyContract | None = None,
         *,
         takes_key: bool = False,
+        requires: Grants | Iterable[str] | Mapping[str, Any] | None = None,
     ) -> None:
         self.name = check_name("tool", name)
+        self.requires = Grants.of(requires, f"tool {name!r}: requires")
         check_model(f"tool {name!r}", "input_schema", input_schema)
         check_model(f"tool {name!r}", "output_schema", output_schema, optional=True)
         if not callable(fn):
@@ -125,6 +131,7 @@ def _tool_from_function(
     description: str | None,
     output_schema: type[BaseModel] | None,
     safety: ToolSafetyContract | None,
+    requires: Any = None,
 ) -> Tool:
     tool_name = name or fn.__name__
     try:
@@ -153,7 +160,7 @@ def _tool_from_function(
             single = _keyword_key(fn, key)
         return Tool(tool_name, description or _first_paragraph(fn.__doc__),
                     hints[params[0].name], output_schema, single, safety,
-                    takes_key=key is not None)
+                    takes_key=key is not None, requires=requires)
 
     fields: dict[str, Any] = {}
     for param in params:
@@ -181,7 +188,8 @@ def _tool_from_function(
 
         call = call_async if inspect.iscoroutinefunction(fn) else call_sync
     return Tool(tool_name, description or _first_paragraph(fn.__doc__),
-                input_model, output_schema, call, safety, takes_key=key is not None)
+                input_model, output_schema, call, safety, takes_key=key is not None,
+                requires=requires)
 
 
 def _keyword_key(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
@@ -218,6 +226,7 @@ def tool(
     description: str | None = None,
     output_schema: type[BaseModel] | None = None,
     safety: ToolSafetyContract | None = None,
+    requires: Any = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -229,6 +238,7 @@ def tool(
     description: str | None = None,
     output_schema: type[BaseModel] | None = None,
     safety: ToolSafetyContract | None = None,
+    requires: Any = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a type-hinted function into a :class:`Tool`.
 
@@ -236,9 +246,13 @@ def tool(
     when the function takes a single pydantic model); the output model comes from a
     pydantic return annotation or ``output_schema=``. The description defaults to
     the docstring's first paragraph. Usable as ``@tool`` or ``@tool(...)``.
+    ``requires`` declares the grants a flow's caller must hold to run it (a list of
+    scopes, ``{"scopes": [...], "claims": {...}}`` or a
+    :class:`~chainweaver.grants.Grants`).
     """
 
     def build(function: Callable[..., Any]) -> Tool:
-        return _tool_from_function(function, name, description, output_schema, safety)
+        return _tool_from_function(function, name, description, output_schema, safety,
+                                   requires)
 
     return build(fn) if fn is not None else build

@@ -79,6 +79,15 @@ def format_table(server: Any, prompts: bool = False) -> str:
              f"{e.tool_name} (asks approval)" if e.needs_approval else e.tool_name or "-",
              ", ".join(e.resource_uris) or "-",
              ", ".join(e.prompt_names) or "-") for e in exposed])
+    guarded = [e for e in exposed if e.requires is not None or e.delegations]
+    if guarded:
+        # Only callers holding these grants see (and can run) the flow; a delegated
+        # step runs beyond its caller's grants, for the reason given.
+        lines += ["", "Step grants (a caller sees a flow only when it holds them):"]
+        lines += table([("FLOW", "REQUIRES", "DELEGATED STEPS")] + [
+            (e.flow_name, e.requires.describe() if e.requires is not None else "-",
+             "; ".join(f"{path}: {why}" for path, why in e.delegations) or "-")
+            for e in guarded])
     lines += ["", f"Excluded: {len(excluded)} of {len(report)} flows"]
     if excluded:
         lines += table([("FLOW", "VERSION", "REASON")] + [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, InitVar, dataclass
 from types import MappingProxyType
 from typing import Any, Literal, cast
@@ -19,6 +19,7 @@ from fastmcp.server.auth import AuthProvider
 from chainweaver.errors import DefinitionError, ExposureConfigError
 from chainweaver.flows import FlowLifecycle, TaskMode, check_task_mode
 from chainweaver.governance.state import check_governance
+from chainweaver.grants import StepAuthorizer
 from chainweaver.mcp.checks import (
     HOST,
     ORIGIN,
@@ -29,7 +30,13 @@ from chainweaver.mcp.checks import (
     header_values,
     state_keys,
 )
-from chainweaver.mcp.hooks import AuditHook, Authenticator, Authorizer, RateLimiter
+from chainweaver.mcp.hooks import (
+    AuditHook,
+    Authenticator,
+    Authorizer,
+    CallerIdentity,
+    RateLimiter,
+)
 from chainweaver.safety import SideEffectLevel
 from chainweaver.tools import NAME_PATTERN
 
@@ -201,6 +208,14 @@ class SecurityConfig:
     Without them each process uses a key of its own, so the answer must reach the
     process that asked: give every replica the same keys when there are several (CLI:
     ``--request-state-key-file``). An approval inside a background task needs none.
+
+    ``step_authorizer`` is asked before every attempt of every step of a run (tool
+    call, retry, fallback, sub-flow), in every lane, after the declared grants held:
+    ``(StepRequest) -> bool | StepDecision`` (``docs/step-grants.md``). It may narrow
+    what declared grants allow, never widen it. ``refresh_caller`` gives the caller as
+    it is *now* before each of those checks (``(CallerIdentity) -> CallerIdentity |
+    None``, sync or async; None: the caller is gone and the step is refused), so a
+    revoked grant stops a long run or a resumed task at its next step.
     """
 
     authenticator: Authenticator | None = None
@@ -215,12 +230,15 @@ class SecurityConfig:
     allowed_origins: Iterable[str] | None = None
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
     request_state_keys: Iterable[str | bytes] | None = None
+    step_authorizer: StepAuthorizer | None = None
+    refresh_caller: Callable[[CallerIdentity], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.auth is not None and not isinstance(self.auth, AuthProvider):
             raise ExposureConfigError(
                 f"auth must be a fastmcp AuthProvider or None, got {self.auth!r}")
-        for setting in ("authenticator", "authorizer", "audit_hook"):
+        for setting in ("authenticator", "authorizer", "audit_hook", "step_authorizer",
+                        "refresh_caller"):
             hook = getattr(self, setting)
             if hook is not None and not callable(hook):
                 raise ExposureConfigError(f"{setting} must be callable or None, got {hook!r}")

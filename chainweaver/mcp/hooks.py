@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from chainweaver.grants import MAX_KEPT_DECISIONS, PATH_LIMIT
+
 # "list" (tools/list, resources/list, resources/templates/list, prompts/list),
 # "completion" (completion/complete) and "subscription" (subscriptions/listen,
 # resources/subscribe, resources/unsubscribe) are authenticated, rate-limited and
@@ -90,8 +92,15 @@ class AuditEvent:
     changed state) or ``"approval"`` (the user's answer when a flow run asked for
     approval: ``decision`` allowed or denied, ``reason`` the answer, e.g. ``accept``,
     ``decline``, ``cancel``, ``no_answer``, ``unavailable``; ``step_id`` the step
-    that needs it). Content is never recorded: only the SHA-256 and UTF-8 byte length
-    of the returned text.
+    that needs it) or ``"step"`` (a step the run refused for the caller: ``decision``
+    denied, ``step_id`` its path, ``reason`` the step authorizer's code). Content is
+    never recorded: only the SHA-256 and UTF-8 byte length of the returned text.
+
+    ``steps`` (on a flow run's ``"completed"`` record, when its flow declares step
+    grants or the server has a step authorizer): every step decision of the run, the
+    first few in full (``path``, ``kind``, ``target`` tool or flow, ``decision``,
+    ``reason``, ``grant``: ``"caller"`` or ``"delegation"``), the rest counted
+    (``allowed``, ``denied``, ``delegated``, ``omitted``).
 
     Every text field is bounded (see :func:`bounded_text`): a caller-supplied name,
     URI or task id longer than :data:`AUDIT_TEXT_LIMIT` characters is kept as a
@@ -99,7 +108,7 @@ class AuditEvent:
     to at most :data:`MAX_AUDIT_EVENT_BYTES` bytes of JSON."""
 
     timestamp: float
-    phase: Literal["decision", "completed", "approval", "state"]
+    phase: Literal["decision", "completed", "approval", "state", "step"]
     kind: RequestKind
     name: str
     flow_name: str | None
@@ -115,6 +124,7 @@ class AuditEvent:
     step_id: str | None = None
     task_id: str | None = None
     task_status: str | None = None
+    steps: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in _TEXT_FIELDS:
@@ -133,6 +143,10 @@ _TEXT_FIELDS = ("name", "flow_name", "flow_version", "caller_id", "reason", "err
 # at the limit, each character at its longest (a control character is "\u00XX", 6
 # bytes), plus the keys, the numbers and the punctuation (a generous 1 KiB).
 MAX_AUDIT_EVENT_BYTES = len(_TEXT_FIELDS) * AUDIT_TEXT_LIMIT * 6 + 1024
+# What ``steps`` adds to a run's "completed" record at most (chainweaver.grants: the
+# kept decisions and the first refusal, two texts of PATH_LIMIT characters each, a
+# reason code, and their keys); refusals never carry it.
+MAX_STEPS_BYTES = (MAX_KEPT_DECISIONS + 1) * (2 * PATH_LIMIT * 6 + 256) + 256
 
 
 def bounded_text(value: str, limit: int = AUDIT_TEXT_LIMIT) -> str:

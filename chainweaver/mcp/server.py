@@ -176,7 +176,9 @@ class FlowServer:
             flow_timeout=serving.flow_timeout, owner=owner,
             runs=RunSettings.build(policy.approval == "elicit", approval_timeout, keys,
                                    serving.run_notifications,
-                                   shared_nonces=approval_marks if task_settings else None),
+                                   shared_nonces=approval_marks if task_settings else None,
+                                   step_authorizer=security.step_authorizer,
+                                   refresh_caller=security.refresh_caller),
             views=views, run_log=run_log, outputs=outputs, components=components,
             task_runner=flow_task_runner(security, metrics) if task_settings else None)
         # Followed as long as anything serves: the FastMCP server (through its

@@ -124,6 +124,14 @@ def test_what_the_schema_accepts_the_reader_accepts(steps) -> None:
 
 
 def test_the_schema_offers_no_null_for_step_keys() -> None:
-    step = flow_file_schema()["$defs"]["StepFormat"]["properties"]
-    assert all("anyOf" not in spec and spec.get("default", "") is not None
+    schema = flow_file_schema()
+    step = schema["$defs"]["StepFormat"]["properties"]
+    # A key that takes one of several shapes (requires: a list or a mapping) is an
+    # anyOf; none of its shapes may be null.
+    assert all(spec.get("default", "") is not None
+               and all(shape.get("type") != "null" for shape in spec.get("anyOf", ()))
                for spec in step.values())
+    for key in ("requires", "delegations"):
+        top = schema["properties"][key]
+        assert "default" not in top or top["default"] == []
+        assert all(shape.get("type") != "null" for shape in top.get("anyOf", ()))

@@ -35,6 +35,7 @@ from pydantic import PrivateAttr
 
 from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
+from chainweaver.grants import StepGuard, fixed_caller
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
@@ -224,6 +225,21 @@ class FlowTool(FastMCPTool):
                 return result
             return await self._ended(call.recorder, result, error_type=_type_name(error))
 
+    def _step_guard(self) -> StepGuard | None:
+        """What the run asks before every attempt of every step: the declared grants
+        against the caller as it is now, then the server's step authorizer (None: the
+        flow declares no grant and there is no authorizer, so nothing is asked)."""
+        settings = self._runs
+        plan = self._exposed.plan
+        if not plan.needs and settings.step_authorizer is None:
+            return None
+        caller = admission.caller()
+        refresh = settings.refresh_caller
+        source = fixed_caller(caller) if refresh is None else (lambda: refresh(caller))
+        flow = plan.flow
+        return StepGuard(source, settings.step_authorizer, flow.name, flow.version,
+                         delegations=tuple(flow.delegations))
+
     def _run_start(self, ctx: Context | None) -> RunStart:
         """Which run a ``tools/call`` starts: the retry of a call that asked for approval
         continues that call's run (named by the state the client echoes)."""
@@ -297,12 +313,13 @@ class FlowTool(FastMCPTool):
         call.part = "the run"
         held = admission.current()
         watching = held.observers if held is not None and status is None else ()
+        guard = self._step_guard()
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
                 plan=self._exposed.plan,
                 observer=fan_out(status or reporter, recorder, *watching), approve=approve,
-                run_id=recorder.run_id, checkpoints=checkpoints)
+                run_id=recorder.run_id, checkpoints=checkpoints, guard=guard)
         except BaseException as error:
             if reporter is not None:
                 reporter.abandon()
@@ -311,6 +328,8 @@ class FlowTool(FastMCPTool):
                 with anyio.CancelScope(shield=True):
                     await recorder.cancelled()
             raise
+        if guard is not None:
+            recorder.start.note.steps = guard.decisions.summary()
         call.part = "run reporting"
         if reporter is not None:
             await reporter.close()

@@ -65,6 +65,8 @@ class RunNote:
     error_type: str | None = None
     output_sha256: str | None = None
     output_length: int | None = None
+    # The run's step decisions (chainweaver.grants.Decisions.summary), when it had any.
+    steps: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -358,10 +360,11 @@ def input_schema_lookup(fastmcp: Any, exposure: Any, views: Views, *,
     on the server that renames tools.
     """
     def lookup(name: str) -> Any:
-        if fastmcp.transforms or (views.active and not caller_known):
+        per_caller = views.per_caller(exposure)
+        if fastmcp.transforms or (per_caller and not caller_known):
             return None
         exposed = exposure.tool(name)
-        if exposed is None or (views.active and not views.of(
+        if exposed is None or (per_caller and not views.of(
                 exposure, caller_from_token()).allows(exposed)):
             return None
         return exposed.contract.input_schema

@@ -40,6 +40,9 @@ class Completed:
     error_type: str | None = None
     result_sha256: str | None = None
     result_length: int | None = None
+    # The run's step decisions (bounded; see chainweaver.grants), when its steps were
+    # checked against the caller's grants.
+    steps: dict[str, Any] | None = None
 
 
 def completed(kind: RequestKind, result: Any, note: RunNote | None = None) -> Completed:
@@ -51,10 +54,11 @@ def completed(kind: RequestKind, result: Any, note: RunNote | None = None) -> Co
     link reads it back (the result holds a preview, and an isError flag when the flow
     has an output schema). A result that is not UTF-8 is an error, ``UnsendableResult``,
     with no digest: no transport can send it."""
+    steps = note.steps if note is not None else None
     try:
         data = payload_text(kind, result).encode("utf-8")
     except UnicodeEncodeError:
-        return Completed("error", UNSENDABLE)
+        return Completed("error", UNSENDABLE, steps=steps)
     failed = kind == "tool" and bool(getattr(result, "is_error", False))
     digest, length = hashlib.sha256(data).hexdigest(), len(data)
     if note is not None and note.output_sha256 is not None \
@@ -62,7 +66,7 @@ def completed(kind: RequestKind, result: Any, note: RunNote | None = None) -> Co
         digest, length, failed = note.output_sha256, note.output_length, False
     return Completed("error" if failed else "ok",
                      note.error_type if note is not None and failed else None,
-                     digest, length)
+                     digest, length, steps)
 
 
 def task_id_of(params: Any) -> str | None:

@@ -370,9 +370,15 @@ class SecurityGate(GateHooks):
         result = await self._run_admitted(record, context, call_next, gate, started,
                                           count=not mounted)
         done = completed(kind, result, note)
+        refusal = done.steps.get("refused") if done.steps is not None else None
+        if refusal is not None:
+            # A step the run refused for this caller: its own record, beside the call's.
+            await self._audit(gate, caller, "denied", refusal["reason"], phase="step",
+                              step_id=refusal["path"])
         await self._audit(gate, caller, "allowed", "ok", started=started,
                           outcome=done.outcome, error_type=done.error_type,
-                          result_sha256=done.result_sha256, result_length=done.result_length)
+                          result_sha256=done.result_sha256, result_length=done.result_length,
+                          steps=done.steps)
         if done.error_type == UNSENDABLE:
             # The transport cannot send it either: audited as an error, never "ok" for a
             # reply the client will not receive.
@@ -487,9 +493,12 @@ class SecurityGate(GateHooks):
                      outcome: Literal["ok", "error", "cancelled"] | None = None,
                      error_type: str | None = None, result_sha256: str | None = None,
                      result_length: int | None = None,
-                     phase: Literal["approval"] | None = None, step_id: str | None = None,
-                     task_id: str | None = None, runs_root: str = RUNS_URI) -> None:
-        if decision == "denied" and reason != BODY_TOO_LARGE and self.refusals is not None:
+                     phase: Literal["approval", "step"] | None = None,
+                     step_id: str | None = None, task_id: str | None = None,
+                     runs_root: str = RUNS_URI, steps: Mapping[str, Any] | None = None
+                     ) -> None:
+        if decision == "denied" and reason != BODY_TOO_LARGE and phase != "step" \
+                and self.refusals is not None:
             self.refusals(gate, self.exposure, runs_root)
         if self.audit_hook is None:
             return
@@ -501,6 +510,6 @@ class SecurityGate(GateHooks):
             decision=decision, reason=reason,
             duration_ms=None if started is None else (time.perf_counter() - started) * 1000,
             outcome=outcome, error_type=error_type, result_sha256=result_sha256,
-            result_length=result_length, step_id=step_id, task_id=task_id)
+            result_length=result_length, step_id=step_id, task_id=task_id, steps=steps)
         await deliver_audit(self.audit_hook, event, self.hook_timeout)
 

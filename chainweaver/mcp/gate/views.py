@@ -104,37 +104,54 @@ def _frozen(value: Any) -> Any:
 
 
 class View:
-    """One grant set's view of one exposure snapshot."""
+    """One grant set's view of one exposure snapshot.
 
-    def __init__(self, rule: VisibleRule | None, grant: CallerIdentity) -> None:
+    ``holder``: the grant set step grants are checked against (scopes and the claims
+    they read), when any tool or flow declares one: a flow is in the view only when it
+    holds every grant the flow may ask for on any path, delegated steps aside
+    (:mod:`chainweaver.grants`), so no caller is shown a flow that must fail for lack
+    of a grant."""
+
+    def __init__(self, rule: VisibleRule | None, grant: CallerIdentity,
+                 holder: CallerIdentity | None = None) -> None:
         self._rule = rule
         self._grant = grant
+        self._holder = holder
         self._answers: dict[tuple[str, str], bool] = {}
         self._cache: dict[str, Any] = {}
 
     @property
     def restricted(self) -> bool:
-        """Whether a rule narrows this view (False: every exposed flow is visible)."""
-        return self._rule is not None
+        """Whether a rule or step grants narrow this view (False: every exposed flow
+        is visible)."""
+        return self._rule is not None or self._holder is not None
 
     def allows(self, exposed: ExposedFlow | None) -> TypeGuard[ExposedFlow]:
         """Whether this view holds ``exposed`` (None, a name that resolves to no flow: no)."""
         if exposed is None:
             return False
-        if self._rule is None:
+        if self._rule is None and self._holder is None:
             return True
         flow = exposed.flow
         key = (flow.name, flow.version)
         answer = self._answers.get(key)
         if answer is None:
-            answer = self._ask(flow)
+            answer = self._holds(exposed) and (self._rule is None or self._ask(flow))
             self._answers[key] = answer
         return answer
+
+    def _holds(self, exposed: ExposedFlow) -> bool:
+        """Whether the grant set holds every grant a run of ``exposed`` may ask for."""
+        if self._holder is None:
+            return True
+        plan = exposed.plan
+        required = plan.required if plan is not None else None
+        return required is None or required.held_by(self._holder)
 
     def select(self, flows: Iterable[T], flow_of: Callable[[T], ExposedFlow | None]
                ) -> list[T]:
         """The items of ``flows`` whose flow this view holds (``flow_of`` None: kept)."""
-        if self._rule is None:
+        if not self.restricted:
             return list(flows)
         return [item for item in flows
                 if (exposed := flow_of(item)) is None or self.allows(exposed)]
@@ -173,20 +190,33 @@ class Views:
 
     @property
     def active(self) -> bool:
+        """Whether a view rule makes views differ per caller (see :meth:`per_caller`)."""
         return self.visibility is not None
+
+    def per_caller(self, snapshot: Any) -> bool:
+        """Whether callers of ``snapshot`` may see different views: a view rule, or a
+        step grant declared anywhere (:attr:`Exposure.grant_claims`)."""
+        if self.visibility is not None:
+            return True
+        if isinstance(snapshot, LiveExposure):
+            snapshot = snapshot.current
+        return getattr(snapshot, "grant_claims", None) is not None
 
     def of(self, snapshot: Any, caller: CallerIdentity) -> View:
         """The view of ``snapshot`` (an exposure snapshot) for ``caller``."""
         visibility = self.visibility
         if isinstance(snapshot, LiveExposure):
             snapshot = snapshot.current  # the request's pinned snapshot
-        if visibility is None:
-            # Without a rule every caller has the one view: found without the lock.
+        grant_claims = getattr(snapshot, "grant_claims", None)
+        if visibility is None and grant_claims is None:
+            # Without a rule or step grants every caller has the one view: found
+            # without the lock.
             views = self._views.get(snapshot)
             view = views.get(None) if views is not None else None
             if view is not None:
                 return view
         with self._lock:  # completions run in worker threads
+            holder = None
             if visibility is None:
                 key, grant = None, ANONYMOUS
             else:
@@ -201,12 +231,21 @@ class Views:
                     self._grants[id(caller)] = (caller, key, grant)
                     if len(self._grants) > MAX_KNOWN_CALLERS:
                         self._grants.popitem(last=False)
+            if grant_claims is not None:
+                # Step grants: the view also depends on the scopes and on the claims the
+                # declarations read (and only those are shown to the check).
+                claims = {name: caller.claims[name] for name in sorted(grant_claims)
+                          if name in caller.claims}
+                key = (key, caller.scopes,
+                       tuple((name, _frozen(value)) for name, value in claims.items()))
+                holder = CallerIdentity("grant", claims, scopes=caller.scopes)
             views = self._views.get(snapshot)
             if views is None:
                 views = self._views[snapshot] = OrderedDict()
             view = views.get(key)
             if view is None:
-                view = views[key] = View(visibility.rule if visibility else None, grant)
+                view = views[key] = View(visibility.rule if visibility else None, grant,
+                                         holder)
                 if len(views) > MAX_GRANT_SETS:
                     views.popitem(last=False)
             else:

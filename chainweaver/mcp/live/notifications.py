@@ -304,7 +304,8 @@ class ChangeNotifier:
     def _changes(self, old: Exposure, new: Exposure,
                  callers: list[CallerIdentity | None]) -> list[ViewChange]:
         """What each caller's view shows changing (a caller not known: nothing)."""
-        if not self.views.active:  # one view for everybody: compare once
+        if not (self.views.per_caller(old) or self.views.per_caller(new)):
+            # One view for everybody: compare once.
             change = view_changes(old, new) if any(c is not None for c in callers) \
                 else NOTHING
             return [NOTHING if caller is None else change for caller in callers]

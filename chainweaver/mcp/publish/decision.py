@@ -15,6 +15,7 @@ from typing import Any, cast
 from chainweaver.errors import ExposureConfigError
 from chainweaver.executor import FlowExecutor
 from chainweaver.flows import Flow, FlowLifecycle
+from chainweaver.grants import Grants
 from chainweaver.mcp.config import ExposurePolicy
 from chainweaver.mcp.publish.contract import ContractError, PublishedContract, build_contract
 from chainweaver.plan import Plan
@@ -118,6 +119,11 @@ class FlowExposure:
     # Set when the flow's file was edited but the edit could not be loaded: what is
     # described here is the last good version, and this says why (``serve --watch``).
     stale: str | None = None
+    # Step grants (docs/step-grants.md): what a caller must hold to see and run it (a
+    # caller lacking any of it does not see the flow), and each step the flow runs
+    # beyond its caller's grants: (step path, the delegation's reason).
+    requires: Grants | None = None
+    delegations: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +139,8 @@ class FlowExposure:
             "needs_approval": self.needs_approval,
             "withheld_prompts": dict(self.withheld_prompts),
             "stale": self.stale,
+            "requires": self.requires.to_dict() if self.requires is not None else None,
+            "delegations": dict(self.delegations),
         }
 
 
@@ -257,11 +265,22 @@ def decide_flow(
                                                   planned, expose_schemas,
                                                   expose_prompts, server_prompt_names,
                                                   None if input_model is None else executor)
+    # A flow shown clean without its plan declares no grant (quick_check says so).
+    plan = exposed.plan if input_model is None else None
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
                           tuple(exposed.prompt_names), overridden, exposed.needs_approval,
-                          withheld)
+                          withheld, requires=plan.required if plan is not None else None,
+                          delegations=delegated_steps(plan))
     return FlowDecision(report, exposed)
+
+
+def delegated_steps(plan: Plan | None) -> tuple[tuple[str, str], ...]:
+    """Each step path a plan runs on a delegation, with the delegation's reason."""
+    if plan is None or not plan.needs:
+        return ()
+    return tuple(dict.fromkeys((need.path, need.delegated) for need in plan.needs
+                               if need.delegated is not None))
 
 
 def task_mode(policy: ExposurePolicy, flow: Flow) -> str:

@@ -138,6 +138,7 @@ class Exposure:
         self._decisions: dict[str, tuple[Flow, FlowDecision] | None] = {}
         self._catalogue: Catalogue | None = None
         self._lock = threading.Lock()
+        self._grant_claims: frozenset[str] | None | bool = False  # False: not known yet
         self._may_collide = self._names_may_collide(previous)
         if self._may_collide:
             self.catalogue  # noqa: B018 - judge every flow now, so a collision fails here
@@ -146,6 +147,17 @@ class Exposure:
     def sequence(self) -> int:
         """The registry sequence this snapshot was built for."""
         return self._state.sequence
+
+    @property
+    def grant_claims(self) -> frozenset[str] | None:
+        """The claim names step grants read (:mod:`chainweaver.grants`), over every
+        registered tool and flow version; None when nothing declares a grant, so that
+        every caller shares one view. Worked out once per snapshot, from the
+        declarations alone (no flow is judged)."""
+        known = self._grant_claims
+        if known is False:
+            known = self._grant_claims = _declared_claims(self._executor, self._state)
+        return known  # type: ignore[return-value]
 
     def _names_may_collide(self, previous: Exposure | None) -> bool:
         # Published names are tool_name, tool_name + "__" + prompt, the guide's and the
@@ -376,6 +388,19 @@ def _add(catalogue: Catalogue, exposed: ExposedFlow) -> None:
             prompt_name, exposed, exposed.authored_prompts.get(prompt_name))
 
 
+def _declared_claims(executor: FlowExecutor, state: RegistryState
+                     ) -> frozenset[str] | None:
+    declared = [tool.requires for tool in executor.tools.values()]
+    for versions in state.flows.values():
+        for flow in versions:
+            declared.append(flow.requires)
+            declared.extend(step.requires for step in flow.steps)
+    found = [grants for grants in declared if grants is not None]
+    if not found:
+        return None
+    return frozenset(name for grants in found for name in grants.claims)
+
+
 class LiveExposure:
     """The one reference to a server's current :class:`Exposure`, swapped on change.
 
@@ -423,6 +448,10 @@ class LiveExposure:
     @property
     def sequence(self) -> int:
         return self.current.sequence
+
+    @property
+    def grant_claims(self) -> frozenset[str] | None:
+        return self.current.grant_claims
 
     def decision(self, flow_name: str) -> FlowDecision | None:
         return self.current.decision(flow_name)

@@ -107,19 +107,25 @@ class RunSettings:
     # process, or the Redis of the server's tasks backend (see ApprovalNonces).
     nonces: ApprovalNonces = field(default_factory=lambda: ApprovalNonces(),
                                    repr=False, compare=False)
+    # Step grants (chainweaver.grants): the server's step authorizer and how it learns
+    # the caller as it is now (SecurityConfig).
+    step_authorizer: Any = field(default=None, compare=False)
+    refresh_caller: Any = field(default=None, compare=False)
 
     @classmethod
     def build(cls, approval: bool, approval_timeout: float,
               keys: tuple[bytes, ...] | None, notifications: bool = True, *,
-              shared_nonces: Callable[[FastMCP], SharedMark | None] | None = None
-              ) -> RunSettings:
-        """A server's settings; ``shared_nonces``: see :class:`ApprovalNonces`."""
+              shared_nonces: Callable[[FastMCP], SharedMark | None] | None = None,
+              step_authorizer: Any = None, refresh_caller: Any = None) -> RunSettings:
+        """A server's settings; ``shared_nonces``: see :class:`ApprovalNonces`;
+        ``step_authorizer`` and ``refresh_caller``: the server's step grants."""
         nonces = ApprovalNonces(shared=shared_nonces)
+        steps = {"step_authorizer": step_authorizer, "refresh_caller": refresh_caller}
         if not keys:
-            return cls(approval, approval_timeout, notifications, nonces=nonces)
+            return cls(approval, approval_timeout, notifications, nonces=nonces, **steps)
         derived = tuple(hashlib.sha256(b"chainweaver/approval-state:" + key).digest()
                         for key in keys)
-        return cls(approval, approval_timeout, notifications, derived, nonces)
+        return cls(approval, approval_timeout, notifications, derived, nonces, **steps)
 
 
 class ApprovalAnswer(BaseModel):

@@ -159,7 +159,8 @@ class FlowTasksExtension(TasksExtension):
                    "arguments": arguments, "caller": caller_id,
                    "approval": exposed.needs_approval,
                    "client_can_answer": declared_elicitation(context)}
-        grant = view_grant(self.provider.views, caller)
+        grant = view_grant(self.provider.views, caller, steps=bool(exposed.plan.needs)
+                           or self.provider.runs.step_authorizer is not None)
         if grant is not None:
             payload["grant"] = grant
         run = run_start(None, caller_id)

@@ -88,7 +88,8 @@ class TaskAudit:
 
     async def record(self, exposed: ExposedFlow, task_id: str, status: TaskStatus,
                      caller_id: str | None, *,
-                     phase: Literal["decision", "state", "completed", "approval"] = "state",
+                     phase: Literal["decision", "state", "completed", "approval",
+                                    "step"] = "state",
                      reason: str = "ok", result: ToolResult | None = None,
                      step_id: str | None = None, note: RunNote | None = None) -> None:
         if self.hook is None:
@@ -100,12 +101,14 @@ class TaskAudit:
             timestamp=time.time(), phase=phase, kind="task", name=exposed.tool_name,
             flow_name=exposed.flow.name, flow_version=exposed.flow.version,
             caller_id=caller_id,
-            decision=approval_decision(reason) if phase == "approval" else "allowed",
+            decision=approval_decision(reason) if phase == "approval"
+            else "denied" if phase == "step" else "allowed",
             reason=reason, outcome=done.outcome if done else None,
             error_type=done.error_type if done else None,
             result_sha256=done.result_sha256 if done else None,
             result_length=done.result_length if done else None,
-            task_id=task_id, task_status=status, step_id=step_id)
+            task_id=task_id, task_status=status, step_id=step_id,
+            steps=note.steps if note is not None and phase == "completed" else None)
         await deliver_audit(self.hook, event, self.timeout)
 
 
@@ -230,6 +233,10 @@ class FlowTaskRunner(FastMCPTool):
                 f"{interrupted!r}, which was interrupted while running a non-idempotent "
                 "step: it is not idempotent and takes no idempotency key, so it was not "
                 "run again (no completed step ran again either)"))
+        refusal = note.steps.get("refused") if note.steps is not None else None
+        if refusal is not None:
+            await self._audit.record(exposed, task_id, "working", caller_id, phase="step",
+                                     reason=refusal["reason"], step_id=refusal["path"])
         await self._audit.record(exposed, task_id, "completed", caller_id,
                                  phase="completed", result=result, note=note)
         ended(exposed, task_id, run_id, reports.outcome(), reports.restored)
@@ -323,10 +330,15 @@ class _StepReports(RunObserver):
             await self.last
 
 
-def view_grant(views: Views, caller: CallerIdentity) -> dict[str, Any] | None:
+def view_grant(views: Views, caller: CallerIdentity, *, steps: bool = False
+               ) -> dict[str, Any] | None:
     """What a task keeps of its caller so that its legs see the caller's view: the
-    scopes and the claims the view rule reads (nothing without a rule)."""
+    scopes and the claims the view rule reads (nothing without a rule). ``steps``: the
+    flow's steps are checked against the caller (step grants, a step authorizer), so
+    every claim is kept, for the worker that runs (or resumes) the task."""
     visibility = views.visibility
+    if steps:
+        return {"scopes": sorted(caller.scopes), "claims": dict(caller.claims)}
     if visibility is None:
         return None
     claims = {name: caller.claims[name] for name in visibility.claims
