@@ -12,10 +12,12 @@ no guard at all: it pays nothing.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -437,8 +439,10 @@ def _hook_failed(hook: Any, error: Exception) -> StepDecision:
 
 
 def _blocking(awaitable: Awaitable[Any]) -> Any:
-    from .calling import run_coroutine_blocking
-    return run_coroutine_blocking(_awaited(awaitable))
+    # An async hook asked from the sync lane, which may itself run inside an event loop:
+    # a fresh loop on a worker thread serves both (and keeps this module below calling).
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _awaited(awaitable)).result()
 
 
 def _asked(request: StepRequest, caller: Any) -> StepRequest:

@@ -40,8 +40,9 @@ RECORD_WRITERS: dict[str, tuple[frozenset[str], str]] = {
         frozenset({"chainweaver.mcp.runs.recording"}),
         "a run's record: its recorder fills it in as the run goes"),
     "chainweaver.mcp.gate.admission.RunNote": (
-        frozenset({"chainweaver.mcp.runs.recording"}),
-        "what a call's run tells the gate's audit (its error type, its output's digest)"),
+        frozenset({"chainweaver.mcp.runs.recording", "chainweaver.mcp.components.flow_tool"}),
+        "what a call's run tells the gate's audit (its error type, its output's digest; "
+        "the flow tool: its step decisions)"),
     "chainweaver.mcp.gate.admission.ListPage": (
         frozenset({"chainweaver.mcp.components.provider", "chainweaver.mcp.live.cursors"}),
         "the page a list request asks for: the provider notes what it cut it from, the "

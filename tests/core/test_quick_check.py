@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from support.generated_flows import InV, Result, flows, tool_executor
 
-from chainweaver import Const, Flow, FlowStep, RetryPolicy
+from chainweaver import Const, Flow, FlowStep, RetryPolicy, Tool
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -54,7 +54,23 @@ def test_the_common_shapes_are_shown_clean(flow: Flow) -> None:
     _chain(FlowStep("first"), FlowStep("writer", retry=RetryPolicy(max_attempts=2))),
     _chain(FlowStep("first", id="a"), FlowStep("third", id="b", after=[]),
            output_schema=Result),
+    # Step grants: the plan says what a caller must hold (views and the report read it).
+    _chain(FlowStep("first", requires=["orders:read"]), FlowStep("second")),
+    _chain(FlowStep("first"), FlowStep("second"), requires=["orders:read"]),
 ], ids=["sub-flow", "constant", "undeclared", "missing-tool", "unfed", "retry-write",
-        "output-unfilled"])
+        "output-unfilled", "step-grant", "flow-grant"])
 def test_other_flows_are_left_to_the_compiler(flow: Flow) -> None:
     assert tool_executor().clean_input_model(flow) is None
+
+
+def test_a_flow_whose_tool_declares_a_grant_is_left_to_the_compiler() -> None:
+    executor = tool_executor()
+    flow = _chain(FlowStep("first"), FlowStep("second"))
+    assert executor.clean_input_model(flow) is not None
+    second = executor.get_tool("second")
+    granted = Tool("granted", "second, behind a grant", second.input_schema,
+                   second.output_schema, second.fn, second.safety, requires=["orders:write"])
+    executor.register_tool(granted)
+    flow = _chain(FlowStep("first"), FlowStep("granted"))
+    assert executor.clean_input_model(flow) is None
+    assert executor.plan(flow).required is not None
