@@ -90,7 +90,14 @@ class Built(NamedTuple):
 def build_server(args: argparse.Namespace) -> Built:
     """Load tools, flow files and policy, and decide the exposure. Serves nothing."""
     try:
-        from ..mcp import ExposurePolicy, FlowServer, PromptPolicy, SecurityConfig, ServingConfig
+        from ..mcp import (
+            Discovery,
+            ExposurePolicy,
+            FlowServer,
+            PromptPolicy,
+            SecurityConfig,
+            ServingConfig,
+        )
     except ImportError:
         raise CommandError(EXIT_MISSING, needs_extra(f"{PROG} {args.command}", "mcp")
                            ) from None
@@ -128,13 +135,13 @@ def build_server(args: argparse.Namespace) -> Built:
                                              max_body_bytes=args.max_body_bytes)),
             serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
                                   run_notifications=args.run_notifications,
-                                  name=args.name, registry_name=args.registry_name,
-                                  cache_ttl=args.cache_ttl, instructions=instructions,
+                                  name=args.name, instructions=instructions,
                                   **access.serving,
                                   **_given(approval_timeout=args.approval_timeout)),
             tasks=_task_settings(args),
             run_history=run_history_settings(args),
             governance=governance_settings(args),
+            discovery=Discovery(registry_name=args.registry_name, cache_ttl=args.cache_ttl),
             meter_provider=provider,
         )
         # Judge every flow now: the command prints its own report of them, so the

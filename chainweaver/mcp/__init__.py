@@ -10,6 +10,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
     ) from error
 
 from chainweaver.mcp.config import (
+    Discovery,
     ErrorDetail,
     ExposurePolicy,
     PromptPolicy,
@@ -45,6 +46,7 @@ __all__ = [
     "AuthorizationDecision",
     "Authorizer",
     "CallerIdentity",
+    "Discovery",
     "ErrorDetail",
     "ExposurePolicy",
     "FixedWindowRateLimiter",

@@ -307,11 +307,6 @@ class ServingConfig:
     built, so the garbage collector stops re-scanning the catalogue on every list (see
     ``docs/mcp-server.md``, "Start-up cost"); objects alive then are never collected.
 
-    ``registry_name`` (reverse-DNS, ``io.github.me/orders``) names the server in its
-    server card and registry entry (default ``chainweaver.local/<name>``). ``cache_ttl``
-    (seconds, default 0) is the longest a 2026-07-28 client may reuse a list or read
-    before asking again; ``0`` marks every answer stale at once (``docs/discovery.md``).
-
     Deprecated (they moved; one release with a ``DeprecationWarning``):
     ``allowed_hosts``, ``allowed_origins``, ``max_body_bytes`` and
     ``request_state_keys`` are :class:`SecurityConfig` settings; ``run_history``,
@@ -329,8 +324,6 @@ class ServingConfig:
     approval_timeout: float = 300.0
     resources_as_tools: bool = False
     prompts_as_tools: bool = False
-    registry_name: str | None = None
-    cache_ttl: float = 0.0
     _: KW_ONLY
     allowed_hosts: InitVar[Any] = _NOT_GIVEN
     allowed_origins: InitVar[Any] = _NOT_GIVEN
@@ -345,17 +338,6 @@ class ServingConfig:
                       governance: Any, meter_provider: Any) -> None:
         check_text("name", self.name)
         check_text("version", self.version, optional=True)
-        if self.registry_name is not None and not (
-                isinstance(self.registry_name, str)
-                and REGISTRY_NAME.fullmatch(self.registry_name)):
-            raise ExposureConfigError(
-                f"registry_name must be a reverse-DNS name with one '/' "
-                f"(io.github.me/orders), got {self.registry_name!r}")
-        if (not isinstance(self.cache_ttl, (int, float)) or isinstance(self.cache_ttl, bool)
-                or not math.isfinite(self.cache_ttl) or self.cache_ttl < 0):
-            raise ExposureConfigError(f"cache_ttl must be a number of seconds >= 0, got "
-                                      f"{self.cache_ttl!r}")
-        object.__setattr__(self, "cache_ttl", float(self.cache_ttl))
         if self.instructions is not None and not isinstance(self.instructions, str):
             raise ExposureConfigError(f"instructions must be None or a string, got "
                                       f"{self.instructions!r}")
@@ -419,10 +401,40 @@ setattr(ServingConfig, "governance", _moved_reader("governance"))  # noqa: B010
 setattr(ServingConfig, "meter_provider", _moved_reader("meter_provider"))  # noqa: B010
 
 
+@dataclass(frozen=True)
+class Discovery:
+    """How the server is found and how long what it says may be reused
+    (``docs/discovery.md``).
+
+    ``registry_name`` (reverse-DNS, ``io.github.me/orders``) names the server in its
+    server card and registry entry (default ``chainweaver.local/<name>``). ``cache_ttl``
+    (seconds, default 0) is the longest a 2026-07-28 client may reuse a list or read,
+    or a reader the server card, before asking again; ``0`` marks every answer stale
+    at once.
+    """
+
+    registry_name: str | None = None
+    cache_ttl: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.registry_name is not None and not (
+                isinstance(self.registry_name, str)
+                and REGISTRY_NAME.fullmatch(self.registry_name)):
+            raise ExposureConfigError(
+                f"registry_name must be a reverse-DNS name with one '/' "
+                f"(io.github.me/orders), got {self.registry_name!r}")
+        if (not isinstance(self.cache_ttl, (int, float)) or isinstance(self.cache_ttl, bool)
+                or not math.isfinite(self.cache_ttl) or self.cache_ttl < 0):
+            raise ExposureConfigError(f"cache_ttl must be a number of seconds >= 0, got "
+                                      f"{self.cache_ttl!r}")
+        object.__setattr__(self, "cache_ttl", float(self.cache_ttl))
+
+
 def check_feature(setting: str, value: Any) -> Any:
     """A ``FlowServer`` feature keyword, checked: ``run_history`` (None or a
     :class:`RunHistory`), ``governance`` (None, a ``redis://`` URL or a
-    ``GovernanceSettings``) or ``meter_provider`` (None or an OpenTelemetry
+    ``GovernanceSettings``), ``discovery`` (None: the defaults, or a
+    :class:`Discovery`) or ``meter_provider`` (None or an OpenTelemetry
     ``MeterProvider``)."""
     if setting == "run_history":
         if value is not None and not isinstance(value, RunHistory):
@@ -431,6 +443,13 @@ def check_feature(setting: str, value: Any) -> Any:
         return value
     if setting == "governance":
         return check_governance(value)
+    if setting == "discovery":
+        if value is None:
+            return Discovery()
+        if not isinstance(value, Discovery):
+            raise ExposureConfigError(f"discovery must be None or a Discovery, got "
+                                      f"{type(value).__name__}")
+        return value
     if value is not None and not callable(getattr(value, "get_meter", None)):
         raise ExposureConfigError(f"meter_provider must be an OpenTelemetry "
                                   f"MeterProvider, got {value!r}")

@@ -12,7 +12,8 @@ The entity tag is a digest of the card itself, so it changes exactly when what t
 caller may see changes (or the server's identity does) and never because of a flow
 outside the view; ``If-None-Match`` with the current tag answers 304. Caching headers
 follow the same rule as the lists' 2026-07-28 hints (:mod:`.gate.cache_hints`):
-``private`` whenever the card depends on who asks, for at most ``cache_ttl`` seconds.
+``private`` whenever the card depends on who asks, for at most ``Discovery.cache_ttl``
+seconds.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from chainweaver.mcp.components.prompts import prompt_templates
 from chainweaver.mcp.components.provider import FlowProvider
 from chainweaver.mcp.components.tool_forms import add_tool_forms, check_tool_forms, tool_form_names
 from chainweaver.mcp.config import (
+    Discovery,
     ExposurePolicy,
     RunHistory,
     SecurityConfig,
@@ -88,6 +89,9 @@ class FlowServer:
     - ``governance`` (a ``redis://`` URL or a ``GovernanceSettings``) makes the server
       follow the governance state operators share on Redis (``chainweaver flows ...``;
       ``docs/live-governance.md``, "One switch for every replica").
+    - ``discovery`` (a :class:`Discovery`) names the server in its server card and
+      registry entry and sets how long 2026-07-28 clients may reuse what it answers
+      (``docs/discovery.md``).
     - ``meter_provider`` (an OpenTelemetry ``MeterProvider``) receives the server's
       metrics; ``None``: the global one, a no-op until an application configures the
       SDK (``docs/mcp-server.md``, "Metrics").
@@ -106,6 +110,7 @@ class FlowServer:
         tasks: str | TaskSettings | None = None,
         run_history: RunHistory | None = None,
         governance: str | GovernanceSettings | None = None,
+        discovery: Discovery | None = None,
         meter_provider: Any = None,
         **deprecated: Any,
     ) -> None:
@@ -119,6 +124,7 @@ class FlowServer:
         serving = _config("serving", serving, ServingConfig)
         features = {"run_history": check_feature("run_history", run_history),
                     "governance": check_feature("governance", governance),
+                    "discovery": check_feature("discovery", discovery),
                     "meter_provider": check_feature("meter_provider", meter_provider)}
         # First the settings ServingConfig took before they moved (it warned), then the
         # keywords FlowServer took (each warns): both fold into where they live now.
@@ -235,8 +241,9 @@ class FlowServer:
         self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
                                page_size=serving.page_size, provider=self._provider)
         bound_echoes(self._fastmcp)  # no answer quotes more than a client can receive
+        discovery_settings: Discovery = features["discovery"]
         # Answers are the same for every caller only without views, tokens and hooks.
-        cache = CachePolicy(serving.cache_ttl, shared=not (
+        cache = CachePolicy(discovery_settings.cache_ttl, shared=not (
             views.active or security.auth or security.authenticator or security.authorizer),
             hold=self._shared.follower.sure_for if self._shared is not None else None)
         if cache.ttl > 0 or cache.shared:
@@ -244,7 +251,7 @@ class FlowServer:
             add_sdk_middleware(self._fastmcp, CacheHints(cache),
                                "2026-07-28 answers say ttlMs 0 and cacheScope private")
         self._cards = ServerCards(
-            ServerIdentity.of(name, serving.registry_name, version or __version__,
+            ServerIdentity.of(name, discovery_settings.registry_name, version or __version__,
                               instructions),
             self._exposure, views, self._gate, self._provider.card_primitives,
             security.auth, cache)

@@ -9,8 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fastmcp import Client
 from support.cli import run
 from support.server_card import check_card, check_registry_entry, tool_names
+
+from chainweaver.cli.building import build_server
+from chainweaver.cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("examples/flows", "--tools", "examples/flow_tools.py")
@@ -69,6 +73,18 @@ def test_server_json_writes_a_registry_entry(capsys: pytest.CaptureFixture[str],
     assert entry["packages"][0]["version"] == "1.4.0"
     assert set(entry["_meta"]["io.modelcontextprotocol.registry/publisher-provided"][
         "chainweaver"]["tools"]) == EXPOSED
+
+
+@pytest.mark.anyio
+async def test_registry_name_and_cache_ttl_reach_the_server_serve_builds() -> None:
+    args = build_parser().parse_args(["serve", *SOURCES, "--registry-name",
+                                      "io.github.acme/desk", "--cache-ttl", "30"])
+    server = build_server(args).server
+    assert server.registry_entry(url="https://mcp.acme.test/mcp", pypi=None)["name"] == \
+        "io.github.acme/desk"
+    async with Client(server.fastmcp) as client:  # negotiates 2026-07-28
+        listed = await client.list_tools_mcp()
+    assert (listed.ttl_ms, listed.cache_scope) == (30_000, "public")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

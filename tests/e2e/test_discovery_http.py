@@ -27,7 +27,7 @@ from support.procs import free_port
 from support.server_card import check_card, tool_names
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
-from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig, visible_claim
+from chainweaver.mcp import Discovery, FlowServer, SecurityConfig, visible_claim
 
 SEARCH = {"product_search", "failing_flow"}
 ORDERS = {"order_status", "price_quote"}
@@ -59,7 +59,7 @@ def viewed_server() -> FlowServer:
     verifier = JWTVerifier(public_key=KEYS.public_pem, issuer=ISSUER, audience=AUDIENCE)
     return FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
                       security=SecurityConfig(auth=verifier, visible=visible_claim("teams")),
-                      serving=ServingConfig(cache_ttl=20))
+                      discovery=Discovery(cache_ttl=20))
 
 
 def bearer(subject: str, teams: list[str]) -> dict[str, str]:

@@ -17,6 +17,7 @@ from chainweaver.mcp import (
     AuditHook,
     Authenticator,
     Authorizer,
+    Discovery,
     ErrorDetail,
     ExposurePolicy,
     FixedWindowRateLimiter,
@@ -76,6 +77,12 @@ def bad_values() -> list[tuple[str, Any, Any]]:
                                                       serving=ServingConfig(version=v)), value))
     cases.append(("instructions", lambda v: FlowServer(build_catalogue(),
                                                        serving=ServingConfig(instructions=v)), 5))
+    for value in ["no-slash", "a/b/c", "", "io.github.me/", 5]:
+        cases.append(("registry_name", lambda v: Discovery(registry_name=v), value))
+    for value in [-1, float("nan"), float("inf"), "30", True, None]:
+        cases.append(("cache_ttl", lambda v: Discovery(cache_ttl=v), value))
+    cases.append(("discovery", lambda v: FlowServer(build_catalogue(), discovery=v),
+                  {"cache_ttl": 1}))
     cases.append(("prompts", lambda v: FlowServer(build_catalogue(), expose_prompts=True,
                                                   prompts=v), "a prompt"))
     cases.append(("executor", lambda v: FlowServer(v), "an executor"))
@@ -107,6 +114,7 @@ def test_settings_are_normalised_values() -> None:
     assert policy.flow_names == frozenset({"a", "b"})
     assert {x.value for x in policy.allowed_lifecycles} == {"active", "draft"}
     assert ServingConfig(flow_timeout=2).flow_timeout == 2.0
+    assert type(Discovery(cache_ttl=30).cache_ttl) is float
     assert SecurityConfig().active is False
     assert SecurityConfig(audit_hook=print).active is True
 

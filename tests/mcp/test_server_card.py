@@ -27,7 +27,7 @@ from support.server_card import (
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
 from chainweaver import Flow, FlowExecutor, FlowGovernance, FlowRegistry, FlowStep
-from chainweaver.mcp import FlowServer, SecurityConfig, ServingConfig, visible_claim
+from chainweaver.mcp import Discovery, FlowServer, SecurityConfig, ServingConfig, visible_claim
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.publish.card import CARD_MEDIA_TYPE
 
@@ -196,12 +196,12 @@ async def test_the_etag_holds_until_a_change_inside_the_callers_view() -> None:
 
 @pytest.mark.anyio
 async def test_caching_headers_say_private_for_a_card_that_depends_on_the_caller() -> None:
-    async with asgi_client(viewed_server(serving=ServingConfig(cache_ttl=30))) as http:
+    async with asgi_client(viewed_server(discovery=Discovery(cache_ttl=30))) as http:
         per_caller = await http.get(CARD_PATH, headers=bearer("sam", ["search-team"]))
     assert per_caller.headers["cache-control"] == "private, max-age=30"
     assert per_caller.headers["vary"] == "Authorization"
     assert per_caller.headers["access-control-allow-origin"] == "*"
-    shared = FlowServer(build_catalogue(), serving=ServingConfig(cache_ttl=30))
+    shared = FlowServer(build_catalogue(), discovery=Discovery(cache_ttl=30))
     async with asgi_client(shared) as http:
         public = await http.get(CARD_PATH)
         preflight = await http.options(CARD_PATH)
@@ -215,8 +215,8 @@ async def test_caching_headers_say_private_for_a_card_that_depends_on_the_caller
 
 def test_the_registry_entry_names_the_anonymous_view() -> None:
     server = FlowServer(build_catalogue(), expose_schemas=True,
-                        serving=ServingConfig(registry_name="io.github.acme/orders",
-                                              instructions="Order tools.\nMore."))
+                        serving=ServingConfig(instructions="Order tools.\nMore."),
+                        discovery=Discovery(registry_name="io.github.acme/orders"))
     entry = server.registry_entry(url="https://mcp.acme.test/mcp",
                                   pypi=("acme-orders", "1.2.0"))
     check_registry_entry(entry)

@@ -10,10 +10,10 @@ else. Here:
   Otherwise a list or read says ``"private"`` (it depends on the caller's view), and
   so does every run-record read, always. The templates list and ``server/discover``
   describe the server, not a view: always ``"public"``.
-- ``ttlMs`` is ``ServingConfig(cache_ttl=...)`` (default 0: stale at once), never
-  longer than the served state is sure to hold: under shared governance with
-  ``stop_serving_after``, no later than the moment this process would stop serving
-  for want of confirmation. It never depends on the snapshot a request was served
+- ``ttlMs`` is ``FlowServer(discovery=Discovery(cache_ttl=...))`` (default 0: stale at
+  once), never longer than the served state is sure to hold: under shared governance
+  with ``stop_serving_after``, no later than the moment this process would stop
+  serving for want of confirmation. It never depends on the snapshot a request was served
   from: a TTL cut short by a change would tell a caller that something outside its
   view changed.
 

@@ -50,8 +50,9 @@ class ServerIdentity:
     @classmethod
     def of(cls, server_name: str, registry_name: str | None, version: str,
            instructions: str | None) -> ServerIdentity:
-        """From the serving settings: ``registry_name`` or ``chainweaver.local/<name>``,
-        and the first line of ``instructions`` (cut to fit) as the description."""
+        """From the server's settings: ``Discovery.registry_name`` or
+        ``chainweaver.local/<name>``, and the first line of ``instructions`` (cut to fit)
+        as the description."""
         local = "".join(c if c.isalnum() or c in "._-" else "-" for c in server_name)
         description = DEFAULT_DESCRIPTION
         if instructions and instructions.strip():

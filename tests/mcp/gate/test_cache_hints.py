@@ -1,7 +1,8 @@
 """Caching hints (``ttlMs``, ``cacheScope``) on 2026-07-28 lists and reads: private
 wherever the answer depends on the caller's view, public only when every caller gets
-the same; a TTL no longer than ``cache_ttl`` and the shared state's hold; nothing on
-2025-11-25 answers; and nothing in them that moves with a flow outside the view."""
+the same; a TTL no longer than ``Discovery.cache_ttl`` and the shared state's hold;
+nothing on 2025-11-25 answers; and nothing in them that moves with a flow outside the
+view."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from support.mcp_client import RawResult
 
 from chainweaver.flows import Flow
 from chainweaver.governance import GovernanceSettings, SharedGovernance
-from chainweaver.mcp import FlowServer, RunHistory, SecurityConfig, ServingConfig, fastmcp_seams
+from chainweaver.mcp import Discovery, FlowServer, RunHistory, SecurityConfig, fastmcp_seams
 from chainweaver.mcp.gate.cache_hints import CachePolicy
 from chainweaver.mcp.hooks import CallerIdentity
 
@@ -45,7 +46,7 @@ def hints(result: dict[str, Any]) -> tuple[Any, Any]:
 async def test_answers_that_depend_on_the_view_are_private() -> None:
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
                         security=SecurityConfig(visible=search_team_only),
-                        serving=ServingConfig(cache_ttl=30))
+                        discovery=Discovery(cache_ttl=30))
     async with Client(server.fastmcp) as client:
         for method in LISTS:
             assert hints(await raw(client, method)) == (30_000, "private"), method
@@ -66,7 +67,7 @@ async def test_answers_every_caller_shares_are_public() -> None:
 
 @pytest.mark.anyio
 async def test_a_run_record_read_is_private_even_on_a_shared_server() -> None:
-    server = FlowServer(build_catalogue(), serving=ServingConfig(cache_ttl=5),
+    server = FlowServer(build_catalogue(), discovery=Discovery(cache_ttl=5),
                         run_history=RunHistory())
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("product_search", {"query": "lamp"})
@@ -79,7 +80,7 @@ async def test_a_run_record_read_is_private_even_on_a_shared_server() -> None:
 async def test_2025_11_25_answers_carry_no_hints() -> None:
     server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
                         security=SecurityConfig(visible=search_team_only),
-                        serving=ServingConfig(cache_ttl=30))
+                        discovery=Discovery(cache_ttl=30))
     async with Client(server.fastmcp, mode="legacy") as client:
         for method in (*LISTS, "resources/templates/list"):
             result = await raw(client, method)
@@ -92,7 +93,7 @@ async def test_2025_11_25_answers_carry_no_hints() -> None:
 async def test_a_change_outside_the_view_leaves_the_hints_alone() -> None:
     server = FlowServer(build_catalogue(), expose_schemas=True,
                         security=SecurityConfig(visible=search_team_only),
-                        serving=ServingConfig(cache_ttl=30))
+                        discovery=Discovery(cache_ttl=30))
     async with Client(server.fastmcp) as client:
         before = await raw(client, "tools/list")
         server.executor.registry.set_lifecycle("order_status", "archived")
@@ -124,7 +125,7 @@ async def test_a_moved_sdk_middleware_list_keeps_the_sdks_own_hints(
     caplog.set_level(logging.WARNING, logger="chainweaver.mcp.fastmcp_seams")
     monkeypatch.setattr(fastmcp_seams, "SDK_MIDDLEWARE", "_moved_in_a_new_release")
     monkeypatch.setattr(fastmcp_seams, "_warned", set())
-    server = FlowServer(build_catalogue(), serving=ServingConfig(cache_ttl=30))
+    server = FlowServer(build_catalogue(), discovery=Discovery(cache_ttl=30))
     async with Client(server.fastmcp) as client:
         assert hints(await raw(client, "tools/list")) == (0, "private")
         assert len(await client.list_tools()) == 4
