@@ -98,15 +98,23 @@ ARGUMENTS = {"text": "  The quick brown fox  ", "mode": "lower"}
 PROMPT_ARGUMENTS = {"text": "The quick brown fox"}
 
 
-def build_executor(flows: int) -> FlowExecutor:
+def build_executor(flows: int, *, blocking: bool = True) -> FlowExecutor:
+    """N flows over the three tools (``blocking=False``: declared non-blocking, so a
+    run calls them on the event loop)."""
     executor = FlowExecutor(FlowRegistry())
-    for t in TOOLS:
+    for t in TOOLS if blocking else non_blocking(TOOLS):
         executor.register_tool(t)
     for i in range(flows):
         executor.registry.register_flow(Flow(
             f"classify_{i:04d}", f"Clean, count and label a text (variant {i}).", STEPS,
         ))
     return executor
+
+
+def non_blocking(tools: list[Tool]) -> list[Tool]:
+    """The same tools declared ``blocking=False``."""
+    return [Tool(t.name, t.description, t.input_schema, t.output_schema, t.fn, t.safety,
+                 blocking=False) for t in tools]
 
 
 def bare_classify(text: str, max_words: int = 50, mode: Mode = "lower") -> Labelled:

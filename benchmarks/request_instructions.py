@@ -1,16 +1,28 @@
-"""Requests made after warm-up with the garbage collector frozen and off, for counting
-instructions per request under valgrind, where wall-clock time is too noisy to tell a
-difference of a few per cent.
+"""Requests (or runs) made after warm-up with the garbage collector frozen and off, for
+counting instructions per request under valgrind, where wall-clock time is too noisy to
+tell a difference of a few per cent.
 
-One process makes ``--number`` requests of one kind (``read``, ``get`` or ``call``) on
-``bench_server.py``'s catalogue; the instructions of a run with none, subtracted from
-one with some, divided by their number, are one request's. Compare two copies of the
-package by ``PYTHONPATH`` (``git archive REF chainweaver | tar -x -C DIR``)::
+One process makes ``--number`` requests of one kind on ``bench_server.py``'s catalogue:
+
+- ``read``, ``get``, ``call``: a schema resource read, a prompt render, a ``tools/call``
+  of the 3-step flow (``--non-blocking``: its tools declared ``blocking=False``, so the
+  run skips the worker-thread hop);
+- ``bare-call``: the baseline of ``call``, a bare async FastMCP tool doing the same three
+  validate-call-validate steps inline and sending the same per-step progress and log
+  notifications a run sends (a log message as each step starts and ends, a progress
+  notification as it ends);
+- ``run``, ``hand``: no server; ``bench_executor.py``'s 3-step flow through
+  ``FlowExecutor.execute_flow``, and the same three tools validated by hand.
+
+The instructions of a run with none, subtracted from one with some, divided by their
+number, are one request's. ``--callgrind`` does exactly that (two runs under valgrind)
+and prints the count. Compare two copies of the package by ``PYTHONPATH``
+(``git archive REF chainweaver | tar -x -C DIR``)::
 
     PYTHONHASHSEED=0 PYTHONPATH=DIR valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         python benchmarks/request_instructions.py read --number 400
 
-and read valgrind's ``I refs`` line. See benchmarks/README.md ("one middleware layer").
+and read valgrind's ``I refs`` line, or pass ``--callgrind``. See benchmarks/README.md.
 
 The client drops the log messages a run sends (``--render-logs`` renders them as
 FastMCP's default handler does): rendering them with rich took about three quarters of
@@ -22,21 +34,78 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
+import os
+import re
+import subprocess
+import sys
 from itertools import cycle
+from typing import Any
 
-from bench_server import ARGUMENTS, PROMPT_ARGUMENTS, build_executor
-from fastmcp import Client
+import mcp_types
+from bench_server import ARGUMENTS, PROMPT_ARGUMENTS, TOOLS, Labelled, Mode, build_executor
+from fastmcp import Client, Context, FastMCP
+from fastmcp.server.dependencies import CurrentContext
 
 from chainweaver.mcp import FlowServer
+
+KINDS = ("read", "get", "call", "bare-call", "run", "hand")
 
 
 async def ignore(message: object) -> None:
     """A client log handler that drops the message (the server still sends it)."""
 
 
-async def run(kind: str, number: int, flows: int, render_logs: bool = False) -> None:
-    server = FlowServer(build_executor(flows), expose_schemas=True, expose_prompts=True)
-    async with Client(server.fastmcp, log_handler=None if render_logs else ignore) as client:
+async def _log(ctx: Context, message: str) -> None:
+    """An info log message on the request's stream, as a run sends it."""
+    await ctx.session.send_notification(mcp_types.LoggingMessageNotification(
+        params=mcp_types.LoggingMessageNotificationParams(
+            level="info", logger="chainweaver", data={"msg": message, "extra": None})),
+        related_request_id=ctx.request_id)
+
+
+def bare_server() -> FastMCP:
+    """The ``bare-call`` baseline: one async tool, the work inline, the same notifications."""
+    server = FastMCP("bare")
+
+    @server.tool(name="classify_0001")
+    async def classify(text: str, max_words: int = 50, mode: Mode = "lower",
+                       ctx: Context = CurrentContext()) -> Labelled:  # noqa: B008
+        context: dict[str, Any] = {"text": text, "max_words": max_words, "mode": mode}
+        model: Any = None
+        for done, t in enumerate(TOOLS, 1):
+            assert t.output_schema is not None
+            await _log(ctx, f"step {t.name!r} started")
+            model = t.output_schema.model_validate(
+                t.fn(t.input_schema.model_validate(context)), from_attributes=True)
+            context.update(model.model_dump())
+            await _log(ctx, f"step {t.name!r} completed")
+            await ctx.report_progress(done, len(TOOLS), f"step {t.name!r} completed")
+        return model
+
+    return server
+
+
+def quiet() -> None:
+    gc.collect()
+    gc.freeze()
+    gc.disable()  # a collection inside the count would decide it
+
+
+async def serve(kind: str, number: int, flows: int, render_logs: bool,
+                non_blocking: bool) -> None:
+    handler = None if render_logs else ignore
+    if kind == "bare-call":
+        async with Client(bare_server(), log_handler=handler) as client:
+            for _ in range(50):
+                await client.call_tool("classify_0001", ARGUMENTS)
+            quiet()
+            for _ in range(number):
+                await client.call_tool("classify_0001", ARGUMENTS)
+        return
+    server = FlowServer(build_executor(flows, blocking=not non_blocking),
+                        expose_schemas=True, expose_prompts=True)
+    async with Client(server.fastmcp, log_handler=handler) as client:
         uris = cycle([str(r.uri) for r in await client.list_resources()]).__next__
         names = cycle([p.name for p in await client.list_prompts() if p.arguments]).__next__
         for _ in range(flows):  # every schema document serialised, every prompt built
@@ -44,9 +113,7 @@ async def run(kind: str, number: int, flows: int, render_logs: bool = False) -> 
             await client.get_prompt(names(), PROMPT_ARGUMENTS)
         for _ in range(50):
             await client.call_tool("classify_0001", ARGUMENTS)
-        gc.collect()
-        gc.freeze()
-        gc.disable()  # a collection inside the count would decide it
+        quiet()
         for _ in range(number):
             if kind == "call":
                 await client.call_tool("classify_0001", ARGUMENTS)
@@ -56,15 +123,65 @@ async def run(kind: str, number: int, flows: int, render_logs: bool = False) -> 
                 await client.get_prompt(names(), PROMPT_ARGUMENTS)
 
 
+def run_locally(kind: str, number: int) -> None:
+    """``run`` or ``hand``: bench_executor.py's 3-step flow, no server."""
+    from bench_executor import FLOW_INPUT, build_executor as executor_of, hand_written
+
+    executor = executor_of()
+    if kind == "run":
+        def once() -> object:
+            return executor.execute_flow("classify", FLOW_INPUT)
+    else:
+        def once() -> object:
+            return hand_written(FLOW_INPUT)
+    for _ in range(200):
+        once()
+    quiet()
+    for _ in range(number):
+        once()
+
+
+def callgrind(argv: list[str], number: int) -> float:
+    """Instructions per request: two runs of this script under valgrind, ``number``
+    requests and none, the difference divided by ``number``."""
+    counts = []
+    for requests in (number, 0):
+        command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                   sys.executable, __file__, *argv, "--number", str(requests)]
+        done = subprocess.run(command, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": "0"})
+        found = re.search(r"refs:\s+([\d,]+)", done.stderr)
+        if done.returncode != 0 or found is None:
+            raise RuntimeError(f"valgrind run failed: {done.stderr[-2000:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return (counts[0] - counts[1]) / number
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["read", "get", "call"])
+    parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--number", type=int, default=0, help="requests to count (0: none)")
     parser.add_argument("--flows", type=int, default=100)
     parser.add_argument("--render-logs", action="store_true",
                         help="render the run's log messages as FastMCP's client does")
+    parser.add_argument("--non-blocking", action="store_true",
+                        help="call: the flow's tools declared blocking=False")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="count under valgrind (--number and none); print per request")
     args = parser.parse_args()
-    asyncio.run(run(args.kind, args.number, args.flows, args.render_logs))
+    if args.callgrind:
+        argv = [args.kind, "--flows", str(args.flows)]
+        argv += ["--render-logs"] if args.render_logs else []
+        argv += ["--non-blocking"] if args.non_blocking else []
+        per = callgrind(argv, args.number or 200)
+        print(f"{args.kind}: {per:,.0f} instructions per request")
+        return
+    logging.getLogger("chainweaver").setLevel(logging.ERROR)
+    if args.kind in ("run", "hand"):
+        run_locally(args.kind, args.number)
+    else:
+        asyncio.run(serve(args.kind, args.number, args.flows, args.render_logs,
+                          args.non_blocking))
 
 
 if __name__ == "__main__":

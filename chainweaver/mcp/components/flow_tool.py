@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pydantic_core
@@ -31,10 +31,10 @@ from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.utilities.tasks import TaskConfig
 from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
-from pydantic import PrivateAttr
 
 from chainweaver.checkpoints import CheckpointStore
 from chainweaver.executor import ExecutionResult, FlowExecutor
+from chainweaver.mcp.components.plain_slots import PlainSlots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
@@ -128,17 +128,21 @@ class ServedFrom:
         return step_names(view, snapshot, exposed)
 
 
-class FlowTool(FastMCPTool):
+class FlowTool(PlainSlots, FastMCPTool):
     """The MCP tool for one exposed flow."""
 
-    _executor: FlowExecutor = PrivateAttr()
-    _exposed: ExposedFlow = PrivateAttr()
-    _error_detail: str = PrivateAttr(default="full")
-    _timeout: float | None = PrivateAttr(default=None)
-    _runs: RunSettings = PrivateAttr(default_factory=RunSettings)
-    _served: ServedFrom | None = PrivateAttr(default=None)
-    _run_log: RunLog | None = PrivateAttr(default=None)
-    _outputs: RunLog | None = PrivateAttr(default=None)
+    # Plain attributes, not pydantic private ones: a call reads them (plain_slots.py).
+    __slots__ = ("_executor", "_exposed", "_error_detail", "_timeout", "_runs", "_served",
+                 "_run_log", "_outputs")
+    if TYPE_CHECKING:  # annotated at run time, pydantic would make them private again
+        _executor: FlowExecutor
+        _exposed: ExposedFlow
+        _error_detail: str
+        _timeout: float | None
+        _runs: RunSettings
+        _served: ServedFrom | None
+        _run_log: RunLog | None
+        _outputs: RunLog | None
 
     @classmethod
     def build(
@@ -170,10 +174,8 @@ class FlowTool(FastMCPTool):
         tool._exposed = exposed
         tool._error_detail = error_detail
         tool._timeout = timeout
-        if runs is not None:
-            tool._runs = runs
-        if live is not None:
-            tool._served = ServedFrom(live, views or Views(None), view)
+        tool._runs = runs if runs is not None else RunSettings()
+        tool._served = None if live is None else ServedFrom(live, views or Views(None), view)
         tool._run_log = run_log
         tool._outputs = outputs or run_log
         return tool
