@@ -125,7 +125,8 @@ async def serve(kind: str, number: int, flows: int, render_logs: bool,
 
 def run_locally(kind: str, number: int) -> None:
     """``run`` or ``hand``: bench_executor.py's 3-step flow, no server."""
-    from bench_executor import FLOW_INPUT, build_executor as executor_of, hand_written
+    from bench_executor import FLOW_INPUT, hand_written
+    from bench_executor import build_executor as executor_of
 
     executor = executor_of()
     if kind == "run":

@@ -57,6 +57,7 @@ class _ParentDecided:
 # hook, ALWAYS_APPROVE or None (then a plan that needs approval does not run).
 PARENT_DECIDED: Final = _ParentDecided()
 Approve = ApprovalHook | _ParentDecided | None
+NO_APPROVAL: Final = (None,)  # Plan.approval once no step of it needs approval
 
 
 class Lanes:
@@ -84,7 +85,8 @@ class Lanes:
         run that started this one (a sub-flow in a worker thread) is over: then nothing
         further runs. ``approve`` as for :func:`approval_gate`."""
         started = time.perf_counter()
-        gate = approval_gate(plan, approve)
+        # A plan known to need no approval skips the gate (the first run works it out).
+        gate = None if plan.approval == NO_APPROVAL else approval_gate(plan, approve)
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
@@ -129,7 +131,8 @@ class Lanes:
         if slots is None:
             slots = asyncio.Semaphore(self.max_concurrent)
         started = time.perf_counter()
-        gate = approval_gate(plan, approve)
+        # A plan known to need no approval skips the gate (the first run works it out).
+        gate = None if plan.approval == NO_APPROVAL else approval_gate(plan, approve)
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
@@ -360,7 +363,7 @@ def approval_gate(plan: Plan, approve: Approve
     """
     if isinstance(approve, _ParentDecided):
         return None
-    request = approval_request(plan)
+    request = approval_request(plan)  # worked out once per plan
     if request is None:
         return None
     if approve is None:

@@ -34,7 +34,7 @@ from mcp_types import TextContent, ToolAnnotations
 
 from chainweaver.checkpoints import CheckpointStore
 from chainweaver.executor import ExecutionResult, FlowExecutor
-from chainweaver.mcp.components.plain_slots import PlainSlots
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
@@ -44,7 +44,6 @@ from chainweaver.mcp.runs.recording import (
     RunLog,
     RunRecorder,
     RunStart,
-    output_meta,
     run_start,
     sendable,
     state_run_id,
@@ -135,14 +134,14 @@ class FlowTool(PlainSlots, FastMCPTool):
     __slots__ = ("_executor", "_exposed", "_error_detail", "_timeout", "_runs", "_served",
                  "_run_log", "_outputs")
     if TYPE_CHECKING:  # annotated at run time, pydantic would make them private again
-        _executor: FlowExecutor
-        _exposed: ExposedFlow
-        _error_detail: str
-        _timeout: float | None
-        _runs: RunSettings
-        _served: ServedFrom | None
-        _run_log: RunLog | None
-        _outputs: RunLog | None
+        _executor: FlowExecutor = SET_BY_BUILD
+        _exposed: ExposedFlow = SET_BY_BUILD
+        _error_detail: str = SET_BY_BUILD
+        _timeout: float | None = SET_BY_BUILD
+        _runs: RunSettings = SET_BY_BUILD
+        _served: ServedFrom | None = SET_BY_BUILD
+        _run_log: RunLog | None = SET_BY_BUILD
+        _outputs: RunLog | None = SET_BY_BUILD
 
     @classmethod
     def build(
@@ -243,7 +242,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         await recorder.finish(result, tool_result, approval, error_type=error_type)
         meta = meta or {"chainweaver": {}}
         meta["chainweaver"]["run_id"] = recorder.run_id
-        linked = output_meta(recorder.record)
+        linked = recorder.linked_output()
         if linked is not None:
             meta["chainweaver"]["output"] = linked
         tool_result.meta = meta
@@ -296,11 +295,13 @@ class FlowTool(PlainSlots, FastMCPTool):
         call.part = "the run"
         held = admission.current()
         watching = held.observers if held is not None and status is None else ()
+        # Only what is on watches the run: with nothing asked for, no observer at all.
+        observer = fan_out(status or reporter, recorder if recorder.observes else None,
+                           *watching)
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
-                plan=self._exposed.plan,
-                observer=fan_out(status or reporter, recorder, *watching), approve=approve,
+                plan=self._exposed.plan, observer=observer, approve=approve,
                 run_id=recorder.run_id, checkpoints=checkpoints)
         except BaseException as error:
             if reporter is not None:

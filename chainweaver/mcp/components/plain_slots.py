@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+# What type checkers see a slot start as (``if TYPE_CHECKING: _x: T = SET_BY_BUILD``):
+# a default, so they do not take the slot for a constructor argument. At run time the
+# annotation is left out (pydantic would make it a private attribute again), and the
+# component's ``build`` sets every slot.
+SET_BY_BUILD: Any = None
+
 
 class PlainSlots:
     """Mixin (first base) for a component whose own ``__slots__`` hold what it serves by."""

@@ -15,7 +15,7 @@ from fastmcp.exceptions import FastMCPError, PromptError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
 
 from chainweaver.mcp.components import prompt_render
-from chainweaver.mcp.components.plain_slots import PlainSlots
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.publish.exposure import (
     GUIDE_PROMPT_NAME,
     ExposedFlow,
@@ -38,7 +38,7 @@ class FlowInvocationPrompt(PlainSlots, Prompt):
 
     __slots__ = ("_exposed",)  # a plain attribute: a render reads it (plain_slots.py)
     if TYPE_CHECKING:
-        _exposed: ExposedFlow
+        _exposed: ExposedFlow = SET_BY_BUILD
 
     @classmethod
     def build(cls, exposed: ExposedFlow) -> FlowInvocationPrompt:
@@ -69,7 +69,7 @@ class AuthoredPrompt(PlainSlots, Prompt):
 
     __slots__ = ("_prompt",)
     if TYPE_CHECKING:
-        _prompt: FlowPrompt
+        _prompt: FlowPrompt = SET_BY_BUILD
 
     @classmethod
     def build(cls, published_name: str, prompt: FlowPrompt,
@@ -106,7 +106,7 @@ class GuidePrompt(PlainSlots, Prompt):
 
     __slots__ = ("_flows",)
     if TYPE_CHECKING:
-        _flows: Callable[[], list[ExposedFlow]]
+        _flows: Callable[[], list[ExposedFlow]] = SET_BY_BUILD
 
     @classmethod
     def build(cls, flows: Callable[[], list[ExposedFlow]]) -> GuidePrompt:

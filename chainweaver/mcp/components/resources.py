@@ -15,7 +15,7 @@ from fastmcp.resources.base import Resource, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from mcp_types import Annotations
 
-from chainweaver.mcp.components.plain_slots import PlainSlots
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, schema_uri
 
 TEMPLATE_URI = schema_uri("{published_name}")
@@ -66,8 +66,8 @@ class JSONDocumentResource(PlainSlots, Resource):
 
     __slots__ = ("_text", "_produce")  # plain attributes: a read uses them (plain_slots.py)
     if TYPE_CHECKING:
-        _text: str | None
-        _produce: Any
+        _text: str | None = SET_BY_BUILD
+        _produce: Any = SET_BY_BUILD
 
     @classmethod
     def build(cls, produce: Any, **fields: Any) -> JSONDocumentResource:

@@ -25,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Annotations
 
 from chainweaver.mcp.components.mistakes import invalid_request
-from chainweaver.mcp.components.plain_slots import PlainSlots
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.components.resources import _json
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, too_large_to_send
@@ -130,7 +130,7 @@ class RunResource(PlainSlots, Resource):
 
     __slots__ = ("_produce",)  # a plain attribute: a read calls it (plain_slots.py)
     if TYPE_CHECKING:
-        _produce: Callable[[], Awaitable[ResourceResult]]
+        _produce: Callable[[], Awaitable[ResourceResult]] = SET_BY_BUILD
 
     @classmethod
     def build(cls, produce: Callable[[], Awaitable[ResourceResult]], **fields: Any
