@@ -36,7 +36,15 @@ from .run_events import (
     hook_raised,
     notify,
 )
-from .runner import CALL, SLEEP, RunState, StepFailed, run_plain_step, run_step
+from .runner import (
+    CALL,
+    SLEEP,
+    RunState,
+    StepFailed,
+    run_plain_chain,
+    run_plain_step,
+    run_step,
+)
 
 logger = logging.getLogger("chainweaver.executor")
 
@@ -100,6 +108,9 @@ class Lanes:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
         if observer is not None:
             _observe(state, observer)
+        elif plan.plain and cancel is None and stop is None:
+            run_plain_chain(state)  # nothing watches or stops it: one tight loop
+            return outcome.finish(state, started)
         for planned in plan.steps:
             if stop is not None and stop.is_set():
                 break  # the caller is gone: the result is discarded
@@ -201,13 +212,18 @@ class Lanes:
                     if position > state.failed_at:
                         state.ready.clear()  # pop() takes the earliest: all are later
                         break
-                    if steps[position].runs_in_thread and not running and not state.ready \
-                            and state.durable is None:  # checkpoints are awaited per step
-                        # Alone: one worker-thread hop runs it and the chain of sync steps
-                        # after it (nothing else runs, so the state is the thread's).
+                    alone = not running and not state.ready \
+                        and state.durable is None  # checkpoints are awaited per step
+                    if alone and steps[position].runs_in_thread:
+                        # One worker-thread hop runs it and the chain of sync steps after
+                        # it (nothing else runs, so the state is the thread's).
                         async with slots:
                             await loop.run_in_executor(self.thread_pool(), self._run_chain,
-                                                       state, position, abandoned)
+                                                       state, position, abandoned, True)
+                        continue
+                    if alone and steps[position].inline:
+                        # Non-blocking sync tools: run right here, on the event loop.
+                        self._run_chain(state, position, abandoned, False)
                         continue
                     running[asyncio.ensure_future(
                         self._run_one(state, position, abandoned, slots))] = position
@@ -248,14 +264,27 @@ class Lanes:
             await durable.finished(state, planned)
         state.finish(position)
 
-    def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
-        steps = state.plan.steps
+    def _run_chain(self, state: RunState, position: int, abandoned: Stop,
+                   in_thread: bool) -> None:
+        """Run the step at ``position`` and each single ready step after it that runs in
+        the same place (a worker thread: ``in_thread``; else the event loop)."""
+        plan = state.plan
+        if position == 0 and plan.plain and state.observer is None:
+            run_plain_chain(state, abandoned)  # the whole plan: nothing left to schedule
+            return
+        steps = plan.steps
         while True:
-            self._drive_sync(run_step(state, steps[position]), abandoned)
+            planned = steps[position]
+            if planned.plain:
+                run_plain_step(state, planned, abandoned)
+            else:
+                self._drive_sync(run_step(state, planned), abandoned)
             state.finish(position)
             if abandoned.is_set() or len(state.ready) != 1 \
-                    or not steps[state.ready[0]].runs_in_thread \
                     or state.ready[0] > state.failed_at:
+                return
+            following = steps[state.ready[0]]
+            if not (following.runs_in_thread if in_thread else following.inline):
                 return
             position = state.ready.pop()
 
@@ -314,6 +343,8 @@ class Lanes:
                     tool, model, timeout = request[1], request[2], request[3]
                     if tool.is_async:
                         reply = await with_timeout(tool.fn(model), timeout)
+                    elif not tool.blocking and timeout is None:
+                        reply = tool.fn(model)  # declared non-blocking: on the loop
                     else:
                         reply = await asyncio.get_running_loop().run_in_executor(
                             self.thread_pool(), call_blocking, tool, model, timeout)

@@ -80,11 +80,20 @@ class PlannedStep:
     dependents: tuple[int, ...]
     writes: frozenset[str] | None  # None: unknown (an undeclared output)
     output_mapping: tuple[tuple[str, str], ...]
-    runs_in_thread: bool  # a sync tool (the async lane runs it in a worker thread)
+    # A sync tool that may block (a blocking fallback too): the async lane runs the step
+    # in a worker thread.
+    runs_in_thread: bool
     # A sync tool with no condition, retry, timeout or fallback and on_error "fail": the
-    # sync lane runs it without a generator (runner.run_plain_step).
+    # lanes run it without a generator (runner.run_plain_step, runner.run_plain_chain).
     plain: bool
     computed: tuple[ComputedSource, ...] = ()  # fields fed by constants and pointers
+    # A sync tool declared non-blocking, with no timeout or retry wait and no blocking
+    # fallback: the async lane runs it on the event loop.
+    inline: bool = False
+    # Prepared once per plan: the tool's input validator (validate_python), and whether
+    # the step takes exactly the flow's validated input (runner: "reused input").
+    validate_input: Any = None
+    reuses_input: bool = False
 
 
 @dataclass(slots=True)
@@ -100,6 +109,9 @@ class Plan:
     # What one approval of a run covers, once asked (run_events.approval_request): a
     # 1-tuple holding the ApprovalRequest, or None in it when no step needs approval.
     approval: tuple[Any] | None = field(default=None, repr=False, compare=False)
+    # Every step plain, each after the one before it, all in the same place (worker
+    # thread or event loop): the lanes run them in one tight loop (runner.run_plain_chain).
+    plain: bool = False
 
 
 # How compile_plan looks things up (the executor passes its own).
@@ -197,11 +209,16 @@ def compile_plan(flow: Flow, resolver: Resolver,
             tuple(position_of[d] for d in flow.dependencies[index]),
             tuple(dependents[position]), writes[position],
             tuple(step.output_mapping.items()),
-            tool is not None and not tool.is_async,
+            _runs_in_thread(tool, fallback),
             tool is not None and not tool.is_async and step.condition is None
             and step.retry is None and step.timeout is None and fallback is None
             and step.on_error == "fail",
             tuple(computed),
+            _inline(step, tool, fallback),
+            tool.input_schema.__pydantic_validator__.validate_python if tool else None,
+            position == 0 and tool is not None and tool.input_schema is input_model
+            and not step.input_mapping and not computed and step.condition is None
+            and not any(source.candidates for source in sources),
         ))
 
     _check_conflicts(planned, ancestors, problems)
@@ -210,8 +227,32 @@ def compile_plan(flow: Flow, resolver: Resolver,
         _check_sink_fallback(planned[position_of[flow.sink]], problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
-                input_model, tuple(dict.fromkeys(versions)), tuple(problems))
+                input_model, tuple(dict.fromkeys(versions)), tuple(problems),
+                plain=_plain_chain(planned))
     return plan, problems
+
+
+def _runs_in_thread(tool: Tool | None, fallback: Tool | None) -> bool:
+    """A sync tool that may block, or whose fallback may (an async tool's step awaits
+    and hands a blocking fallback to a worker thread itself)."""
+    return tool is not None and not tool.is_async \
+        and (tool.blocking or (fallback is not None and fallback.blocking))
+
+
+def _inline(step: FlowStep, tool: Tool | None, fallback: Tool | None) -> bool:
+    """A non-blocking sync tool, nothing of the step waiting (a timeout needs a thread to
+    abandon, a retry sleeps) and no fallback that is async or blocks."""
+    return tool is not None and not tool.is_async and not tool.blocking \
+        and step.timeout is None and step.retry is None \
+        and (fallback is None or not (fallback.is_async or fallback.blocking))
+
+
+def _plain_chain(steps: list[PlannedStep]) -> bool:
+    """Every step plain, each after the one before it only, all run in one place."""
+    return bool(steps) and all(
+        planned.plain and planned.depends == ((position - 1,) if position else ())
+        and planned.runs_in_thread == steps[0].runs_in_thread
+        for position, planned in enumerate(steps))
 
 
 def _input_model(flow: Flow, resolver: Resolver, first_subplan: Plan | None

@@ -28,7 +28,7 @@ class RunState:
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
                  "failed_at", "waiting", "ready", "observer", "_lock", "begun",
-                 "run_id", "durable")
+                 "run_id", "durable", "validated_input")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -45,8 +45,12 @@ class RunState:
         self.observer: RunObserver | None = None  # told about each step (run_events)
         self.run_id: str | None = None  # the key scope (made on first use when None)
         self.durable: Checkpointing | None = None  # checkpoints each step (checkpoints.py)
-        # Steps of the async lane fail in worker threads and on the loop at once.
-        self._lock = threading.Lock()
+        # The model the flow input was validated into, for a first step that takes
+        # exactly it (PlannedStep.reuses_input); used once.
+        self.validated_input: Any = None
+        # Steps of the async lane fail in worker threads and on the loop at once
+        # (made by schedule(): the sync lane runs one step at a time).
+        self._lock: threading.Lock | None = None
 
     def scope(self) -> str:
         """The run's id as idempotency keys name it: given, or made once."""
@@ -56,6 +60,7 @@ class RunState:
 
     def schedule(self) -> None:
         """Prepare the bookkeeping the async lane starts ready steps by."""
+        self._lock = threading.Lock()
         self.waiting = [len(step.depends) for step in self.plan.steps]
         self.ready = [step.position for step in reversed(self.plan.steps)
                       if not step.depends]  # pop() takes the earliest in plan order
@@ -63,6 +68,10 @@ class RunState:
     def fail(self, position: int, info: ErrorInfo) -> None:
         # Several branches may fail in the async lane: the earliest in plan order wins,
         # which is the failure the sync lane reports.
+        if self._lock is None:  # the sync lane
+            if position < self.failed_at:
+                self.failure, self.failed_at = info, position
+            return
         with self._lock:
             if position < self.failed_at:
                 self.failure, self.failed_at = info, position

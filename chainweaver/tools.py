@@ -60,10 +60,15 @@ class Tool:
 
     ``takes_key=True``: ``fn(model, key)`` also receives the step's idempotency key
     (see :data:`chainweaver.IdempotencyKey`); the key is never part of ``input_schema``.
+
+    ``blocking=False`` declares a sync ``fn`` that never blocks (no I/O, no sleep, no
+    long computation): ``execute_flow_async`` then calls it on the event loop instead
+    of in a worker thread, which saves the thread hop. Every other sync tool runs off
+    the loop. Ignored for an async ``fn``.
     """
 
     __slots__ = ("name", "description", "input_schema", "output_schema", "fn",
-                 "safety", "is_async", "input_fields", "takes_key")
+                 "safety", "is_async", "input_fields", "takes_key", "blocking")
 
     def __init__(
         self,
@@ -75,6 +80,7 @@ class Tool:
         safety: ToolSafetyContract | None = None,
         *,
         takes_key: bool = False,
+        blocking: bool = True,
     ) -> None:
         self.name = check_name("tool", name)
         check_model(f"tool {name!r}", "input_schema", input_schema)
@@ -83,6 +89,8 @@ class Tool:
             raise DefinitionError(f"tool {name!r}: fn must be callable")
         if safety is not None and not isinstance(safety, ToolSafetyContract):
             raise DefinitionError(f"tool {name!r}: safety must be a ToolSafetyContract")
+        if not isinstance(blocking, bool):
+            raise DefinitionError(f"tool {name!r}: blocking must be True or False")
         self.description = description or ""
         self.input_schema = input_schema
         self.output_schema = output_schema
@@ -90,6 +98,8 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_fields: tuple[str, ...] = tuple(input_schema.model_fields)
         self.takes_key = bool(takes_key)
+        # Only a sync function can block the event loop: an async one never does here.
+        self.blocking = blocking and not self.is_async
         # The lanes call fn with one argument: a keyed tool's is a Keyed (the runner's).
         self.fn: Callable[[Any], Any] = _unpacking(fn, self.is_async) if self.takes_key else fn
 
@@ -125,6 +135,7 @@ def _tool_from_function(
     description: str | None,
     output_schema: type[BaseModel] | None,
     safety: ToolSafetyContract | None,
+    blocking: bool = True,
 ) -> Tool:
     tool_name = name or fn.__name__
     try:
@@ -153,7 +164,7 @@ def _tool_from_function(
             single = _keyword_key(fn, key)
         return Tool(tool_name, description or _first_paragraph(fn.__doc__),
                     hints[params[0].name], output_schema, single, safety,
-                    takes_key=key is not None)
+                    takes_key=key is not None, blocking=blocking)
 
     fields: dict[str, Any] = {}
     for param in params:
@@ -181,7 +192,8 @@ def _tool_from_function(
 
         call = call_async if inspect.iscoroutinefunction(fn) else call_sync
     return Tool(tool_name, description or _first_paragraph(fn.__doc__),
-                input_model, output_schema, call, safety, takes_key=key is not None)
+                input_model, output_schema, call, safety, takes_key=key is not None,
+                blocking=blocking)
 
 
 def _keyword_key(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
@@ -218,6 +230,7 @@ def tool(
     description: str | None = None,
     output_schema: type[BaseModel] | None = None,
     safety: ToolSafetyContract | None = None,
+    blocking: bool = True,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -229,6 +242,7 @@ def tool(
     description: str | None = None,
     output_schema: type[BaseModel] | None = None,
     safety: ToolSafetyContract | None = None,
+    blocking: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a type-hinted function into a :class:`Tool`.
 
@@ -236,9 +250,12 @@ def tool(
     when the function takes a single pydantic model); the output model comes from a
     pydantic return annotation or ``output_schema=``. The description defaults to
     the docstring's first paragraph. Usable as ``@tool`` or ``@tool(...)``.
+    ``blocking=False``: a sync function that never blocks runs on the event loop in
+    ``execute_flow_async`` (see :class:`Tool`).
     """
 
     def build(function: Callable[..., Any]) -> Tool:
-        return _tool_from_function(function, name, description, output_schema, safety)
+        return _tool_from_function(function, name, description, output_schema, safety,
+                                   blocking)
 
     return build(fn) if fn is not None else build
