@@ -40,12 +40,9 @@ import re
 import subprocess
 import sys
 from itertools import cycle
-from typing import Any
 
-import mcp_types
-from bench_server import ARGUMENTS, PROMPT_ARGUMENTS, TOOLS, Labelled, Mode, build_executor
-from fastmcp import Client, Context, FastMCP
-from fastmcp.server.dependencies import CurrentContext
+from bench_server import ARGUMENTS, PROMPT_ARGUMENTS, bare_notifying_server, build_executor
+from fastmcp import Client
 
 from chainweaver.mcp import FlowServer
 
@@ -54,36 +51,6 @@ KINDS = ("read", "get", "call", "bare-call", "run", "hand")
 
 async def ignore(message: object) -> None:
     """A client log handler that drops the message (the server still sends it)."""
-
-
-async def _log(ctx: Context, message: str) -> None:
-    """An info log message on the request's stream, as a run sends it."""
-    await ctx.session.send_notification(mcp_types.LoggingMessageNotification(
-        params=mcp_types.LoggingMessageNotificationParams(
-            level="info", logger="chainweaver", data={"msg": message, "extra": None})),
-        related_request_id=ctx.request_id)
-
-
-def bare_server() -> FastMCP:
-    """The ``bare-call`` baseline: one async tool, the work inline, the same notifications."""
-    server = FastMCP("bare")
-
-    @server.tool(name="classify_0001")
-    async def classify(text: str, max_words: int = 50, mode: Mode = "lower",
-                       ctx: Context = CurrentContext()) -> Labelled:  # noqa: B008
-        context: dict[str, Any] = {"text": text, "max_words": max_words, "mode": mode}
-        model: Any = None
-        for done, t in enumerate(TOOLS, 1):
-            assert t.output_schema is not None
-            await _log(ctx, f"step {t.name!r} started")
-            model = t.output_schema.model_validate(
-                t.fn(t.input_schema.model_validate(context)), from_attributes=True)
-            context.update(model.model_dump())
-            await _log(ctx, f"step {t.name!r} completed")
-            await ctx.report_progress(done, len(TOOLS), f"step {t.name!r} completed")
-        return model
-
-    return server
 
 
 def quiet() -> None:
@@ -96,7 +63,8 @@ async def serve(kind: str, number: int, flows: int, render_logs: bool,
                 non_blocking: bool) -> None:
     handler = None if render_logs else ignore
     if kind == "bare-call":
-        async with Client(bare_server(), log_handler=handler) as client:
+        async with Client(bare_notifying_server("classify_0001"),
+                          log_handler=handler) as client:
             for _ in range(50):
                 await client.call_tool("classify_0001", ARGUMENTS)
             quiet()
