@@ -7,6 +7,8 @@ One process makes ``--number`` requests of one kind on ``bench_server.py``'s cat
 - ``read``, ``get``, ``call``: a schema resource read, a prompt render, a ``tools/call``
   of the 3-step flow (``--non-blocking``: its tools declared ``blocking=False``, so the
   run skips the worker-thread hop);
+- ``--feature history|metrics|tracing``: the server with its run history, a metrics SDK
+  or a recording tracer on (what a call costs with each, against ``none``);
 - ``bare-call``: the baseline of ``call``, a bare async FastMCP tool doing the same three
   validate-call-validate steps inline and sending the same per-step progress and log
   notifications a run sends (a log message as each step starts and ends, a progress
@@ -44,9 +46,10 @@ from itertools import cycle
 from bench_server import ARGUMENTS, PROMPT_ARGUMENTS, bare_notifying_server, build_executor
 from fastmcp import Client
 
-from chainweaver.mcp import FlowServer
+from chainweaver.mcp import FlowServer, RunHistory, ServingConfig
 
 KINDS = ("read", "get", "call", "bare-call", "run", "hand")
+FEATURES = ("none", "history", "metrics", "tracing")
 
 
 async def ignore(message: object) -> None:
@@ -59,8 +62,26 @@ def quiet() -> None:
     gc.disable()  # a collection inside the count would decide it
 
 
+def serving(feature: str) -> ServingConfig:
+    """The server's settings with one feature on (``none``: every one off)."""
+    if feature == "history":
+        return ServingConfig(run_history=RunHistory())
+    if feature == "metrics":
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        return ServingConfig(meter_provider=MeterProvider(
+            metric_readers=[InMemoryMetricReader()]))
+    if feature == "tracing":
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())  # records spans, exports none
+    return ServingConfig()
+
+
 async def serve(kind: str, number: int, flows: int, render_logs: bool,
-                non_blocking: bool) -> None:
+                non_blocking: bool, feature: str = "none") -> None:
     handler = None if render_logs else ignore
     if kind == "bare-call":
         async with Client(bare_notifying_server("classify_0001"),
@@ -72,7 +93,7 @@ async def serve(kind: str, number: int, flows: int, render_logs: bool,
                 await client.call_tool("classify_0001", ARGUMENTS)
         return
     server = FlowServer(build_executor(flows, blocking=not non_blocking),
-                        expose_schemas=True, expose_prompts=True)
+                        expose_schemas=True, expose_prompts=True, serving=serving(feature))
     async with Client(server.fastmcp, log_handler=handler) as client:
         uris = cycle([str(r.uri) for r in await client.list_resources()]).__next__
         names = cycle([p.name for p in await client.list_prompts() if p.arguments]).__next__
@@ -135,6 +156,8 @@ def main() -> None:
                         help="render the run's log messages as FastMCP's client does")
     parser.add_argument("--non-blocking", action="store_true",
                         help="call: the flow's tools declared blocking=False")
+    parser.add_argument("--feature", choices=FEATURES, default="none",
+                        help="the server's run history, metrics SDK or tracer on")
     parser.add_argument("--callgrind", action="store_true",
                         help="count under valgrind (--number and none); print per request")
     args = parser.parse_args()
@@ -142,6 +165,7 @@ def main() -> None:
         argv = [args.kind, "--flows", str(args.flows)]
         argv += ["--render-logs"] if args.render_logs else []
         argv += ["--non-blocking"] if args.non_blocking else []
+        argv += ["--feature", args.feature]
         per = callgrind(argv, args.number or 200)
         print(f"{args.kind}: {per:,.0f} instructions per request")
         return
@@ -150,7 +174,7 @@ def main() -> None:
         run_locally(args.kind, args.number)
     else:
         asyncio.run(serve(args.kind, args.number, args.flows, args.render_logs,
-                          args.non_blocking))
+                          args.non_blocking, args.feature))
 
 
 if __name__ == "__main__":
