@@ -111,6 +111,8 @@ class Plan:
     approval: tuple[Any] | None = field(default=None, repr=False, compare=False)
     # Every step plain, each after the one before it, all in the same place (worker
     # thread or event loop): the lanes run them in one tight loop (runner.run_plain_chain).
+    # Anything that must act between steps (an observer, a cancellation, a per-step
+    # check) takes the step-by-step path instead, where it has its place.
     plain: bool = False
 
 
