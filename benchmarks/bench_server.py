@@ -16,21 +16,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import gc
 import logging
 import pstats
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from itertools import cycle
+from pathlib import Path
 from typing import Any, Literal
 
+import mcp_types
 from bench_common import ignore_log
-from fastmcp import Client, FastMCP
+from fastmcp import Client, Context, FastMCP
 from fastmcp.prompts.base import Message
 from fastmcp.prompts.function_prompt import FunctionPrompt
 from fastmcp.resources import TextResource
+from fastmcp.server.dependencies import CurrentContext
 from fastmcp.tools.function_tool import FunctionTool
 from pydantic import BaseModel, Field, create_model
 
@@ -98,15 +106,23 @@ ARGUMENTS = {"text": "  The quick brown fox  ", "mode": "lower"}
 PROMPT_ARGUMENTS = {"text": "The quick brown fox"}
 
 
-def build_executor(flows: int) -> FlowExecutor:
+def build_executor(flows: int, *, blocking: bool = True) -> FlowExecutor:
+    """N flows over the three tools (``blocking=False``: declared non-blocking, so a
+    run calls them on the event loop)."""
     executor = FlowExecutor(FlowRegistry())
-    for t in TOOLS:
+    for t in TOOLS if blocking else non_blocking(TOOLS):
         executor.register_tool(t)
     for i in range(flows):
         executor.registry.register_flow(Flow(
             f"classify_{i:04d}", f"Clean, count and label a text (variant {i}).", STEPS,
         ))
     return executor
+
+
+def non_blocking(tools: list[Tool]) -> list[Tool]:
+    """The same tools declared ``blocking=False``."""
+    return [Tool(t.name, t.description, t.input_schema, t.output_schema, t.fn, t.safety,
+                 blocking=False) for t in tools]
 
 
 def bare_classify(text: str, max_words: int = 50, mode: Mode = "lower") -> Labelled:
@@ -122,6 +138,38 @@ def bare_classify(text: str, max_words: int = 50, mode: Mode = "lower") -> Label
     return model
 
 
+async def _log(ctx: Context, message: str) -> None:
+    """An info log message on the request's stream, as a run sends it."""
+    await ctx.session.send_notification(mcp_types.LoggingMessageNotification(
+        params=mcp_types.LoggingMessageNotificationParams(
+            level="info", logger="chainweaver", data={"msg": message, "extra": None})),
+        related_request_id=ctx.request_id)
+
+
+def bare_notifying_server(name: str = "classify_0000") -> FastMCP:
+    """A bare async FastMCP tool doing the flow's three validate-call-validate steps
+    inline and sending what a run sends: a log message as each step starts and ends,
+    and a progress notification as it ends."""
+    server = FastMCP("bare-async")
+
+    @server.tool(name=name)
+    async def classify(text: str, max_words: int = 50, mode: Mode = "lower",
+                       ctx: Context = CurrentContext()) -> Labelled:  # noqa: B008
+        context: dict[str, Any] = {"text": text, "max_words": max_words, "mode": mode}
+        model: Any = None
+        for done, t in enumerate(TOOLS, 1):
+            assert t.output_schema is not None
+            await _log(ctx, f"step {t.name!r} started")
+            model = t.output_schema.model_validate(
+                t.fn(t.input_schema.model_validate(context)), from_attributes=True)
+            context.update(model.model_dump())
+            await _log(ctx, f"step {t.name!r} completed")
+            await ctx.report_progress(done, len(TOOLS), f"step {t.name!r} completed")
+        return model
+
+    return server
+
+
 # ------------------------------------------------------------------ timing
 
 
@@ -133,6 +181,8 @@ class Row:
     candidate: list[float]
     baseline: list[float] | None = None
     target: float | None = None  # max ratio, or max seconds when there is no baseline
+    # The stable statistic: the fastest single call of each side over every round.
+    fastest: tuple[float, float] | None = None
 
     @property
     def ratio(self) -> float:
@@ -169,6 +219,10 @@ def report(row: Row) -> None:
                  f"   {row.ratio:5.2f}x (median {row.median_ratio:5.2f}x)")
         if row.target is not None:
             line += f"  target <= {row.target}x {row.verdict}"
+        if row.fastest is not None:
+            mine, bare = row.fastest
+            line += (f"\n  {'':<44} per-call min {fmt(mine).strip()} vs "
+                     f"{fmt(bare).strip()}: {mine / bare:5.2f}x")
     elif row.target is not None:
         line += f"   target <= {fmt(row.target).strip()} {row.verdict}"
     print(line, flush=True)
@@ -188,12 +242,23 @@ def settle() -> None:
     gc.freeze()
 
 
-async def timed(op: Op, number: int) -> float:
-    """Total seconds for ``number`` sequential awaits of ``op``."""
-    started = time.perf_counter()
+async def timed(op: Op, number: int, fastest: list[float] | None = None,
+                index: int = 0) -> float:
+    """Total seconds for ``number`` sequential awaits of ``op``; with ``fastest``, each
+    call is also timed on its own and ``fastest[index]`` keeps the quickest."""
+    if fastest is None:
+        started = time.perf_counter()
+        for _ in range(number):
+            await op()
+        return time.perf_counter() - started
+    total = 0.0
     for _ in range(number):
+        started = time.perf_counter()
         await op()
-    return time.perf_counter() - started
+        took = time.perf_counter() - started
+        total += took
+        fastest[index] = min(fastest[index], took)
+    return total
 
 
 async def batch(op: Op, number: int) -> float:
@@ -203,12 +268,15 @@ async def batch(op: Op, number: int) -> float:
 
 
 async def compare(ops: list[Op], number: int, repeats: int, warmup: int,
-                  chunk: int = 10) -> list[list[float]]:
+                  chunk: int = 10, fastest: list[float] | None = None
+                  ) -> list[list[float]]:
     """Per-op samples (seconds per call), one per repeat, for each op.
 
     Within a repeat the ops take turns in chunks of ``chunk`` calls, the order
     rotating every chunk, so each op's sample spans the same stretch of wall-clock
     time as the others' and a burst of noise from other processes hits all of them.
+    ``fastest`` (one entry per op) gets each op's quickest single call over every
+    round: the statistic least moved by other processes.
     """
     for op in ops:
         for _ in range(warmup):
@@ -224,7 +292,7 @@ async def compare(ops: list[Op], number: int, repeats: int, warmup: int,
             size = min(chunk, number - done)
             order = list(range(len(ops)))
             for index in order[turn % len(ops):] + order[:turn % len(ops)]:
-                totals[index] += await timed(ops[index], size)
+                totals[index] += await timed(ops[index], size, fastest, index)
             done += size
             turn += 1
         for index, total in enumerate(totals):
@@ -447,34 +515,68 @@ async def bench_call(flows: int, number: int, repeats: int, base: Client,
     section("3. tools/call round trip, 3-step flow vs bare FastMCP tool (same work)")
     # Bare FastMCP sends no notification during a call, so for the same work the flow
     # servers send none either: FastMCP's client asks for progress and every log level on
-    # each call, which a run answers with a progress and two log notifications per step
-    # (issue 12's cost, measured apart in the last row and in bench_runs.py).
+    # each call, which a run answers with a progress and two log notifications per step.
+    # The last rows compare runs that send them with a bare async tool that sends the
+    # same ones (bare_notifying_server), with the default thread hop and without it.
     quiet = ServingConfig(run_notifications=False)
     small = FlowServer(build_executor(1), serving=quiet)
     large = FlowServer(build_executor(flows), serving=quiet)
     loud = FlowServer(build_executor(1))
+    try:
+        loud_inline: FlowServer | None = FlowServer(build_executor(1, blocking=False))
+    except TypeError:  # a chainweaver from before Tool(blocking=...) (bench_before_after)
+        loud_inline = None
     # Printing log messages (the client's default handler renders each with rich) is the
     # client's work, not the server's: dropped.
-    async with Client(small.fastmcp, log_handler=ignore_log) as c1, \
-            Client(large.fastmcp, log_handler=ignore_log) as c2, \
-            Client(loud.fastmcp, log_handler=ignore_log) as c3:
-        results = [await c.call_tool(tool, ARGUMENTS) for c in (c1, c2, c3, base)]
-        for result in results[:3]:
-            assert result.structured_content == results[3].structured_content, results
-        samples = await compare(
-            [lambda: c1.call_tool(tool, ARGUMENTS),
-             lambda: base.call_tool(tool, ARGUMENTS),
-             lambda: c2.call_tool(tool, ARGUMENTS),
-             lambda: c3.call_tool(tool, ARGUMENTS)],
-            number, repeats, warmup=max(number // 4, 5))
-    rows = [Row("FlowServer, 1 flow vs bare, 1 tool", samples[0], samples[1], target=1.3),
-            Row(f"FlowServer, {flows} flows vs bare, 1 tool", samples[2], samples[1],
-                target=1.3),
-            Row("  run notifications on (FastMCP client's default)", samples[3],
-                samples[1])]
+    async with AsyncExitStack() as stack:
+        targets = [small.fastmcp, large.fastmcp, loud.fastmcp, bare_notifying_server()]
+        if loud_inline is not None:
+            targets.append(loud_inline.fastmcp)
+        clients = [await stack.enter_async_context(Client(target, log_handler=ignore_log))
+                   for target in targets]
+        results = [await c.call_tool(tool, ARGUMENTS) for c in (*clients, base)]
+        for result in results[:-1]:
+            assert result.structured_content == results[-1].structured_content, results
+        ops = [functools.partial(c.call_tool, tool, ARGUMENTS) for c in (*clients, base)]
+        fastest = [float("inf")] * len(ops)
+        samples = await compare(ops, number, repeats, warmup=max(number // 4, 5),
+                                fastest=fastest)
+    rows = [Row("FlowServer, 1 flow vs bare, 1 tool", samples[0], samples[-1], target=1.3,
+                fastest=(fastest[0], fastest[-1])),
+            Row(f"FlowServer, {flows} flows vs bare, 1 tool", samples[1], samples[-1],
+                target=1.3, fastest=(fastest[1], fastest[-1])),
+            Row("notifications on vs bare async, same ones", samples[2], samples[3],
+                target=1.2, fastest=(fastest[2], fastest[3]))]
+    if loud_inline is not None:
+        rows.append(Row("  the same, tools blocking=False", samples[4], samples[3],
+                        target=1.0, fastest=(fastest[4], fastest[3])))
     for row in rows:
         report(row)
     return rows
+
+
+def count_instructions() -> list[Row]:
+    """Instructions per call (request_instructions.py under valgrind): the flow server
+    with notifications on, with and without the thread hop, and the bare async tool."""
+    section("3b. tools/call instructions per call (valgrind), vs the bare async tool")
+    if shutil.which("valgrind") is None:
+        print("  skipped: valgrind is not installed")
+        return []
+    script = Path(__file__).with_name("request_instructions.py")
+    counts = {}
+    for label, extra in (("bare", ["bare-call"]), ("flow", ["call"]),
+                         ("flow, blocking=False", ["call", "--non-blocking"])):
+        done = subprocess.run([sys.executable, str(script), *extra, "--number", "100",
+                               "--callgrind"], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"  {label}: failed: {done.stderr.strip()[-300:]}")
+            return []
+        counts[label] = float(done.stdout.split(":")[1].split()[0].replace(",", ""))
+    for label in ("flow", "flow, blocking=False"):
+        print(f"  {label:<22} {counts[label]:>12,.0f} vs bare {counts['bare']:>12,.0f}"
+              f"   {counts[label] / counts['bare']:5.3f}x  target <= 1.05x "
+              f"{'PASS' if counts[label] / counts['bare'] <= 1.05 else 'MISS'}")
+    return []
 
 
 async def bench_resources(executor: FlowExecutor, flows: int, list_number: int,
@@ -557,6 +659,8 @@ async def run_async(args: argparse.Namespace, executor: FlowExecutor,
         if "3" in sections:
             rows += await bench_call(args.flows, args.number, args.repeats, one,
                                      baselines.tool)
+            if args.instructions:
+                rows += count_instructions()
         if "4" in sections:
             rows += await bench_resources(executor, args.flows, args.list_number,
                                           args.number, args.repeats, many, one,
@@ -589,6 +693,8 @@ def main() -> None:
                         help="a few seconds: 100 flows, 3 repeats, small batches")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the whole run; print the top functions")
+    parser.add_argument("--instructions", action="store_true",
+                        help="section 3: also count instructions per call under valgrind")
     parser.add_argument("--sections", type=parse_sections, default=frozenset(SECTIONS),
                         help="comma-separated sections to run, of 1,1b,2,3,4,5 (all)")
     args = parser.parse_args()

@@ -45,6 +45,7 @@ from .runner import (
     LaneRequest,
     RunState,
     StepFailed,
+    run_plain_chain,
     run_plain_step,
     run_step,
 )
@@ -68,6 +69,7 @@ class _ParentDecided:
 # hook, ALWAYS_APPROVE or None (then a plan that needs approval does not run).
 PARENT_DECIDED: Final = _ParentDecided()
 Approve = ApprovalHook | _ParentDecided | None
+NO_APPROVAL: Final = (None,)  # Plan.approval once no step of it needs approval
 
 
 class Lanes:
@@ -97,7 +99,8 @@ class Lanes:
         further runs. ``approve`` as for :func:`approval_gate`; ``guard`` is asked
         before every attempt (:mod:`chainweaver.grants`)."""
         started = time.perf_counter()
-        gate = approval_gate(plan, approve)
+        # A plan known to need no approval skips the gate (the first run works it out).
+        gate = None if plan.approval == NO_APPROVAL else approval_gate(plan, approve)
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
@@ -116,6 +119,9 @@ class Lanes:
             state.guard = guard
         if observer is not None:
             _observe(state, observer)
+        elif plan.plain and cancel is None and stop is None and guard is None:
+            run_plain_chain(state)  # nothing watches, stops or checks it: one tight loop
+            return outcome.finish(state, started)
         # Plain steps skip the generator when nothing can stop them between steps and
         # no guard asks before them (decided once: the loop stays as tight as it was).
         direct = stop is None and guard is None
@@ -152,7 +158,8 @@ class Lanes:
         if slots is None:
             slots = asyncio.Semaphore(self.max_concurrent)
         started = time.perf_counter()
-        gate = approval_gate(plan, approve)
+        # A plan known to need no approval skips the gate (the first run works it out).
+        gate = None if plan.approval == NO_APPROVAL else approval_gate(plan, approve)
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
@@ -226,13 +233,18 @@ class Lanes:
                     if position > state.failed_at:
                         state.ready.clear()  # pop() takes the earliest: all are later
                         break
-                    if steps[position].runs_in_thread and not running and not state.ready \
-                            and state.durable is None:  # checkpoints are awaited per step
-                        # Alone: one worker-thread hop runs it and the chain of sync steps
-                        # after it (nothing else runs, so the state is the thread's).
+                    alone = not running and not state.ready \
+                        and state.durable is None  # checkpoints are awaited per step
+                    if alone and steps[position].runs_in_thread:
+                        # One worker-thread hop runs it and the chain of sync steps after
+                        # it (nothing else runs, so the state is the thread's).
                         async with slots:
                             await loop.run_in_executor(self.thread_pool(), self._run_chain,
-                                                       state, position, abandoned)
+                                                       state, position, abandoned, True)
+                        continue
+                    if alone and steps[position].inline:
+                        # Non-blocking sync tools: run right here, on the event loop.
+                        self._run_chain(state, position, abandoned, False)
                         continue
                     running[asyncio.ensure_future(
                         self._run_one(state, position, abandoned, slots))] = position
@@ -273,17 +285,31 @@ class Lanes:
             await durable.finished(state, planned)
         state.finish(position)
 
-    def _run_chain(self, state: RunState, position: int, abandoned: Stop) -> None:
-        steps = state.plan.steps
+    def _run_chain(self, state: RunState, position: int, abandoned: Stop,
+                   in_thread: bool) -> None:
+        """Run the step at ``position`` and each single ready step after it that runs in
+        the same place (a worker thread: ``in_thread``; else the event loop)."""
+        plan = state.plan
+        # A guard asks before every attempt: only the step-by-step path has its place.
+        direct = state.guard is None
+        if position == 0 and plan.plain and state.observer is None and direct:
+            run_plain_chain(state, abandoned)  # the whole plan: nothing left to schedule
+            return
+        steps = plan.steps
         while True:
-            self._drive_sync(run_step(state, steps[position]), abandoned)
+            planned = steps[position]
+            if planned.plain and direct:
+                run_plain_step(state, planned, abandoned)
+            else:
+                self._drive_sync(run_step(state, planned), abandoned)
             state.finish(position)
             if abandoned.is_set() or len(state.ready) != 1 \
-                    or not steps[state.ready[0]].runs_in_thread \
                     or state.ready[0] > state.failed_at:
                 return
+            following = steps[state.ready[0]]
+            if not (following.runs_in_thread if in_thread else following.inline):
+                return
             position = state.ready.pop()
-
 
     # ------------------------------------------------------- answering steps
 
@@ -344,6 +370,8 @@ class Lanes:
                     _, tool, arguments, timeout = request
                     if tool.is_async:
                         reply = await with_timeout(tool.fn(arguments), timeout)
+                    elif not tool.blocking and timeout is None:
+                        reply = tool.fn(arguments)  # declared non-blocking: on the loop
                     else:
                         reply = await asyncio.get_running_loop().run_in_executor(
                             self.thread_pool(), call_blocking, tool, arguments, timeout)
@@ -427,7 +455,7 @@ def approval_gate(plan: Plan, approve: Approve
     """
     if isinstance(approve, _ParentDecided):
         return None
-    request = approval_request(plan)
+    request = approval_request(plan)  # worked out once per plan
     if request is None:
         return None
     if approve is None:

@@ -34,8 +34,9 @@ def start(plan: Plan, input: Mapping[str, Any] | BaseModel) -> RunState:
     try:
         # Exact class only: a subclass instance would carry undeclared fields into
         # the context, so it is dumped and validated like any other model.
+        fresh = True  # a model validation made (never the caller's own instance)
         if type(input) is model:
-            validated = input
+            validated, fresh = input, False
         elif isinstance(input, BaseModel):
             validated = model.model_validate(input.model_dump())
         else:
@@ -49,7 +50,10 @@ def start(plan: Plan, input: Mapping[str, Any] | BaseModel) -> RunState:
         )) from None
     except Exception as error:  # a validator or serializer bug, not the caller's
         raise raised(f"flow {flow.name!r} input validation", error) from None
-    return RunState(plan, context)
+    state = RunState(plan, context)
+    if fresh and plan.steps[0].reuses_input:
+        state.validated_input = validated
+    return state
 
 def finish(state: RunState, started: float) -> ExecutionResult:
     """The result of a run whose steps are done (or that failed)."""

@@ -81,15 +81,24 @@ class PlannedStep:
     dependents: tuple[int, ...]
     writes: frozenset[str] | None  # None: unknown (an undeclared output)
     output_mapping: tuple[tuple[str, str], ...]
-    runs_in_thread: bool  # a sync tool (the async lane runs it in a worker thread)
+    # A sync tool that may block (a blocking fallback too): the async lane runs the step
+    # in a worker thread.
+    runs_in_thread: bool
     # A sync tool with no condition, retry, timeout or fallback and on_error "fail": the
-    # sync lane runs it without a generator (runner.run_plain_step).
+    # lanes run it without a generator (runner.run_plain_step, runner.run_plain_chain).
     plain: bool
     computed: tuple[ComputedSource, ...] = ()  # fields fed by constants and pointers
     # Declared grants (chainweaver.grants): of the step's tool or sub-flow (with the
     # step's own), and of its fallback (with the step's own). None: none declared.
     grants: Grants | None = None
     fallback_grants: Grants | None = None
+    # A sync tool declared non-blocking, with no timeout or retry wait and no blocking
+    # fallback: the async lane runs it on the event loop.
+    inline: bool = False
+    # Prepared once per plan: the tool's input validator (validate_python), and whether
+    # the step takes exactly the flow's validated input (runner: "reused input").
+    validate_input: Any = None
+    reuses_input: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,11 @@ class Plan:
     # with a caller checks them (and asks the step authorizer) only when there are any.
     needs: tuple[GrantNeed, ...] = ()
     required: Grants | None = None  # what a caller must hold, delegated steps aside
+    # Every step plain, each after the one before it, all in the same place (worker
+    # thread or event loop): the lanes run them in one tight loop (runner.run_plain_chain).
+    # Anything that must act between steps (an observer, a cancellation, a per-step
+    # check) takes the step-by-step path instead, where it has its place.
+    plain: bool = False
 
 
 # How compile_plan looks things up (the executor passes its own).
@@ -219,7 +233,7 @@ def compile_plan(flow: Flow, resolver: Resolver,
             tuple(position_of[d] for d in flow.dependencies[index]),
             tuple(dependents[position]), writes[position],
             tuple(step.output_mapping.items()),
-            tool is not None and not tool.is_async,
+            _runs_in_thread(tool, fallback),
             tool is not None and not tool.is_async and step.condition is None
             and step.retry is None and step.timeout is None and fallback is None
             and step.on_error == "fail",
@@ -227,6 +241,11 @@ def compile_plan(flow: Flow, resolver: Resolver,
             union(step.requires, subflow.requires if subflow is not None
                   else tool.requires if tool is not None else None),
             union(step.requires, fallback.requires) if fallback is not None else None,
+            _inline(step, tool, fallback),
+            tool.input_schema.__pydantic_validator__.validate_python if tool else None,
+            position == 0 and tool is not None and tool.input_schema is input_model
+            and not step.input_mapping and not computed and step.condition is None
+            and not any(source.candidates for source in sources),
         ))
 
     _check_conflicts(planned, ancestors, problems)
@@ -238,7 +257,9 @@ def compile_plan(flow: Flow, resolver: Resolver,
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
                 input_model, tuple(dict.fromkeys(versions)), tuple(problems),
                 needs=needs,
-                required=union(*(need.grants for need in needs if need.delegated is None)))
+                required=union(*(need.grants for need in needs if need.delegated is None)),
+                # A declared grant is checked between steps: not the tight loop.
+                plain=_plain_chain(planned) and not needs)
     return plan, problems
 
 
@@ -284,6 +305,29 @@ def _step_paths(steps: list[PlannedStep] | tuple[PlannedStep, ...]) -> list[str]
         if step.subplan is not None:
             paths.extend(f"{step.id}/{inner}" for inner in _step_paths(step.subplan.steps))
     return paths
+
+
+def _runs_in_thread(tool: Tool | None, fallback: Tool | None) -> bool:
+    """A sync tool that may block, or whose fallback may (an async tool's step awaits
+    and hands a blocking fallback to a worker thread itself)."""
+    return tool is not None and not tool.is_async \
+        and (tool.blocking or (fallback is not None and fallback.blocking))
+
+
+def _inline(step: FlowStep, tool: Tool | None, fallback: Tool | None) -> bool:
+    """A non-blocking sync tool, nothing of the step waiting (a timeout needs a thread to
+    abandon, a retry sleeps) and no fallback that is async or blocks."""
+    return tool is not None and not tool.is_async and not tool.blocking \
+        and step.timeout is None and step.retry is None \
+        and (fallback is None or not (fallback.is_async or fallback.blocking))
+
+
+def _plain_chain(steps: list[PlannedStep]) -> bool:
+    """Every step plain, each after the one before it only, all run in one place."""
+    return bool(steps) and all(
+        planned.plain and planned.depends == ((position - 1,) if position else ())
+        and planned.runs_in_thread == steps[0].runs_in_thread
+        for position, planned in enumerate(steps))
 
 
 def _input_model(flow: Flow, resolver: Resolver, first_subplan: Plan | None

@@ -29,7 +29,7 @@ class RunState:
 
     __slots__ = ("plan", "flow_input", "writes", "records", "started", "failure",
                  "failed_at", "waiting", "ready", "observer", "_lock", "begun",
-                 "run_id", "durable", "guard")
+                 "run_id", "durable", "guard", "validated_input")
 
     def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
         self.plan = plan
@@ -48,8 +48,12 @@ class RunState:
         self.durable: Checkpointing | None = None  # checkpoints each step (checkpoints.py)
         # Asked before every attempt (chainweaver.grants); None: nothing to check.
         self.guard: StepGuard | None = None
-        # Steps of the async lane fail in worker threads and on the loop at once.
-        self._lock = threading.Lock()
+        # The model the flow input was validated into, for a first step that takes
+        # exactly it (PlannedStep.reuses_input); used once.
+        self.validated_input: Any = None
+        # Steps of the async lane fail in worker threads and on the loop at once
+        # (made by schedule(): the sync lane runs one step at a time).
+        self._lock: threading.Lock | None = None
 
     def scope(self) -> str:
         """The run's id as idempotency keys name it: given, or made once."""
@@ -59,6 +63,7 @@ class RunState:
 
     def schedule(self) -> None:
         """Prepare the bookkeeping the async lane starts ready steps by."""
+        self._lock = threading.Lock()
         self.waiting = [len(step.depends) for step in self.plan.steps]
         self.ready = [step.position for step in reversed(self.plan.steps)
                       if not step.depends]  # pop() takes the earliest in plan order
@@ -66,6 +71,10 @@ class RunState:
     def fail(self, position: int, info: ErrorInfo) -> None:
         # Several branches may fail in the async lane: the earliest in plan order wins,
         # which is the failure the sync lane reports.
+        if self._lock is None:  # the sync lane
+            if position < self.failed_at:
+                self.failure, self.failed_at = info, position
+            return
         with self._lock:
             if position < self.failed_at:
                 self.failure, self.failed_at = info, position

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Generator, Mapping
 from time import perf_counter
-from typing import Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +28,9 @@ from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver, notify
 from .run_state import RunState
 from .tools import Tool
+
+if TYPE_CHECKING:
+    from .calling import Stop
 
 logger = logging.getLogger("chainweaver.executor")
 
@@ -116,11 +119,13 @@ def _begin(state: RunState, planned: PlannedStep) -> tuple[StepRecord, float]:
     return record, started
 
 
-def run_plain_step(state: RunState, planned: PlannedStep) -> None:
-    """:func:`run_step` for a plain step (``planned.plain``) in the sync lane.
+def run_plain_step(state: RunState, planned: PlannedStep, stop: Stop | None = None) -> None:
+    """:func:`run_step` for a plain step (``planned.plain``), answered by calling.
 
     The same record and outcome as the generator gives, without its overhead: most
-    steps are plain, and this is the executor's hottest path.
+    steps are plain, and this is the executor's hottest path. Once ``stop`` is set
+    (the async call that started it is over) the tool is not called, as in
+    ``Lanes._drive_sync``: the record stays "running" for the run's outcome to settle.
     """
     tool = planned.tool
     assert tool is not None
@@ -129,7 +134,9 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
     try:
         arguments = _gather(state, planned, planned.sources)
         record.inputs = arguments
-        model = _validate_input(planned, tool, arguments)
+        model = _step_input(state, planned, tool, arguments)
+        if stop is not None and stop.is_set():
+            return
         record.attempts = 1
         try:
             raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
@@ -142,8 +149,62 @@ def run_plain_step(state: RunState, planned: PlannedStep) -> None:
         state.fail(planned.position, failure.info)
     finally:
         record.duration_ms = (perf_counter() - started) * 1000
-        if observer is not None:
+        if observer is not None and record.status != "running":
             notify(observer.step_finished, record)
+
+
+def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
+    """Every step of a plain plan (``plan.plain``) in one tight loop, with no observer.
+
+    What :func:`run_plain_step` does step by step, with the step's validator prepared
+    by the plan and one clock read between two steps (the end of one is the start of
+    the next). Stops at the first failure, or (the tool not called) once ``stop`` is set.
+    """
+    records, writes, begun = state.records, state.writes, state.begun
+    now = perf_counter()
+    for planned in state.plan.steps:
+        tool = planned.tool
+        assert tool is not None
+        record = StepRecord(planned.index, planned.step.name, None, None, None, 0.0,
+                            planned.id)
+        record.started_ms = (now - begun) * 1000
+        records[planned.position] = record
+        state.started += 1
+        started = now
+        try:
+            arguments = _gather(state, planned, planned.sources)
+            record.inputs = arguments
+            model = state.validated_input
+            if model is None or not planned.reuses_input:
+                try:
+                    model = planned.validate_input(arguments)
+                except Exception as error:
+                    raise _input_failed(planned, tool, error) from None
+            else:
+                state.validated_input = None
+            if stop is not None and stop.is_set():
+                record.duration_ms = (perf_counter() - started) * 1000
+                return
+            record.attempts = 1
+            try:
+                raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
+            except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
+                raise _call_failed(planned, tool, error) from None
+            outputs = _output(planned, tool, raw)
+        except StepFailed as failure:
+            record.error = failure.info
+            record.status = "failed"
+            record.duration_ms = (perf_counter() - started) * 1000
+            state.fail(planned.position, failure.info)
+            return
+        record.outputs = outputs
+        record.status = "completed"
+        if planned.output_mapping:
+            outputs = {key: outputs[name] for key, name in planned.output_mapping
+                       if name in outputs}
+        writes[planned.position] = outputs
+        now = perf_counter()
+        record.duration_ms = (now - started) * 1000
 
 
 def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, Any, None]:
@@ -163,7 +224,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
             if state.guard is not None:
                 yield from _checked(state, planned, "tool", tool.name, tool, arguments,
                                     planned.grants, 1)
-            model = _validate_input(planned, tool, arguments)
+            model = _step_input(state, planned, tool, arguments)
             if tool.takes_key:
                 model = keyed(state, planned, tool, model)
             record.attempts = 1
@@ -377,7 +438,7 @@ def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
                             tool, arguments,
                             planned.fallback_grants if fallback else planned.grants,
                             record.attempts + 1)
-    model = _validate_input(planned, tool, arguments)
+    model = _step_input(state, planned, tool, arguments)
     if tool.takes_key:
         model = keyed(state, planned, tool, model)
     record.attempts += 1
@@ -394,17 +455,32 @@ def keyed(state: RunState, planned: PlannedStep, tool: Tool, model: Any) -> Keye
     return Keyed(model, step_key(state.scope(), path))
 
 
+def _step_input(state: RunState, planned: PlannedStep, tool: Tool,
+                arguments: dict[str, Any]) -> Any:
+    """The model ``tool`` is called with: the flow input's own validated model for a first
+    step that takes exactly it (once: a retry validates afresh), else validated here."""
+    if planned.reuses_input and tool is planned.tool and state.validated_input is not None:
+        model, state.validated_input = state.validated_input, None
+        return model
+    return _validate_input(planned, tool, arguments)
+
+
 def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any]) -> Any:
     try:
         # The validator itself: model_validate only wraps it.
         return tool.input_schema.__pydantic_validator__.validate_python(arguments)
-    except ValidationError as error:
-        raise StepFailed(ErrorInfo(
-            "StepInputError", f"{_what(planned, tool)} input is invalid: {describe(error)}",
-            **_where(planned, tool.name), field=first_error_field(error))) from None
     except Exception as error:
-        raise raised(f"{_what(planned, tool)} input validation", error,
-                     **_where(planned, tool.name)) from None
+        raise _input_failed(planned, tool, error) from None
+
+
+def _input_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
+    """The failure of a step whose input did not validate (or whose validator raised)."""
+    if isinstance(error, ValidationError):
+        return StepFailed(ErrorInfo(
+            "StepInputError", f"{_what(planned, tool)} input is invalid: {describe(error)}",
+            **_where(planned, tool.name), field=first_error_field(error)))
+    return raised(f"{_what(planned, tool)} input validation", error,
+                  **_where(planned, tool.name))
 
 
 def _call_failed(planned: PlannedStep, tool: Tool, error: BaseException) -> StepFailed:

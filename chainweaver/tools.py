@@ -64,10 +64,14 @@ class Tool:
 
     ``requires``: what a flow's caller must hold for a step to call this tool (scopes,
     claims; see :class:`~chainweaver.grants.Grants` and ``docs/step-grants.md``).
+    ``blocking=False`` declares a sync ``fn`` that never blocks (no I/O, no sleep, no
+    long computation): ``execute_flow_async`` then calls it on the event loop instead
+    of in a worker thread, which saves the thread hop. Every other sync tool runs off
+    the loop. Ignored for an async ``fn``.
     """
 
     __slots__ = ("name", "description", "input_schema", "output_schema", "fn",
-                 "safety", "is_async", "input_fields", "takes_key", "requires")
+                 "safety", "is_async", "input_fields", "takes_key", "requires", "blocking")
 
     def __init__(
         self,
@@ -80,6 +84,7 @@ class Tool:
         *,
         takes_key: bool = False,
         requires: Grants | Iterable[str] | Mapping[str, Any] | None = None,
+        blocking: bool = True,
     ) -> None:
         self.name = check_name("tool", name)
         self.requires = Grants.of(requires, f"tool {name!r}: requires")
@@ -89,6 +94,8 @@ class Tool:
             raise DefinitionError(f"tool {name!r}: fn must be callable")
         if safety is not None and not isinstance(safety, ToolSafetyContract):
             raise DefinitionError(f"tool {name!r}: safety must be a ToolSafetyContract")
+        if not isinstance(blocking, bool):
+            raise DefinitionError(f"tool {name!r}: blocking must be True or False")
         self.description = description or ""
         self.input_schema = input_schema
         self.output_schema = output_schema
@@ -96,6 +103,8 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_fields: tuple[str, ...] = tuple(input_schema.model_fields)
         self.takes_key = bool(takes_key)
+        # Only a sync function can block the event loop: an async one never does here.
+        self.blocking = blocking and not self.is_async
         # The lanes call fn with one argument: a keyed tool's is a Keyed (the runner's).
         self.fn: Callable[[Any], Any] = _unpacking(fn, self.is_async) if self.takes_key else fn
 
@@ -132,6 +141,7 @@ def _tool_from_function(
     output_schema: type[BaseModel] | None,
     safety: ToolSafetyContract | None,
     requires: Any = None,
+    blocking: bool = True,
 ) -> Tool:
     tool_name = name or fn.__name__
     try:
@@ -160,7 +170,7 @@ def _tool_from_function(
             single = _keyword_key(fn, key)
         return Tool(tool_name, description or _first_paragraph(fn.__doc__),
                     hints[params[0].name], output_schema, single, safety,
-                    takes_key=key is not None, requires=requires)
+                    takes_key=key is not None, requires=requires, blocking=blocking)
 
     fields: dict[str, Any] = {}
     for param in params:
@@ -189,7 +199,7 @@ def _tool_from_function(
         call = call_async if inspect.iscoroutinefunction(fn) else call_sync
     return Tool(tool_name, description or _first_paragraph(fn.__doc__),
                 input_model, output_schema, call, safety, takes_key=key is not None,
-                requires=requires)
+                requires=requires, blocking=blocking)
 
 
 def _keyword_key(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
@@ -227,6 +237,7 @@ def tool(
     output_schema: type[BaseModel] | None = None,
     safety: ToolSafetyContract | None = None,
     requires: Any = None,
+    blocking: bool = True,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -239,6 +250,7 @@ def tool(
     output_schema: type[BaseModel] | None = None,
     safety: ToolSafetyContract | None = None,
     requires: Any = None,
+    blocking: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a type-hinted function into a :class:`Tool`.
 
@@ -248,11 +260,12 @@ def tool(
     the docstring's first paragraph. Usable as ``@tool`` or ``@tool(...)``.
     ``requires`` declares the grants a flow's caller must hold to run it (a list of
     scopes, ``{"scopes": [...], "claims": {...}}`` or a
-    :class:`~chainweaver.grants.Grants`).
+    :class:`~chainweaver.grants.Grants`). ``blocking=False``: a sync function that
+    never blocks runs on the event loop in ``execute_flow_async`` (see :class:`Tool`).
     """
 
     def build(function: Callable[..., Any]) -> Tool:
         return _tool_from_function(function, name, description, output_schema, safety,
-                                   requires)
+                                   requires, blocking)
 
     return build(fn) if fn is not None else build

@@ -15,7 +15,7 @@ PAGES = ["tools.md", "flows.md", "registry.md", "executor.md"]
 
 # Lines each page prints (a comment after print(...) shows the reader the same thing).
 EXPECTED_OUTPUT = {
-    "tools.md": ["['sku']", "'side_effects': 'write'"],
+    "tools.md": ["['sku']", "'side_effects': 'write'", "False {'text': 'HI'}"],
     "flows.md": [
         "{'converted': 22.0}",
         "cannot move a flow from 'active' to 'draft' (allowed: archived)",
@@ -44,6 +44,7 @@ EXPECTED_OUTPUT = {
         "external True sends e-mail",
         "step 0 uses unregistered tool 'load_usr'",
         "{'charged': 500} [True, False]",
+        "{'text': 'hi!'}",
     ],
 }
 

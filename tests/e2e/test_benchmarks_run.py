@@ -30,6 +30,8 @@ SERVER_TARGETS = [
     "expose_schemas + expose_prompts",
     "FlowServer, 1 flow vs bare, 1 tool",
     "FlowServer, 100 flows vs bare, 1 tool",
+    "notifications on vs bare async, same ones",
+    "the same, tools blocking=False",
     "resources/list",
     "resources/read",
     "prompts/list",
@@ -212,7 +214,12 @@ def test_bench_before_after_quick_runs_both_sides() -> None:
 
 def test_request_instructions_runs_each_kind_of_request() -> None:
     # What valgrind counts (see the script): here only that it runs and makes them.
-    for kind in ("read", "get", "call"):
+    for kind in ("read", "get", "call", "bare-call", "run", "hand"):
         result = run_script("benchmarks/request_instructions.py", kind, "--number", "3",
                             "--flows", "5")
+        assert result.returncode == 0, result.stderr[-2000:]
+    for options in (["--non-blocking"], *(["--feature", feature] for feature in
+                                          ("history", "metrics", "tracing"))):
+        result = run_script("benchmarks/request_instructions.py", "call", "--number", "3",
+                            "--flows", "5", *options)
         assert result.returncode == 0, result.stderr[-2000:]

@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pydantic_core
@@ -31,11 +31,11 @@ from fastmcp.tools.base import Tool as FastMCPTool
 from fastmcp.utilities.tasks import TaskConfig
 from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent, ToolAnnotations
-from pydantic import PrivateAttr
 
 from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.grants import StepGuard, fixed_caller
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
@@ -45,7 +45,6 @@ from chainweaver.mcp.runs.recording import (
     RunLog,
     RunRecorder,
     RunStart,
-    output_meta,
     run_start,
     sendable,
     state_run_id,
@@ -129,17 +128,21 @@ class ServedFrom:
         return step_names(view, snapshot, exposed)
 
 
-class FlowTool(FastMCPTool):
+class FlowTool(PlainSlots, FastMCPTool):
     """The MCP tool for one exposed flow."""
 
-    _executor: FlowExecutor = PrivateAttr()
-    _exposed: ExposedFlow = PrivateAttr()
-    _error_detail: str = PrivateAttr(default="full")
-    _timeout: float | None = PrivateAttr(default=None)
-    _runs: RunSettings = PrivateAttr(default_factory=RunSettings)
-    _served: ServedFrom | None = PrivateAttr(default=None)
-    _run_log: RunLog | None = PrivateAttr(default=None)
-    _outputs: RunLog | None = PrivateAttr(default=None)
+    # Plain attributes, not pydantic private ones: a call reads them (plain_slots.py).
+    __slots__ = ("_executor", "_exposed", "_error_detail", "_timeout", "_runs", "_served",
+                 "_run_log", "_outputs")
+    if TYPE_CHECKING:  # annotated at run time, pydantic would make them private again
+        _executor: FlowExecutor = SET_BY_BUILD
+        _exposed: ExposedFlow = SET_BY_BUILD
+        _error_detail: str = SET_BY_BUILD
+        _timeout: float | None = SET_BY_BUILD
+        _runs: RunSettings = SET_BY_BUILD
+        _served: ServedFrom | None = SET_BY_BUILD
+        _run_log: RunLog | None = SET_BY_BUILD
+        _outputs: RunLog | None = SET_BY_BUILD
 
     @classmethod
     def build(
@@ -171,10 +174,8 @@ class FlowTool(FastMCPTool):
         tool._exposed = exposed
         tool._error_detail = error_detail
         tool._timeout = timeout
-        if runs is not None:
-            tool._runs = runs
-        if live is not None:
-            tool._served = ServedFrom(live, views or Views(None), view)
+        tool._runs = runs if runs is not None else RunSettings()
+        tool._served = None if live is None else ServedFrom(live, views or Views(None), view)
         tool._run_log = run_log
         tool._outputs = outputs or run_log
         return tool
@@ -260,7 +261,7 @@ class FlowTool(FastMCPTool):
         await recorder.finish(result, tool_result, approval, error_type=error_type)
         meta = meta or {"chainweaver": {}}
         meta["chainweaver"]["run_id"] = recorder.run_id
-        linked = output_meta(recorder.record)
+        linked = recorder.linked_output()
         if linked is not None:
             meta["chainweaver"]["output"] = linked
         tool_result.meta = meta
@@ -314,11 +315,13 @@ class FlowTool(FastMCPTool):
         held = admission.current()
         watching = held.observers if held is not None and status is None else ()
         guard = self._step_guard()
+        # Only what is on watches the run: with nothing asked for, no observer at all.
+        observer = fan_out(status or reporter, recorder if recorder.observes else None,
+                           *watching)
         try:
             result = await self._executor.execute_flow_async(
                 flow.name, arguments, version=flow.version, timeout=self._timeout,
-                plan=self._exposed.plan,
-                observer=fan_out(status or reporter, recorder, *watching), approve=approve,
+                plan=self._exposed.plan, observer=observer, approve=approve,
                 run_id=recorder.run_id, checkpoints=checkpoints, guard=guard)
         except BaseException as error:
             if reporter is not None:

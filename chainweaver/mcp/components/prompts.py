@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp.exceptions import FastMCPError, PromptError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
-from pydantic import PrivateAttr
 
 from chainweaver.mcp.components import prompt_render
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.publish.exposure import (
     GUIDE_PROMPT_NAME,
     ExposedFlow,
@@ -33,10 +33,12 @@ def _result(messages: list[PromptMessage], description: str | None,
                         description=description, meta=meta)
 
 
-class FlowInvocationPrompt(Prompt):
+class FlowInvocationPrompt(PlainSlots, Prompt):
     """Schema-derived: one string argument per input property; renders a tool-call guide."""
 
-    _exposed: ExposedFlow = PrivateAttr()
+    __slots__ = ("_exposed",)  # a plain attribute: a render reads it (plain_slots.py)
+    if TYPE_CHECKING:
+        _exposed: ExposedFlow = SET_BY_BUILD
 
     @classmethod
     def build(cls, exposed: ExposedFlow) -> FlowInvocationPrompt:
@@ -62,10 +64,12 @@ class FlowInvocationPrompt(Prompt):
         return _result(messages, self.description, meta)
 
 
-class AuthoredPrompt(Prompt):
+class AuthoredPrompt(PlainSlots, Prompt):
     """A ``FlowPrompt`` written by a flow author or a server operator."""
 
-    _prompt: FlowPrompt = PrivateAttr()
+    __slots__ = ("_prompt",)
+    if TYPE_CHECKING:
+        _prompt: FlowPrompt = SET_BY_BUILD
 
     @classmethod
     def build(cls, published_name: str, prompt: FlowPrompt,
@@ -97,10 +101,12 @@ class AuthoredPrompt(Prompt):
         return _result(messages, self.description)
 
 
-class GuidePrompt(Prompt):
+class GuidePrompt(PlainSlots, Prompt):
     """``chainweaver_guide``: the exposed flows, and when to choose which."""
 
-    _flows: Callable[[], list[ExposedFlow]] = PrivateAttr()
+    __slots__ = ("_flows",)
+    if TYPE_CHECKING:
+        _flows: Callable[[], list[ExposedFlow]] = SET_BY_BUILD
 
     @classmethod
     def build(cls, flows: Callable[[], list[ExposedFlow]]) -> GuidePrompt:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp.resources.base import Resource, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from mcp_types import Annotations
-from pydantic import PrivateAttr
 
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, schema_uri
 
 TEMPLATE_URI = schema_uri("{published_name}")
@@ -61,16 +61,19 @@ def _json(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False)
 
 
-class JSONDocumentResource(Resource):
+class JSONDocumentResource(PlainSlots, Resource):
     """A resource whose JSON text is produced once, on first read."""
 
-    _text: str | None = PrivateAttr(default=None)
-    _produce: Any = PrivateAttr(default=None)
+    __slots__ = ("_text", "_produce")  # plain attributes: a read uses them (plain_slots.py)
+    if TYPE_CHECKING:
+        _text: str | None = SET_BY_BUILD
+        _produce: Any = SET_BY_BUILD
 
     @classmethod
     def build(cls, produce: Any, **fields: Any) -> JSONDocumentResource:
         resource = cls(mime_type=MIME_TYPE, **fields)
         resource._produce = produce
+        resource._text = None
         return resource
 
     async def read(self) -> ResourceResult:

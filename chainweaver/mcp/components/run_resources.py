@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from fastmcp.resources.base import Resource, ResourceContent, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Annotations
-from pydantic import PrivateAttr
 
 from chainweaver.mcp.components.mistakes import invalid_request
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.components.resources import _json
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, too_large_to_send
@@ -125,10 +125,12 @@ def _unavailable(error: RunStoreError) -> MCPError:
     return MCPError(code=INTERNAL_ERROR, message=str(error))
 
 
-class RunResource(Resource):
+class RunResource(PlainSlots, Resource):
     """A run resource, read when asked (records change while runs go on)."""
 
-    _produce: Callable[[], Awaitable[ResourceResult]] = PrivateAttr()
+    __slots__ = ("_produce",)  # a plain attribute: a read calls it (plain_slots.py)
+    if TYPE_CHECKING:
+        _produce: Callable[[], Awaitable[ResourceResult]] = SET_BY_BUILD
 
     @classmethod
     def build(cls, produce: Callable[[], Awaitable[ResourceResult]], **fields: Any

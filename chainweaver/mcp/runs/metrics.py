@@ -79,6 +79,7 @@ class ServerMetrics:
     """The instruments of one server, from ``provider`` (None: the global provider)."""
 
     def __init__(self, provider: Any = None) -> None:
+        self.provider = provider
         source = provider if provider is not None else otel_metrics.get_meter_provider()
         meter = source.get_meter("chainweaver", __version__)
         self.requests = meter.create_counter(
@@ -93,6 +94,13 @@ class ServerMetrics:
         self.steps = meter.create_counter("chainweaver.steps", unit="{step}",
                                           description="Finished steps by tool and status")
 
+    def recording(self) -> bool:
+        """Whether anything records these instruments: a provider the server was given,
+        or a global one an application set (asked each time: it may be set after the
+        server is built). Off, a request builds no counter, label or timer."""
+        return not _unset(self.provider if self.provider is not None
+                          else otel_metrics.get_meter_provider())
+
     def refused(self, gate: GateContext, exposure: Exposure, runs_root: str = RUNS_URI
                 ) -> None:
         """A request the gate refused (never served, so not timed); ``runs_root``:
@@ -104,6 +112,14 @@ class ServerMetrics:
         labels = {"tool": tool, "status": status if status in RUN_STATUSES else "failed"}
         self.runs.add(1, labels)
         self.run_duration.record(seconds, labels)
+
+
+def _unset(provider: Any) -> bool:
+    """Whether ``provider`` records nothing: OpenTelemetry's no-op provider, or the
+    placeholder the API hands out until an application sets one (a private class, so
+    told by its name; anything else counts as recording)."""
+    return isinstance(provider, otel_metrics.NoOpMeterProvider) \
+        or type(provider).__name__ == "_ProxyMeterProvider"
 
 
 def _duration_histogram(meter: Any, name: str, description: str) -> Any:
@@ -157,7 +173,8 @@ class RequestMetrics:
     async def observe(self, record: Admission, context: MiddlewareContext,
                       serve: Callable[[], Awaitable[Any]]) -> Any:
         """``serve()`` the admitted request ``record``, counting and timing it."""
-        if record.kind is None or (context.method or "") not in KINDS:
+        if record.kind is None or (context.method or "") not in KINDS \
+                or not self.metrics.recording():
             return await serve()
         # Counted as the budgets count it, under the name this server publishes (see
         # AdmittedServing.count).

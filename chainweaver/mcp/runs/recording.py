@@ -170,7 +170,11 @@ def log_unsuccessful(record: RunRecord) -> None:
 
 
 class RunRecorder(RunObserver):
-    """Builds one run's record from its steps, and saves it at each status change."""
+    """Builds one run's record from its steps, and saves it at each status change.
+
+    Without a run history (``log`` None) nothing keeps a record, so none is built
+    unless the run fails (its warning line names it) or its output is kept in the
+    spill; the recorder then observes no step (:attr:`observes`)."""
 
     def __init__(self, log: RunLog | None, exposed: ExposedFlow, start: RunStart,
                  names: StepNames, outputs: RunLog | None = None) -> None:
@@ -180,17 +184,34 @@ class RunRecorder(RunObserver):
         self.outputs = outputs or log
         self.start = start
         self.names = names
-        flow = exposed.flow
-        now = time.time()
-        self.record = RunRecord(start.run_id, flow.name, flow.version, exposed.tool_name,
-                                start.caller_id, int(now * 1e6), now,
-                                task_id=start.task_id, deliveries=start.deliveries)
+        self._exposed = exposed
+        self._started_at = time.time()
+        self._record: RunRecord | None = None
         self._decided_at: float | None = None  # when the approval was answered
         start.note.run_id = start.run_id
 
     @property
+    def record(self) -> RunRecord:
+        """The run's record, built on first use."""
+        if self._record is None:
+            start, exposed, now = self.start, self._exposed, self._started_at
+            self._record = RunRecord(start.run_id, exposed.flow.name, exposed.flow.version,
+                                     exposed.tool_name, start.caller_id, int(now * 1e6), now,
+                                     task_id=start.task_id, deliveries=start.deliveries)
+        return self._record
+
+    def linked_output(self) -> dict[str, Any] | None:
+        """``_meta.chainweaver.output`` when the output travels as a link (None: not)."""
+        return None if self._record is None else output_meta(self._record)
+
+    @property
+    def observes(self) -> bool:
+        """Whether the run's steps need telling: only a record in a history lists them."""
+        return self.log is not None
+
+    @property
     def run_id(self) -> str:
-        return self.record.run_id
+        return self.start.run_id  # the record's too: both move together
 
     async def begin(self) -> None:
         """Save the record as running (a task's later leg, or the retry of a call that
@@ -268,6 +289,10 @@ class RunRecorder(RunObserver):
                      approval: Any = None, *, error_type: str = "FlowUnavailable") -> None:
         """The run ended with ``tool_result`` (``result``: the executor's, None when the
         flow never ran: then a failure's type is ``error_type``)."""
+        error = result.error if result is not None else None
+        failed = bool(tool_result.is_error) and not _linked(tool_result)
+        if self.log is None and not failed:
+            return  # a success with no history: nothing to keep and nothing to log
         record, note = self.record, self.start.note
         record.ended_at = time.time()
         if approval is not None and approval.outcome != "not_asked":
@@ -276,8 +301,6 @@ class RunRecorder(RunObserver):
                 "at": self._decided_at or record.ended_at, "decision": approval.outcome,
                 "steps": [self.names.path(step) for step in request.step_ids]
                 if request is not None else []})
-        error = result.error if result is not None else None
-        failed = bool(tool_result.is_error) and not _linked(tool_result)
         record.status = _status(error.type if error is not None else None, failed)
         if failed:
             record.error_type = error.type if error is not None else error_type

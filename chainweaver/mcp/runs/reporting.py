@@ -65,7 +65,11 @@ class RunReporter(RunObserver):
     """Sends a run's events to the client, in order, from the event loop.
 
     Events may come from worker threads; they are queued to one sender task, which
-    counts finished steps, so progress only ever increases.
+    counts finished steps, so progress only ever increases. Events from a worker
+    thread are batched: the first of a batch asks the loop to wake up once, and that
+    wake-up queues every event that arrived meanwhile, in order. A step's events are
+    handed over before the step's worker thread can report the step's end, since the
+    loop runs its callbacks in the order they were asked for.
     """
 
     def __init__(self, ctx: Context, tool_name: str, *, progress: bool,
@@ -83,6 +87,9 @@ class RunReporter(RunObserver):
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._queue: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
+        # Events from worker threads waiting for their one wake-up of the loop.
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_lock = threading.Lock()
         self._sender = asyncio.ensure_future(self._send_all())
 
     @classmethod
@@ -97,11 +104,24 @@ class RunReporter(RunObserver):
 
     # Observer side (any thread) -------------------------------------------
 
-    def _put(self, item: tuple[Any, ...] | None) -> None:
+    def _put(self, item: tuple[Any, ...]) -> None:
         if threading.get_ident() == self._thread:
+            if self._pending:
+                self._hand_over()  # a worker thread's events came first
             self._queue.put_nowait(item)
-        else:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            return
+        with self._pending_lock:
+            self._pending.append(item)
+            if len(self._pending) > 1:
+                return  # the wake-up the first one asked for takes this one too
+        self._loop.call_soon_threadsafe(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """Queue the events worker threads left (on the loop), in the order they came."""
+        with self._pending_lock:
+            items, self._pending = self._pending, []
+        for item in items:
+            self._queue.put_nowait(item)
 
     def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
         self._total = total_steps
@@ -135,6 +155,7 @@ class RunReporter(RunObserver):
 
     async def close(self) -> None:
         """Send what is queued, then stop (before the call's result goes out)."""
+        self._hand_over()
         self._queue.put_nowait(None)
         await self._sender
 

@@ -59,16 +59,23 @@ class FlowTelemetry:
         exposed = record.target
         if record.kind != "tool" or exposed is None or record.view is None:
             return await serve(record)  # not a flow, or none in the caller's view
-        # Not made the current span: FastMCP enriches its request span only while that
-        # span is current, and would open a second SERVER span under this one.
-        span = TRACER.start_span(f"chainweaver.flow {exposed.flow.name}",
-                                 start_time=time.time_ns(),
-                                 attributes=flow_attributes(exposed, exposed.tool_name))
+        counting = self.metrics is not None and self.metrics.recording()
+        traced = tracing()
+        if not counting and not traced:
+            return await serve(record)  # nothing records spans or counts: none is built
         watching: tuple[RunObserver, ...] = ()
-        if span.is_recording():  # without an OpenTelemetry SDK there is nothing to record
-            names = step_names(record.view, self.exposure, exposed)
-            watching = (StepSpans(span, names, self.error_detail),)
-        counter = StepCounter(self.metrics, exposed.tool_name) if self.metrics else None
+        span: Span | None = None
+        if traced:
+            # Not made the current span: FastMCP enriches its request span only while
+            # that span is current, and would open a second SERVER span under this one.
+            span = TRACER.start_span(f"chainweaver.flow {exposed.flow.name}",
+                                     start_time=time.time_ns(),
+                                     attributes=flow_attributes(exposed, exposed.tool_name))
+            if span.is_recording():  # a sampler may still decline it
+                names = step_names(record.view, self.exposure, exposed)
+                watching = (StepSpans(span, names, self.error_detail),)
+        counter = StepCounter(self.metrics, exposed.tool_name) \
+            if counting and self.metrics is not None else None
         if counter is not None:
             watching += (counter,)
         started = time.perf_counter()
@@ -77,22 +84,31 @@ class FlowTelemetry:
         except BaseException as error:
             self._run_finished(counter, "cancelled" if isinstance(error, CancelledError)
                                else "failed", started)
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            span.set_attribute("chainweaver.flow.status", "error")
-            span.end()
+            if span is not None:
+                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                span.set_attribute("chainweaver.flow.status", "error")
+                span.end()
             raise
         failed = bool(getattr(result, "is_error", False))
         self._run_finished(counter, "failed" if failed else "completed", started)
-        span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
-        if failed:
-            span.set_status(Status(StatusCode.ERROR, "flow failed"))
-        span.end()
+        if span is not None:
+            span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
+            if failed:
+                span.set_status(Status(StatusCode.ERROR, "flow failed"))
+            span.end()
         return result
 
     def _run_finished(self, counter: StepCounter | None, status: str, started: float
                       ) -> None:
         if counter is not None and counter.started:
             counter.metrics.run_finished(counter.tool, status, time.perf_counter() - started)
+
+
+def tracing() -> bool:
+    """Whether an OpenTelemetry SDK records spans: without one (the API's placeholder or
+    no-op provider) a run opens none (asked per call: an application may set it later)."""
+    return not isinstance(trace.get_tracer_provider(),
+                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 class StepSpans(RunObserver):

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 from support.catalogue import build_catalogue
+from support.watched import Watched, observers
 
 from chainweaver import (
     Flow,
@@ -25,8 +26,9 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, visible_claim
+from chainweaver.mcp import AuditEvent, FlowServer, SecurityConfig, ServingConfig, visible_claim
 from chainweaver.mcp.gate.audit_log import JsonlAuditLog
+from chainweaver.mcp.runs.telemetry import StepSpans
 
 SECRET = "walrus-5521-secret"
 SECRET_ORDER = "A-55217731"
@@ -241,3 +243,14 @@ async def test_a_mounted_flow_run_is_one_span_named_as_its_server_publishes_it(
     steps = [s for s in spans.get_finished_spans() if s.name.startswith("chainweaver.step ")]
     assert [s.parent.span_id for s in steps if s.parent] == [runs[0].context.span_id] * 2
     assert bool(events) == hooks
+
+
+@pytest.mark.anyio
+async def test_a_recording_tracer_adds_only_its_step_spans_to_a_run(
+        spans: InMemorySpanExporter) -> None:
+    executor = Watched()
+    server = FlowServer(executor, serving=ServingConfig(run_notifications=False))
+    async with Client(server.fastmcp) as client:
+        await client.call_tool("count_words", {"text": "a b"})
+    assert observers(executor.handed[0]["observer"]) == [StepSpans]
+    assert "chainweaver.flow count_words" in by_name(spans.get_finished_spans())
