@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Generator, Mapping
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import Any, Final, Literal, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,8 +29,13 @@ from .run_events import RunObserver, notify
 from .run_state import RunState
 from .tools import Tool
 
-if TYPE_CHECKING:
-    from .calling import Stop
+
+class Stop(Protocol):
+    """What a step needs of its run's stop signal (:class:`chainweaver.calling.Stop`;
+    named here so the runner stays below the calling module)."""
+
+    def is_set(self) -> bool: ...
+
 
 logger = logging.getLogger("chainweaver.executor")
 

@@ -30,8 +30,10 @@ RECORD_WRITERS: dict[str, tuple[frozenset[str], str]] = {
         "a step's record: the runner fills it in as the step runs, a checkpoint restores "
         "it, a run that ends early settles copies of the running ones"),
     "chainweaver.run_state.RunState": (
-        frozenset({"chainweaver.runner", "chainweaver.lanes", "chainweaver.checkpoints"}),
-        "a run's working state, shared by the parts of the engine that run it"),
+        frozenset({"chainweaver.runner", "chainweaver.lanes", "chainweaver.checkpoints",
+                   "chainweaver.outcome"}),
+        "a run's working state, shared by the parts of the engine that run it (the "
+        "outcome hands the validated flow input to a first step that takes it)"),
     "chainweaver.plan.Plan": (
         frozenset({"chainweaver.run_events"}),
         "what one approval of a run covers, worked out on first use and kept with the "
@@ -52,6 +54,8 @@ RECORD_WRITERS: dict[str, tuple[frozenset[str], str]] = {
 # Attributes no class of the package defines: other libraries' objects (module,
 # attribute), each a public attribute of an object the module holds. "*": any name.
 FOREIGN_ATTRIBUTES: dict[tuple[str, str], str] = {
+    ("chainweaver.mcp.components.plain_slots", "*"):
+        "a component's own plain slots, carried over to the copies FastMCP makes of it",
     ("chainweaver.mcp.fastmcp_seams", "*"):
         "every reach past FastMCP's and the MCP SDK's public API lives there",
     ("chainweaver.mcp.components.flow_tool", "meta"):
