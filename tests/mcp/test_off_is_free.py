@@ -108,15 +108,15 @@ async def test_a_failed_run_without_history_still_builds_the_record_its_warning_
 async def test_each_feature_on_adds_only_its_own_observer(
         built: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
     history = Watched()
-    await call(FlowServer(history, serving=ServingConfig(
-        run_notifications=False, run_history=RunHistory())))
+    await call(FlowServer(history, serving=ServingConfig(run_notifications=False),
+                          run_history=RunHistory()))
     assert observers(history.handed[0]["observer"]) == [RunRecorder]
     assert built["records"] == 1 and built["labels"] == built["spans"] == 0
 
     reader = InMemoryMetricReader()
     metered = Watched()
-    await call(FlowServer(metered, serving=ServingConfig(
-        run_notifications=False, meter_provider=MeterProvider(metric_readers=[reader]))))
+    await call(FlowServer(metered, serving=ServingConfig(run_notifications=False),
+                          meter_provider=MeterProvider(metric_readers=[reader])))
     assert observers(metered.handed[0]["observer"]) == [StepCounter]
     labelled = built["labels"]
     assert labelled >= 1 and built["spans"] == 0  # the call (and the client's other requests)

@@ -11,7 +11,14 @@ from fastmcp import Client
 from fastmcp_tasks import call_tool_task
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
-from chainweaver.mcp import AuditEvent, CallerIdentity, FlowServer, GateContext, SecurityConfig
+from chainweaver.mcp import (
+    AuditEvent,
+    CallerIdentity,
+    FlowServer,
+    GateContext,
+    SecurityConfig,
+    TaskSettings,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.tasks]
 READ = ToolSafetyContract("read")
@@ -56,7 +63,7 @@ def server(audit: list[AuditEvent]) -> FlowServer:
     executor.registry.register_flow(Flow("export", "reads, then exports", [
         FlowStep("read_ledger"), FlowStep("revoke"), FlowStep("export_ledger")]))
     executor.registry.register_flow(Flow("read", "reads", [FlowStep("read_ledger")]))
-    return FlowServer(executor, tasks="memory://", task_mode="optional",
+    return FlowServer(executor, tasks=TaskSettings(url="memory://", mode="optional"),
                       security=SecurityConfig(authenticator=authenticate,
                                               refresh_caller=refresh,
                                               audit_hook=audit.append))
