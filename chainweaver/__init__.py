@@ -30,12 +30,11 @@ from .executor import ALWAYS_APPROVE, ErrorInfo, ExecutionResult, FlowExecutor, 
 from .files import load_flows
 from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
 from .grants import Caller, Delegation, Grants, StepDecision, StepRequest
-from .keys import IdempotencyKey
 from .mappings import Const, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
 from .registry import FlowRegistry, RegistryChange, RegistryState
 from .safety import SideEffectLevel, ToolSafetyContract, merge_safety_contracts
-from .tools import Tool, tool
+from .tools import IdempotencyKey, Tool, tool
 
 __version__ = "0.1.0"
 

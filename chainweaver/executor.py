@@ -29,8 +29,8 @@ from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .grants import StepAuthorizer, StepGuard, fixed_caller
 from .lanes import Lanes
+from .mapping_checks import clean_input_model, clean_needs_approval
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
-from .quick_check import clean_input_model, clean_needs_approval
 from .registry import FlowRegistry
 from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import ALWAYS_APPROVE, ApprovalHook, Cancellation, RunObserver
@@ -204,7 +204,8 @@ class FlowExecutor:
 
     def clean_input_model(self, flow: Flow) -> type[BaseModel] | None:
         """The input model of the flow's plan when the flow is shown to have no problem
-        without compiling it (:mod:`chainweaver.quick_check`); None: compile to know."""
+        without compiling it (:func:`chainweaver.mapping_checks.clean_input_model`);
+        None: compile to know."""
         return clean_input_model(flow, self._tools)
 
     def clean_needs_approval(self, flow: Flow) -> bool:

@@ -21,13 +21,12 @@ from pydantic import BaseModel, ValidationError
 from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
 from .grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
-from .keys import Keyed, step_key
 from .mappings import MappingMiss, gather_computed
 from .plan import FieldSource, Plan, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver, notify
 from .run_state import RunState
-from .tools import Tool
+from .tools import Keyed, Tool, step_key
 
 
 class Stop(Protocol):

@@ -1,6 +1,7 @@
-"""The exposure decision's quick check (chainweaver.quick_check) agrees with the plan
-compiler: over generated flows, whatever it shows clean compiles without a problem, to
-the same input model; and the flows it is meant for are shown clean."""
+"""The exposure decision's quick check (chainweaver.mapping_checks.clean_input_model)
+agrees with the plan compiler: over generated flows, whatever it shows clean compiles
+without a problem, to the same input model; and the flows it is meant for are shown
+clean."""
 
 from __future__ import annotations
 

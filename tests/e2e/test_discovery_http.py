@@ -7,7 +7,7 @@ request's ``_meta`` carried into the flow's spans."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,14 +17,12 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.server.auth.providers.jwt import JWTVerifier
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support.catalogue import build_catalogue
 from support.mcp_client import RawResult
 from support.procs import free_port
 from support.server_card import check_card, tool_names
+from support.spans import recorded_spans
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
 from chainweaver.mcp import Discovery, FlowServer, SecurityConfig, visible_claim
@@ -122,14 +120,9 @@ async def test_lists_carry_private_hints_on_2026_07_28_only(mode: str) -> None:
 
 
 @pytest.fixture
-def spans() -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
+def spans() -> Iterator[InMemorySpanExporter]:
+    with recorded_spans() as exporter:
+        yield exporter
 
 
 @pytest.mark.anyio

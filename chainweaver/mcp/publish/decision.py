@@ -265,7 +265,7 @@ def decide_flow(
                                                   planned, expose_schemas,
                                                   expose_prompts, server_prompt_names,
                                                   None if input_model is None else executor)
-    # A flow shown clean without its plan declares no grant (quick_check says so).
+    # A flow shown clean without its plan declares no grant (clean_input_model says so).
     plan = exposed.plan if input_model is None else None
     report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),

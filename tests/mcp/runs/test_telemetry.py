@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastmcp import Client, FastMCP
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 from support.catalogue import build_catalogue
+from support.spans import recorded_spans
 from support.watched import Watched, observers
 
 from chainweaver import (
@@ -32,18 +32,12 @@ from chainweaver.mcp.runs.telemetry import StepSpans
 
 SECRET = "walrus-5521-secret"
 SECRET_ORDER = "A-55217731"
-EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture
-def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        trace.set_tracer_provider(provider)
-    EXPORTER.clear()
-    return EXPORTER
+def spans() -> Iterator[InMemorySpanExporter]:
+    with recorded_spans() as exporter:
+        yield exporter
 
 
 def by_name(finished: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
