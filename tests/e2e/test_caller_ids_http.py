@@ -8,7 +8,6 @@ its rate budget. Over streamable HTTP on 127.0.0.1 with JWT bearer tokens, on bo
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +18,7 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.server.auth.providers.jwt import JWTVerifier
 from mcp import MCPError
-from support.procs import free_port
+from support.procs import serving_http
 from support.run_records import run_catalogue
 from support.tokens import AUDIENCE, ISSUER, KeyPair
 
@@ -50,20 +49,8 @@ async def serving(keys: KeyPair, audit: list[AuditEvent]) -> AsyncIterator[str]:
         auth=JWTVerifier(public_key=keys.public_pem, issuer=ISSUER, audience=AUDIENCE),
         audit_hook=audit.append),
         run_history=RunHistory(output_limit=10))
-    port = free_port()
-    task = asyncio.create_task(server.serve_async("streamable-http", port=port))
-    try:
-        for _ in range(200):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    async with serving_http(server) as url:
+        yield url
 
 
 @pytest.mark.slow

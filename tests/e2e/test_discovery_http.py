@@ -6,9 +6,7 @@ request's ``_meta`` carried into the flow's spans."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import httpx2 as httpx
@@ -20,7 +18,7 @@ from fastmcp.server.auth.providers.jwt import JWTVerifier
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support.catalogue import build_catalogue
 from support.mcp_client import RawResult
-from support.procs import free_port
+from support.procs import serving_http as serving
 from support.server_card import check_card, tool_names
 from support.spans import recorded_spans
 from support.tokens import AUDIENCE, ISSUER, KeyPair
@@ -32,25 +30,6 @@ ORDERS = {"order_status", "price_quote"}
 KEYS = KeyPair()
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
-
-
-@asynccontextmanager
-async def serving(server: FlowServer, **options: Any) -> AsyncIterator[str]:
-    """``server`` on streamable HTTP on a free loopback port: its endpoint URL."""
-    port = free_port()
-    task = asyncio.create_task(server.serve_async("streamable-http", port=port, **options))
-    try:
-        for _ in range(200):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def viewed_server() -> FlowServer:

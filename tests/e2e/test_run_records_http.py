@@ -11,7 +11,6 @@ client's runs of tests/mcp/runs/test_run_records_property.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.server.auth.providers.jwt import JWTVerifier
-from support.procs import free_port
+from support.procs import free_port, serving_http
 from support.run_records import (
     check_isolation,
     check_subscriptions,
@@ -40,21 +39,8 @@ async def serving(keys: KeyPair, store: str) -> AsyncIterator[str]:
         auth=JWTVerifier(public_key=keys.public_pem, issuer=ISSUER, audience=AUDIENCE),
         visible=visible_claim("teams")),
         run_history=RunHistory(store=store, prefix=f"http:{free_port()}"))
-    port = free_port()
-    task = asyncio.create_task(server.serve_async("streamable-http", port=port))
-    url = f"http://127.0.0.1:{port}/mcp"
-    try:
-        for _ in range(200):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
+    async with serving_http(server) as url:
         yield url
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.anyio

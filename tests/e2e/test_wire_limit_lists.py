@@ -11,7 +11,6 @@ where FastMCP's own client refuses a server-sent event above 1 MiB (both eras).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,7 +18,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from pydantic import BaseModel
-from support.procs import free_port
+from support.procs import serving_http
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
 from chainweaver.mcp import FlowServer
@@ -48,22 +47,10 @@ def catalogue(flows: int) -> FlowServer:
 
 @asynccontextmanager
 async def http_client(server: FlowServer, mode: str) -> AsyncIterator[Client]:
-    port = free_port()
-    task = asyncio.create_task(server.serve_async("streamable-http", port=port))
-    try:
-        for _ in range(200):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        transport = StreamableHttpTransport(f"http://127.0.0.1:{port}/mcp")
+    async with serving_http(server) as url:
+        transport = StreamableHttpTransport(url)
         async with Client(transport, mode=mode, timeout=60) as client:
             yield client
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 MODES = ["legacy", "auto"]  # 2025-11-25, and 2026-07-28 where the server offers it

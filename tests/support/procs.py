@@ -1,7 +1,9 @@
-"""Helpers for tests that run a server in a subprocess: free ports, readiness, clean-up."""
+"""Helpers for tests that run a server in a subprocess or in this process: free ports,
+readiness, clean-up."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import random
@@ -9,7 +11,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 # Generous bounds that only stop a broken test from hanging; never a speed requirement.
 STARTUP_TIMEOUT = 60.0
@@ -79,3 +84,23 @@ def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()
     process.wait(timeout=EXIT_TIMEOUT)
+
+
+@asynccontextmanager
+async def serving_http(server: Any, **options: Any) -> AsyncIterator[str]:
+    """A ``FlowServer`` on streamable HTTP in this process, on a free loopback port, once
+    it accepts connections: its endpoint URL (``options`` go to ``serve_async``)."""
+    port = free_port()
+    task = asyncio.create_task(server.serve_async("streamable-http", port=port, **options))
+    try:
+        for _ in range(200):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
