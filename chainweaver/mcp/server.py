@@ -201,9 +201,9 @@ class FlowServer:
         # steps for its spans: no middleware layers of their own (each costs a request).
         self._gate = SecurityGate(
             gated, security, owner=owner, views=views, refusals=metrics.refused,
-            observe=RequestMetrics(metrics, gated).observe,
-            watch_run=FlowTelemetry(gated, security.error_detail, metrics).watch,
-            body_limit=security.max_body_bytes, pin=self._pins.serve,
+            requests=RequestMetrics(metrics, gated),
+            runs=FlowTelemetry(gated, security.error_detail, metrics),
+            body_limit=security.max_body_bytes, pins=self._pins,
             run_target=run_resources.target if run_resources is not None else None)
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(features["governance"], executor.registry)

@@ -22,13 +22,13 @@ Anything else that routes a request into the server without its own transport
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastmcp import FastMCP
 from fastmcp.resources import Resource, TextResource
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import MiddlewareContext
 from fastmcp.server.transforms import Transform
 from pydantic import AnyUrl
 
@@ -143,73 +143,3 @@ async def runs_root(transforms: Sequence[Transform]) -> str:
         _ROOTS.pop(next(iter(_ROOTS)))
     _ROOTS[key] = (tuple(transforms), root)
     return root
-
-
-def named_target(context: MiddlewareContext) -> tuple[RequestKind, str] | None:
-    """The kind and name of a ``tools/call``, ``resources/read`` or ``prompts/get`` whose
-    params FastMCP validated (None: any other message, or raw params FastMCP shows its
-    hooks when a request failed before it was dispatched)."""
-    message = context.message
-    if isinstance(message, Mapping):
-        return None
-    if context.method == "tools/call":
-        return "tool", message.name
-    if context.method == "resources/read":
-        return "resource", str(message.uri)
-    if context.method == "prompts/get":
-        return "prompt", message.name
-    return None
-
-
-# A request's first step: ``call_next(context)`` with the server's snapshot pinned for
-# it (chainweaver.mcp.live.notifications.SnapshotPins.serve).
-PinRequest = Callable[[MiddlewareContext, Any], Awaitable[Any]]
-
-
-class GateHooks(Middleware):
-    """FastMCP's hooks the gate and its mounted twin take over: every request is pinned
-    to a snapshot first (``pin``), then a call, read or render goes through ``guard``
-    (authenticated, rate-limited, authorized and audited), a list through
-    ``guard_listing`` (the same, never authorized: the caller's view narrows it)."""
-
-    pin: PinRequest | None = None
-
-    async def __call__(self, context: MiddlewareContext, call_next: Any) -> Any:
-        # A call, read or render goes straight to the guard: FastMCP's per-hook dispatch
-        # costs every request a handful of frames and closures (overriding __call__ is
-        # its documented way to handle a message whole). Anything else is dispatched.
-        target = named_target(context)
-        if target is None:
-            return await super().__call__(context, call_next)
-        kind, name = target
-        if self.pin is None:
-            return await self.guard(kind, name, context, call_next)
-        return await self.pin(context,
-                              lambda pinned: self.guard(kind, name, pinned, call_next))
-
-    async def guard(self, kind: RequestKind, name: str, context: MiddlewareContext,
-                     call_next: Any) -> Any:
-        raise NotImplementedError
-
-    async def guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
-                             call_next: Any) -> Any:
-        raise NotImplementedError
-
-    async def on_message(self, context: MiddlewareContext, call_next: Any) -> Any:
-        if self.pin is None:
-            return await call_next(context)
-        return await self.pin(context, call_next)
-
-    async def on_list_tools(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self.guard_listing("list", "tools/list", context, call_next)
-
-    async def on_list_resources(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self.guard_listing("list", "resources/list", context, call_next)
-
-    async def on_list_resource_templates(self, context: MiddlewareContext,
-                                         call_next: Any) -> Any:
-        return await self.guard_listing("list", "resources/templates/list", context,
-                                         call_next)
-
-    async def on_list_prompts(self, context: MiddlewareContext, call_next: Any) -> Any:
-        return await self.guard_listing("list", "prompts/list", context, call_next)

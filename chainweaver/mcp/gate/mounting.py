@@ -24,13 +24,13 @@ from chainweaver.mcp.fastmcp_seams import completion_handler
 from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, caller_from_token
 from chainweaver.mcp.gate.composition import (
-    GateHooks,
     find_component,
     flow_of,
     owned_by_another,
     owned_meta,
     runs_root,
 )
+from chainweaver.mcp.gate.front_door import FrontDoor
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.requests import completion_target, gate_for
 from chainweaver.mcp.gate.security import GateRefused, SecurityGate
@@ -39,7 +39,7 @@ from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
 
-class MountedGate(GateHooks):
+class MountedGate(FrontDoor):
     """A mounted FlowServer's gate, run in the parent server's middleware chain.
 
     A request is this server's when the component its name resolves to on the parent
@@ -53,7 +53,7 @@ class MountedGate(GateHooks):
     def __init__(self, gate: SecurityGate, server: FastMCP, namespace: str | None = None
                  ) -> None:
         self.gate = gate
-        self.pin = gate.pin  # the mounted server's snapshot, pinned in the parent's chain
+        self.pins = gate.pins  # the mounted server's snapshot, pinned in the parent's chain
         self.server = server
         self.namespace: tuple[Transform, ...] = (Namespace(namespace),) if namespace else ()
 

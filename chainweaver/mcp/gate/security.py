@@ -39,14 +39,13 @@ from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, RunNote, caller_from_token
 from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge
 from chainweaver.mcp.gate.composition import (
-    GateHooks,
-    PinRequest,
     find_component,
     flow_of,
     owned_meta,
     reached_directly,
     runs_root,
 )
+from chainweaver.mcp.gate.front_door import FrontDoor, Pins
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.rate_limit import budget_name
 from chainweaver.mcp.gate.requests import (
@@ -57,7 +56,7 @@ from chainweaver.mcp.gate.requests import (
     task_id_of,
     with_caller,
 )
-from chainweaver.mcp.gate.serving import AdmittedServing, Observe, WatchRun
+from chainweaver.mcp.gate.serving import AdmittedServing, RequestCounting, RunWatching
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import (
     ANONYMOUS,
@@ -96,25 +95,26 @@ def refusal_error(reason: str) -> MCPError:
                     data={"reason": reason})
 
 
-class SecurityGate(GateHooks):
+class SecurityGate(FrontDoor):
     """FastMCP middleware applying the gate to every request: the server's only one.
 
-    ``pin`` pins each request to a snapshot first; ``refusals`` counts refusals. What it
-    admits is served as :mod:`.serving` says: counted and timed by ``observe``, each
-    flow run watched by ``watch_run``, a prompt or read capped at ``body_limit`` bytes.
+    ``pins`` pins each request to a snapshot first (:mod:`.front_door`); ``refusals``
+    counts refusals. What it admits is served as :mod:`.serving` says: counted and timed
+    by ``requests``, each flow run watched by ``runs``, a prompt or read capped at
+    ``body_limit`` bytes.
     """
 
     def __init__(self, exposure: Exposure, config: SecurityConfig, owner: str = "",
                  views: Views | None = None, *,
                  refusals: Callable[[GateContext, Exposure, str], None] | None = None,
-                 observe: Observe | None = None, watch_run: WatchRun | None = None,
-                 body_limit: int | None = None, pin: PinRequest | None = None,
+                 requests: RequestCounting | None = None, runs: RunWatching | None = None,
+                 body_limit: int | None = None, pins: Pins | None = None,
                  run_target: Callable[[str], Awaitable[ExposedFlow | None]] | None = None
                  ) -> None:
         self.exposure = exposure
-        self.pin = pin
+        self.pins = pins
         self.refusals = refusals
-        self.serving = AdmittedServing(owner, body_limit, observe, watch_run)
+        self.serving = AdmittedServing(owner, body_limit, requests, runs)
         self.owner = owner  # the mark on every component this server publishes
         self.views = views or Views(None)
         self.authenticator = config.authenticator
@@ -288,7 +288,7 @@ class SecurityGate(GateHooks):
             # A parent's MountedGate ran this gate: counted here, under this server's
             # own names (the parent's carry its namespace; this server's own transforms
             # may still move its run resources).
-            own = RUNS_URI if self.serving.observe is None or kind != "resource" \
+            own = RUNS_URI if self.serving.requests is None or kind != "resource" \
                 or server is None else await runs_root(server.transforms)
             return await self.serving.count(held.of(self.owner), context, call_next, own)
         if self.active and not reached_directly(self, context):

@@ -1,6 +1,8 @@
-"""How the security gate serves a request it admitted: as its admission, counted and
-timed (the server's request metrics), a flow run watched (the server's spans and run
-counts), a list's page checked and a rendered prompt or read capped (:mod:`.body_cap`).
+"""How the security gate serves a request it admitted, in one pass: as its admission,
+a list's page checked and a rendered prompt or read capped (:mod:`.body_cap`); the
+request counted and timed (the server's request metrics) and a flow run watched (the
+server's spans and run counts) by plain calls before and after, never by wrappers that
+call back into serving.
 
 None of it is a middleware layer of its own: each FastMCP middleware layer costs every
 request, and the gate knows the admission all of these read.
@@ -8,9 +10,8 @@ request, and the gate knows the admission all of these read.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastmcp.server.middleware import MiddlewareContext
 
@@ -20,27 +21,45 @@ from chainweaver.mcp.gate.body_cap import oversize
 from chainweaver.mcp.gate.requests import local_name
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 
-# Serves an admitted request counted and timed: (record, context, serve).
-Observe = Callable[[Admission, MiddlewareContext, Callable[[], Awaitable[Any]]],
-                   Awaitable[Any]]
-# Serves an admitted call with its run's own observers added to the record it is given.
-WatchRun = Callable[[Admission, Callable[[Admission], Awaitable[Any]]], Awaitable[Any]]
+
+class Finish(Protocol):
+    """Told once how a request it started watching ended."""
+
+    def done(self, result: Any) -> None: ...
+
+    def failed(self, error: BaseException) -> None: ...
+
+
+class RequestCounting(Protocol):
+    """Counts and times admitted requests
+    (:class:`~chainweaver.mcp.runs.metrics.RequestMetrics`)."""
+
+    def start(self, record: Admission, method: str) -> Finish | None:
+        """Start timing ``record``'s request (None: not counted)."""
+        ...
+
+
+class RunWatching(Protocol):
+    """Watches admitted flow runs (:class:`~chainweaver.mcp.runs.telemetry.FlowTelemetry`)."""
+
+    def begin(self, record: Admission) -> tuple[Admission, Finish] | None:
+        """The record to serve the call as, its run's observers added, and what to tell
+        when it ends (None: nothing watches this run)."""
+        ...
 
 
 @dataclass(frozen=True)
 class AdmittedServing:
     """Serves what the gate of ``owner`` admitted.
 
-    ``body_limit`` caps a rendered prompt or read (None: no cap); ``observe`` counts
-    and times each request (:class:`~chainweaver.mcp.runs.metrics.RequestMetrics`);
-    ``watch_run`` watches each flow run
-    (:class:`~chainweaver.mcp.runs.telemetry.FlowTelemetry`).
+    ``body_limit`` caps a rendered prompt or read (None: no cap); ``requests`` counts
+    and times each request; ``runs`` watches each flow run.
     """
 
     owner: str = ""
     body_limit: int | None = None
-    observe: Observe | None = None
-    watch_run: WatchRun | None = None
+    requests: RequestCounting | None = None
+    runs: RunWatching | None = None
 
     async def serve(self, record: Admission, context: MiddlewareContext, call_next: Any,
                     *, count: bool = True) -> Any:
@@ -48,38 +67,48 @@ class AdmittedServing:
         provider found stale or forged, and a prompt or read above the body cap.
         ``count`` False: a parent's ``MountedGate`` serves it, and this server's own
         chain counts it under its own names (:meth:`count`)."""
-        if count and self.observe is not None and record.owner == self.owner:
-            return await self.observe(record, context,
-                                      lambda: self._served(record, context, call_next))
-        return await self._served(record, context, call_next)
+        timer = self.requests.start(record, context.method or "") \
+            if count and self.requests is not None and record.owner == self.owner else None
+        watch = self.runs.begin(record) \
+            if record.kind == "tool" and self.runs is not None else None
+        served = record if watch is None else watch[0]
+        try:
+            with admission.admitted(served):
+                result = await call_next(context)
+            if record.page is not None:
+                record.page.check()
+            if record.owner == self.owner and record.kind is not None:
+                too_large = oversize(record.kind, record.name, result, self.body_limit,
+                                     record.runs_root)
+                if too_large is not None:
+                    raise too_large
+        except BaseException as error:
+            if watch is not None:
+                watch[1].failed(error)
+            if timer is not None:
+                timer.failed(error)
+            raise
+        if watch is not None:
+            watch[1].done(result)
+        if timer is not None:
+            timer.done(result)
+        return result
 
     async def count(self, record: Admission | None, context: MiddlewareContext,
                     call_next: Any, runs_root: str = RUNS_URI) -> Any:
         """Serve a request admitted already, counted as this server's, under the name
         it has in this server's own chain (a parent's MountedGate admitted it under the
         parent's, namespaced one), where its run resources are at ``runs_root``."""
-        if self.observe is None or record is None:
+        if self.requests is None or record is None:
             return await call_next(context)
         own = record.named(local_name(record.kind, context.message, record.name), runs_root)
-        return await self.observe(own, context, lambda: call_next(context))
-
-    async def _served(self, record: Admission, context: MiddlewareContext,
-                      call_next: Any) -> Any:
-        if record.kind == "tool" and self.watch_run is not None:
-            return await self.watch_run(record, lambda watched: _call(watched, context,
-                                                                      call_next))
-        with admission.admitted(record):
+        timer = self.requests.start(own, context.method or "")
+        if timer is None:
+            return await call_next(context)
+        try:
             result = await call_next(context)
-        if record.page is not None:
-            record.page.check()
-        if record.owner == self.owner and record.kind is not None:
-            too_large = oversize(record.kind, record.name, result, self.body_limit,
-                                 record.runs_root)
-            if too_large is not None:
-                raise too_large
+        except BaseException as error:
+            timer.failed(error)
+            raise
+        timer.done(result)
         return result
-
-
-async def _call(record: Admission, context: MiddlewareContext, call_next: Any) -> Any:
-    with admission.admitted(record):
-        return await call_next(context)

@@ -54,7 +54,7 @@ from chainweaver.mcp.fastmcp_seams import (
     on_connection_close,
 )
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import admitted, caller_from_token, pinned
+from chainweaver.mcp.gate.admission import Admission, caller_from_token, pinned
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity
 from chainweaver.mcp.live.cursors import paged_by_view
@@ -443,7 +443,7 @@ def _events(change: ViewChange) -> list[ServerEvent]:
 
 class SnapshotPins:
     """The first step of every request (the gate takes it before anything else; see
-    :class:`~chainweaver.mcp.gate.composition.GateHooks`): one snapshot per request,
+    :mod:`chainweaver.mcp.gate.front_door`): one snapshot per request,
     and 2025-11-25 sessions kept, each with the caller it follows."""
 
     def __init__(self, live: LiveExposure, notifier: ChangeNotifier,
@@ -452,8 +452,9 @@ class SnapshotPins:
         self.notifier = notifier
         self.keep_alive = keep_alive  # what must live as long as this server serves
 
-    async def serve(self, context: MiddlewareContext, call_next: Any) -> Any:
-        """``call_next(context)`` with this server's snapshot pinned for the request."""
+    def pin(self, context: MiddlewareContext) -> Admission | None:
+        """The request's first admission, this server's snapshot pinned in it (None:
+        the request pinned it already)."""
         request = context.fastmcp_context.request_context if context.fastmcp_context \
             else None
         # The SDK builds one session object per request: it names the request.
@@ -467,8 +468,4 @@ class SnapshotPins:
                 known.caller = caller_from_token()  # the token rides on every request
             else:
                 learn = known.admit  # an authenticator decides: the gate tells the record
-        record = pinned(name, self.live, learn)
-        if record is None:
-            return await call_next(context)
-        with admitted(record):
-            return await call_next(context)
+        return pinned(name, self.live, learn)

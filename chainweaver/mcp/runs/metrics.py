@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fastmcp.exceptions import NotFoundError, ValidationError
-from fastmcp.server.middleware import MiddlewareContext
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 from opentelemetry import metrics as otel_metrics
@@ -160,8 +159,8 @@ class StepCounter(RunObserver):
 
 
 class RequestMetrics:
-    """Counts and times every request this server's gate admitted: the gate serves each
-    through :meth:`observe` (no middleware layer of its own), with its admission, so
+    """Counts and times every request this server's gate admitted: the gate starts a
+    timer for each (:meth:`start`; no middleware layer of its own) with its admission, so
     the name is the one the gate resolved. The gate counts its refusals through
     :meth:`ServerMetrics.refused`.
     """
@@ -170,36 +169,44 @@ class RequestMetrics:
         self.metrics = metrics
         self.exposure = exposure  # the gate's: names outside it count as unpublished
 
-    async def observe(self, record: Admission, context: MiddlewareContext,
-                      serve: Callable[[], Awaitable[Any]]) -> Any:
-        """``serve()`` the admitted request ``record``, counting and timing it."""
-        if record.kind is None or (context.method or "") not in KINDS \
-                or not self.metrics.recording():
-            return await serve()
+    def start(self, record: Admission, method: str) -> RequestTimer | None:
+        """Start timing the admitted request ``record`` (None: not counted: not a
+        request kind counted here, or no metrics SDK records)."""
+        if record.kind is None or method not in KINDS or not self.metrics.recording():
+            return None
         # Counted as the budgets count it, under the name this server publishes (see
         # AdmittedServing.count).
         name = budget_name_of(record.kind, record.name, record.target is not None,
                               self.exposure, record.runs_root)
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            result = await serve()
-            # Only a call has an error result (a failed getattr of a pydantic model's
-            # missing field raises inside, and costs every read and render).
-            if record.kind == "tool" and (getattr(result, "is_error", False)
-                                          or getattr(result, "isError", False)):
-                outcome = "error"
-            return result
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except Exception as error:
-            outcome = outcome_of(error)
-            raise
-        finally:
-            labels = {"kind": str(record.kind), "outcome": outcome, "name": name}
-            self.metrics.requests.add(1, labels)
-            self.metrics.request_duration.record(time.perf_counter() - started, labels)
+        return RequestTimer(self.metrics, str(record.kind), name)
+
+
+class RequestTimer:
+    """One request being timed; :meth:`done` or :meth:`failed` counts it."""
+
+    __slots__ = ("metrics", "kind", "name", "started")
+
+    def __init__(self, metrics: ServerMetrics, kind: str, name: str) -> None:
+        self.metrics = metrics
+        self.kind = kind
+        self.name = name
+        self.started = time.perf_counter()
+
+    def done(self, result: Any) -> None:
+        # Only a call has an error result (a failed getattr of a pydantic model's
+        # missing field raises inside, and costs every read and render).
+        failed = self.kind == "tool" and (getattr(result, "is_error", False)
+                                          or getattr(result, "isError", False))
+        self._count("error" if failed else "ok")
+
+    def failed(self, error: BaseException) -> None:
+        self._count("cancelled" if isinstance(error, asyncio.CancelledError)
+                    else outcome_of(error))
+
+    def _count(self, outcome: str) -> None:
+        labels = {"kind": self.kind, "outcome": outcome, "name": self.name}
+        self.metrics.requests.add(1, labels)
+        self.metrics.request_duration.record(time.perf_counter() - self.started, labels)
 
 
 def outcome_of(error: BaseException) -> str:

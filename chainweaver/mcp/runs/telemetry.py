@@ -8,9 +8,9 @@ its error type (unless ``error_detail`` is ``"generic"``) and fallback: what the
 result's ``_meta`` tells the caller, read from the step records themselves. Never
 argument values, outputs or error messages.
 
-Step spans come from the run itself: the security gate serves each admitted call
-through :meth:`FlowTelemetry.watch`, which puts a run observer in the request's
-admission; the flow tool fans the run's step events out to it, and each step
+Step spans come from the run itself: the security gate asks
+:meth:`FlowTelemetry.begin` for each admitted call, which puts a run observer in the
+request's admission; the flow tool fans the run's step events out to it, and each step
 span is opened as its step ends, starting when the step started (``started_ms`` after
 the run's start) and lasting its measured duration, so steps that ran at the same
 time overlap. Spans cost next to nothing until an OpenTelemetry SDK is configured.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from asyncio import CancelledError
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -41,10 +41,10 @@ class FlowTelemetry:
     """Opens a span around each flow run, with a child span per step, and (with metrics
     on) counts runs and steps by status.
 
-    The security gate hands it every ``tools/call`` it serves (:meth:`watch`; no
-    middleware layer of its own), with the request's admission: only admitted calls
-    of a flow in the caller's view get a span. It watches the run's steps through the
-    admission's run observers.
+    The security gate asks it to begin watching every ``tools/call`` it serves
+    (:meth:`begin`; no middleware layer of its own), with the request's admission:
+    only admitted calls of a flow in the caller's view get a span. It watches the
+    run's steps through the admission's run observers.
     """
 
     def __init__(self, exposure: Exposure, error_detail: str = "full",
@@ -53,16 +53,17 @@ class FlowTelemetry:
         self.error_detail = error_detail
         self.metrics = metrics  # runs and steps by status, beside the spans
 
-    async def watch(self, record: Admission,
-                    serve: Callable[[Admission], Awaitable[Any]]) -> Any:
-        """``serve`` the admitted call ``record`` with this run's observers added."""
+    def begin(self, record: Admission) -> tuple[Admission, RunWatch] | None:
+        """The admitted call ``record`` with this run's observers added, and the watch
+        to tell how it ended (None: not a flow in the caller's view, or nothing records
+        spans or counts: none is built)."""
         exposed = record.target
         if record.kind != "tool" or exposed is None or record.view is None:
-            return await serve(record)  # not a flow, or none in the caller's view
+            return None
         counting = self.metrics is not None and self.metrics.recording()
         traced = tracing()
         if not counting and not traced:
-            return await serve(record)  # nothing records spans or counts: none is built
+            return None
         watching: tuple[RunObserver, ...] = ()
         span: Span | None = None
         if traced:
@@ -78,30 +79,40 @@ class FlowTelemetry:
             if counting and self.metrics is not None else None
         if counter is not None:
             watching += (counter,)
-        started = time.perf_counter()
-        try:
-            result = await serve(record.watched_by(watching))
-        except BaseException as error:
-            self._run_finished(counter, "cancelled" if isinstance(error, CancelledError)
-                               else "failed", started)
-            if span is not None:
-                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-                span.set_attribute("chainweaver.flow.status", "error")
-                span.end()
-            raise
-        failed = bool(getattr(result, "is_error", False))
-        self._run_finished(counter, "failed" if failed else "completed", started)
-        if span is not None:
-            span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
-            if failed:
-                span.set_status(Status(StatusCode.ERROR, "flow failed"))
-            span.end()
-        return result
+        return record.watched_by(watching), RunWatch(span, counter)
 
-    def _run_finished(self, counter: StepCounter | None, status: str, started: float
-                      ) -> None:
+
+class RunWatch:
+    """One flow run being watched: its span (if traced) and step counter (if counted)."""
+
+    __slots__ = ("span", "counter", "started")
+
+    def __init__(self, span: Span | None, counter: StepCounter | None) -> None:
+        self.span = span
+        self.counter = counter
+        self.started = time.perf_counter()
+
+    def done(self, result: Any) -> None:
+        failed = bool(getattr(result, "is_error", False))
+        self._run_finished("failed" if failed else "completed")
+        if self.span is not None:
+            self.span.set_attribute("chainweaver.flow.status", "error" if failed else "ok")
+            if failed:
+                self.span.set_status(Status(StatusCode.ERROR, "flow failed"))
+            self.span.end()
+
+    def failed(self, error: BaseException) -> None:
+        self._run_finished("cancelled" if isinstance(error, CancelledError) else "failed")
+        if self.span is not None:
+            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            self.span.set_attribute("chainweaver.flow.status", "error")
+            self.span.end()
+
+    def _run_finished(self, status: str) -> None:
+        counter = self.counter
         if counter is not None and counter.started:
-            counter.metrics.run_finished(counter.tool, status, time.perf_counter() - started)
+            counter.metrics.run_finished(counter.tool, status,
+                                         time.perf_counter() - self.started)
 
 
 def tracing() -> bool:
