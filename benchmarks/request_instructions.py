@@ -8,7 +8,8 @@ One process makes ``--number`` requests of one kind on ``bench_server.py``'s cat
   of the 3-step flow (``--non-blocking``: its tools declared ``blocking=False``, so the
   run skips the worker-thread hop);
 - ``--feature history|metrics|tracing``: the server with its run history, a metrics SDK
-  or a recording tracer on (what a call costs with each, against ``none``);
+  or a recording tracer on (what a call costs with each, against ``none``); with
+  ``bare-call``, the same provider set for the bare server (FastMCP's own spans);
 - ``bare-call``: the baseline of ``call``, a bare async FastMCP tool doing the same three
   validate-call-validate steps inline and sending the same per-step progress and log
   notifications a run sends (a log message as each step starts and ends, a progress
@@ -107,6 +108,9 @@ async def serve(kind: str, number: int, flows: int, render_logs: bool,
                 non_blocking: bool, feature: str = "none", grants: str = "none") -> None:
     handler = None if render_logs else ignore
     if kind == "bare-call":
+        # A tracer (or meter) provider set for the bare server too: what FastMCP's own
+        # spans cost, so a call's difference is ChainWeaver's share.
+        features(feature)
         async with Client(bare_notifying_server("classify_0001"),
                           log_handler=handler) as client:
             for _ in range(50):
