@@ -190,7 +190,7 @@ class FlowTaskRunner(FastMCPTool):
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:
             async with heartbeat(docket, task_id):  # tasks/get tells a dead worker
-                await picked_up(ctx, exposed, task_id, run_id, deliveries)
+                reports.show(picked_up(exposed, task_id, run_id, deliveries))
                 result = await tool.run_flow(arguments["arguments"], ctx,
                                              status=fan_out(reports, counter),
                                              in_task=asking, run=run,
@@ -276,6 +276,8 @@ class _StepReports(RunObserver):
         self.loop = asyncio.get_running_loop()
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
+        self.queued = 0  # status reports queued so far (the latest one is written)
+        self.total_sent = False
         self.total = 0
         self.started = 0
         self.restored = 0  # steps taken from checkpoints
@@ -309,18 +311,33 @@ class _StepReports(RunObserver):
                 self.restored += 1
                 return  # not running: its status would flash past
         step_id = self.label(record.step_id) if self.label is not None else record.step_id
-        self.loop.call_soon_threadsafe(self._send, number, self.total, step_id,
+        self.loop.call_soon_threadsafe(self._queue, number, self.total,
+                                       f"step {number}/{self.total} {step_id}",
                                        context=self.context)
 
-    def _send(self, number: int, total: int, step_id: str) -> None:
-        self.last = asyncio.ensure_future(self._report(self.last, number, total, step_id))
+    def show(self, message: str) -> None:
+        """Show ``message`` as the task's status (from the event loop), in order with
+        the steps' reports."""
+        self._queue(0, None, message)
 
-    async def _report(self, previous: asyncio.Future[None] | None, number: int, total: int,
-                      step_id: str) -> None:
+    def _queue(self, number: int, total: int | None, message: str) -> None:
+        self.queued += 1
+        self.last = asyncio.ensure_future(
+            self._report(self.last, self.queued, number, total, message))
+
+    async def _report(self, previous: asyncio.Future[None] | None, sequence: int,
+                      number: int, total: int | None, message: str) -> None:
         if previous is not None:
             await previous
+        if sequence != self.queued:
+            # A later status is queued: a task's status is its latest one, so this one
+            # (a step that started and ended meanwhile) is never written.
+            return
+        if self.total_sent:
+            total = None  # the task keeps the total it was given (one write fewer)
         try:
-            await self.ctx.report_progress(number, total, f"step {number}/{total} {step_id}")
+            await self.ctx.report_progress(number, total, message)
+            self.total_sent = self.total_sent or total is not None
         except Exception as error:  # a lost status message must not fail the run
             logger.debug("task status report failed: %s", type(error).__name__)
 
