@@ -267,7 +267,10 @@ class _StepReports(RunObserver):
     """Turns each step that starts into the task's status (``ctx.report_progress``).
 
     Steps start on the event loop or in worker threads; every report is sent from the
-    loop, in the run's context (the worker's task context lives there), in order.
+    loop, in the run's context (the worker's task context lives there), in order. A
+    task's status is its latest one: a report that a later one overtook while it waited
+    for the one before it is not written (each write is several round trips to the
+    task backend), and the total is written with the first report.
     """
 
     def __init__(self, ctx: Context, label: Callable[[str], str] | None = None) -> None:
