@@ -51,7 +51,8 @@ from pydantic import BaseModel
 from chainweaver import SideEffectLevel, ToolSafetyContract, tool
 
 READ = ToolSafetyContract(SideEffectLevel.READ)
-WORKER_SLOTS = int(os.environ.get("BENCH_SLOTS", 10))  # tasks a `chainweaver worker` runs at once (its default concurrency)
+# Tasks a `chainweaver worker` runs at once (--task-concurrency; BENCH_SLOTS to vary it).
+WORKER_SLOTS = int(os.environ.get("BENCH_SLOTS", 10))
 STEP_SLEEP = 0.02  # seconds of (simulated) I/O in the last step of a task
 FLOW = """name: bench_task
 description: Three short steps; the last one waits a little, like a call to a service.

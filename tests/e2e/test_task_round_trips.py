@@ -19,8 +19,15 @@ from fastmcp_tasks import call_tool_task
 from pydantic import BaseModel
 from support.redis_server import redis_server
 
-from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, SideEffectLevel
-from chainweaver import ToolSafetyContract, tool
+from chainweaver import (
+    Flow,
+    FlowExecutor,
+    FlowRegistry,
+    FlowStep,
+    SideEffectLevel,
+    ToolSafetyContract,
+    tool,
+)
 from chainweaver.mcp import ExposurePolicy, FlowServer, TaskSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.tasks]
