@@ -269,8 +269,8 @@ class _StepReports(RunObserver):
     Steps start on the event loop or in worker threads; every report is sent from the
     loop, in the run's context (the worker's task context lives there), in order. A
     task's status is its latest one: a report that a later one overtook while it waited
-    for the one before it is not written (each write is several round trips to the
-    task backend), and the total is written with the first report.
+    for the one before it is not written (each write is a round trip to the task
+    backend).
     """
 
     def __init__(self, ctx: Context, label: Callable[[str], str] | None = None) -> None:
@@ -280,7 +280,6 @@ class _StepReports(RunObserver):
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
         self.queued = 0  # status reports queued so far (the latest one is written)
-        self.total_sent = False
         self.total = 0
         self.started = 0
         self.restored = 0  # steps taken from checkpoints
@@ -314,33 +313,27 @@ class _StepReports(RunObserver):
                 self.restored += 1
                 return  # not running: its status would flash past
         step_id = self.label(record.step_id) if self.label is not None else record.step_id
-        self.loop.call_soon_threadsafe(self._queue, number, self.total,
-                                       f"step {number}/{self.total} {step_id}",
+        self.loop.call_soon_threadsafe(self.show, f"step {number}/{self.total} {step_id}",
                                        context=self.context)
 
     def show(self, message: str) -> None:
-        """Show ``message`` as the task's status (from the event loop), in order with
-        the steps' reports."""
-        self._queue(0, None, message)
-
-    def _queue(self, number: int, total: int | None, message: str) -> None:
+        """Show ``message`` as the task's status (called on the event loop), in order
+        with the steps' reports."""
         self.queued += 1
-        self.last = asyncio.ensure_future(
-            self._report(self.last, self.queued, number, total, message))
+        self.last = asyncio.ensure_future(self._report(self.last, self.queued, message))
 
     async def _report(self, previous: asyncio.Future[None] | None, sequence: int,
-                      number: int, total: int | None, message: str) -> None:
+                      message: str) -> None:
         if previous is not None:
             await previous
         if sequence != self.queued:
             # A later status is queued: a task's status is its latest one, so this one
             # (a step that started and ended meanwhile) is never written.
             return
-        if self.total_sent:
-            total = None  # the task keeps the total it was given (one write fewer)
         try:
-            await self.ctx.report_progress(number, total, message)
-            self.total_sent = self.total_sent or total is not None
+            # The message only: tasks/get shows a task's status message, never Docket's
+            # progress counters, which would cost three more round trips per status.
+            await self.ctx.report_progress(0, None, message)
         except Exception as error:  # a lost status message must not fail the run
             logger.debug("task status report failed: %s", type(error).__name__)
 
