@@ -354,10 +354,12 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
             started = time.perf_counter()
             await bounded(total, 50, lambda i: call_tool_task(client, "bench_task", {"n": i}))
             enqueued = time.perf_counter() - started
+            cpu = _cpu_seconds(started_workers)
             started = time.perf_counter()
             await store.set("bench:go", 1)
             await until(done, total, 300)
             elapsed = time.perf_counter() - started
+            cpu = _cpu_seconds(started_workers) - cpu
     finally:
         for process in started_workers:
             process.send_signal(signal.SIGINT)  # a worker stops on Ctrl-C
@@ -366,8 +368,21 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
         await store.aclose()
     if not quiet:
         print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
-              f"replica created them at {total / enqueued:.1f} tasks/s)")
+              f"replica created them at {total / enqueued:.1f} tasks/s; worker CPU "
+              f"{cpu / total * 1e3:.2f} ms per task)")
     return total / elapsed
+
+
+def _cpu_seconds(processes: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds (user + system) the processes used so far (Linux; else 0)."""
+    total = 0.0
+    for process in processes:
+        try:
+            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def startup(large: int) -> tuple[float, float]:
