@@ -6,11 +6,13 @@ Sections, each against a baseline measured in the same run:
    ``tools/call`` of the same 3-step flow (in memory, 2026-07-28 client; the tasked
    server only enqueues, so earlier tasks do not run meanwhile).
 2. 1,000 short tasks in memory (``FlowServer(tasks="memory://")``, the server runs
-   them), against 1,000 plain calls of the same flow, both 50 at a time.
+   them), against 1,000 plain calls of the same flow, both 50 at a time; rounds of
+   each taken in turns, medians compared.
 3. 1,000 short tasks on Redis: an enqueue-only replica (in this process) queues them
-   all, then 1, or 2, warm ``chainweaver worker`` processes run them; the ratio says how
-   throughput scales with workers. The replica's creation rate is printed too.
-   Needs ``redis-server`` (a private one on a random loopback port is started).
+   all while the workers wait, then 1, or 2, warm ``chainweaver worker`` processes run
+   them and only that is timed; rounds of 1 and 2 workers taken in turns, medians
+   compared: how throughput scales with workers. The replica's creation rate is
+   printed too. Needs ``redis-server`` (a private one on a random loopback port).
 4. Durable runs: the same short tasks on Redis (one warm worker), with step checkpoints
    (what every task run does) against the same worker told to run without them
    (``BENCH_NO_CHECKPOINTS=1``), in turns; per task, the ratio says what checkpoints cost.
@@ -22,7 +24,8 @@ Each task's last step counts itself (in Redis for section 3), so completion is s
 when it happens, not when a client happens to poll. This file is also the ``--tools``
 module the workers load.
 
-Run: ``python benchmarks/bench_tasks.py [--tasks N] [--calls N] [--quick] [--no-redis]``
+Run: ``python benchmarks/bench_tasks.py [--tasks N] [--calls N] [--rounds N] [--quick]
+[--no-redis]``
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +51,8 @@ from pydantic import BaseModel
 from chainweaver import SideEffectLevel, ToolSafetyContract, tool
 
 READ = ToolSafetyContract(SideEffectLevel.READ)
+# Tasks a `chainweaver worker` runs at once (--task-concurrency; BENCH_SLOTS to vary it).
+WORKER_SLOTS = int(os.environ.get("BENCH_SLOTS", 10))
 STEP_SLEEP = 0.02  # seconds of (simulated) I/O in the last step of a task
 FLOW = """name: bench_task
 description: Three short steps; the last one waits a little, like a call to a service.
@@ -75,6 +81,7 @@ async def bench_first(n: int) -> Number:
     """First step. On Redis, waits until the benchmark says go (``bench:go``), so every
     task is queued before the workers start on them."""
     if os.environ.get("BENCH_REDIS"):
+        await _redis().incr("bench:started")
         while await _redis().get("bench:go") != b"1":
             await asyncio.sleep(0.01)
     return Number(n=n + 1)
@@ -198,35 +205,45 @@ async def handle_latency(flows: Path, calls: int) -> float:
     return ratio
 
 
-async def memory_throughput(flows: Path, total: int) -> float:
+async def memory_throughput(flows: Path, total: int, rounds: int) -> float:
     from fastmcp import Client
     from fastmcp_tasks import call_tool_task
 
     from chainweaver.mcp import TaskSettings
 
-    print(f"== 2. {total} short tasks in memory (50 at a time), vs {total} plain calls ==")
+    print(f"== 2. {total} short tasks in memory (50 at a time), vs {total} plain calls, "
+          f"{rounds} round(s) in turns ==")
     plain = build_server(flows, TaskSettings(mode="forbidden"))
     tasked = build_server(flows, TaskSettings(mode="optional"))
+    rates: dict[str, list[float]] = {"plain": [], "tasks": []}
     async with Client(plain.fastmcp, log_handler=ignore_log) as p, \
             Client(tasked.fastmcp, log_handler=ignore_log) as t:
-        started = time.perf_counter()
-        await bounded(total, 50, lambda i: p.call_tool("bench_task", {"n": i}))
-        base = time.perf_counter() - started
-        DONE["count"] = 0
 
         async def done() -> int:
             return int(DONE["count"])
 
-        started = time.perf_counter()
-        await bounded(total, 50, lambda i: call_tool_task(t, "bench_task", {"n": i}))
-        enqueued = time.perf_counter() - started
-        await until(done, total, 600)
-        cand = time.perf_counter() - started
-    print(f"  plain calls: {total / base:8.1f} calls/s ({base:.2f} s)")
-    print(f"  tasks:       {total / cand:8.1f} tasks/s ({cand:.2f} s; created in "
-          f"{enqueued:.2f} s)")
-    print(f"  task throughput / plain call throughput: {base / cand:.2f}")
-    return base / cand
+        for round_ in range(rounds):  # in turns (which goes first alternates)
+            for side in ("plain", "tasks") if round_ % 2 == 0 else ("tasks", "plain"):
+                DONE["count"] = 0
+                started = time.perf_counter()
+                if side == "plain":
+                    await bounded(total, 50, lambda i: p.call_tool("bench_task", {"n": i}))
+                else:
+                    await bounded(total, 50,
+                                  lambda i: call_tool_task(t, "bench_task", {"n": i}))
+                    enqueued = time.perf_counter() - started
+                    await until(done, total, 300)
+                rates[side].append(total / (time.perf_counter() - started))
+                if side == "tasks":
+                    print(f"  round {round_ + 1}: tasks {rates['tasks'][-1]:7.1f} tasks/s "
+                          f"(created at {total / enqueued:.1f} tasks/s)")
+                else:
+                    print(f"  round {round_ + 1}: plain {rates['plain'][-1]:7.1f} calls/s")
+    base, cand = statistics.median(rates["plain"]), statistics.median(rates["tasks"])
+    print(f"  plain calls: median {base:8.1f} calls/s")
+    print(f"  tasks:       median {cand:8.1f} tasks/s")
+    print(f"  task throughput / plain call throughput (medians): {cand / base:.2f}")
+    return cand / base
 
 
 @contextmanager
@@ -245,16 +262,22 @@ def local_redis(binary: str) -> Iterator[str]:
             process.wait(30)
 
 
-async def redis_throughput(flows: Path, total: int) -> float | None:
+async def redis_throughput(flows: Path, total: int, rounds: int) -> float | None:
     binary = shutil.which("redis-server")
     if binary is None:
         print("== 3. skipped: redis-server is not installed ==")
         return None
-    print(f"== 3. {total} short tasks on Redis: enqueue-only replica + 1 or 2 workers ==")
+    print(f"== 3. {total} short tasks on Redis, queued first, then run by 1 or 2 workers, "
+          f"{rounds} round(s) in turns ==")
+    rates: dict[int, list[float]] = {1: [], 2: []}
     with local_redis(binary) as url:
-        rates = [await _workers_run(flows, url, workers, total) for workers in (1, 2)]
-    ratio = rates[1] / rates[0]
-    print(f"  2 workers / 1 worker: {ratio:.2f}x")
+        for round_ in range(rounds):  # in turns (which goes first alternates)
+            for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
+                rates[workers].append(await _workers_run(flows, url, workers, total))
+    for workers in (1, 2):
+        print(f"  {workers} worker(s): median {statistics.median(rates[workers]):8.1f} tasks/s")
+    ratio = statistics.median(rates[2]) / statistics.median(rates[1])
+    print(f"  2 workers / 1 worker (medians): {ratio:.2f}x")
     return ratio
 
 
@@ -297,10 +320,14 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
     env = {**os.environ, "BENCH_REDIS": url}
     if not durable:
         env["BENCH_NO_CHECKPOINTS"] = "1"
+    profile = os.environ.get("BENCH_PROFILE_WORKER")  # a file: cProfile the first worker
     command = [sys.executable, "-m", "chainweaver", "worker", str(flows), "--tools",
-               __file__, "--tasks", url]
-    started_workers = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL) for _ in range(workers)]
+               __file__, "--tasks", url, "--task-concurrency", str(WORKER_SLOTS)]
+    started_workers = [subprocess.Popen(
+        [sys.executable, "-m", "cProfile", "-o", profile, *command[1:]]
+        if profile and index == 0 else command,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for index in range(workers)]
     replica = build_server(flows, TaskSettings(url=url, concurrency=0))
 
     async def done() -> int:
@@ -308,11 +335,18 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
 
     try:
         async with Client(replica.fastmcp, log_handler=ignore_log) as client:
-            # Warm up: every worker has started and run something.
+            # Warm up: every worker has started and holds WORKER_SLOTS tasks at once
+            # (counted as their first steps start), then they all run.
+            await store.set("bench:go", 0)
+            warm = workers * WORKER_SLOTS
+            await bounded(warm, 20, lambda i: call_tool_task(client, "bench_task", {"n": i}))
+
+            async def started_steps() -> int:
+                return int(await store.get("bench:started") or 0)
+
+            await until(started_steps, warm, 120)
             await store.set("bench:go", 1)
-            await bounded(workers * 20, 20, lambda i: call_tool_task(client, "bench_task",
-                                                                     {"n": i}))
-            await until(done, workers * 20, 120)
+            await until(done, warm, 120)
             # Queue every task first (their first step waits for "go"), then time the
             # workers alone: the replica's creation rate is reported on its own.
             await store.set("bench:go", 0)
@@ -320,20 +354,35 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
             started = time.perf_counter()
             await bounded(total, 50, lambda i: call_tool_task(client, "bench_task", {"n": i}))
             enqueued = time.perf_counter() - started
+            cpu = _cpu_seconds(started_workers)
             started = time.perf_counter()
             await store.set("bench:go", 1)
-            await until(done, total, 600)
+            await until(done, total, 300)
             elapsed = time.perf_counter() - started
+            cpu = _cpu_seconds(started_workers) - cpu
     finally:
         for process in started_workers:
-            process.terminate()
+            process.send_signal(signal.SIGINT)  # a worker stops on Ctrl-C
         for process in started_workers:
             process.wait(30)
         await store.aclose()
     if not quiet:
         print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
-              f"replica created them at {total / enqueued:.1f} tasks/s)")
+              f"replica created them at {total / enqueued:.1f} tasks/s; worker CPU "
+              f"{cpu / total * 1e3:.2f} ms per task)")
     return total / elapsed
+
+
+def _cpu_seconds(processes: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds (user + system) the processes used so far (Linux; else 0)."""
+    total = 0.0
+    for process in processes:
+        try:
+            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def startup(large: int) -> tuple[float, float]:
@@ -379,17 +428,20 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=1000, help="tasks per throughput run")
     parser.add_argument("--calls", type=int, default=500, help="calls for section 1")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of each side in sections 2-4, taken in turns")
     parser.add_argument("--quick", action="store_true", help="small numbers (a smoke run)")
-    parser.add_argument("--no-redis", action="store_true", help="skip section 3")
+    parser.add_argument("--no-redis", action="store_true", help="skip sections 3 and 4")
     args = parser.parse_args()
     if args.quick:
         args.tasks, args.calls = 100, 50
     flows = flow_dir()
+    # Rounds of each side, taken in turns (a worker process started for each Redis
+    # run); one in a smoke run.
+    rounds = 1 if args.quick else args.rounds
     handle = await handle_latency(flows, args.calls)
-    memory = await memory_throughput(flows, args.tasks)
-    scale = None if args.no_redis else await redis_throughput(flows, args.tasks)
-    # Three rounds of each side (a worker process started for each); one in a smoke run.
-    rounds = 1 if args.quick else 3
+    memory = await memory_throughput(flows, args.tasks, rounds)
+    scale = None if args.no_redis else await redis_throughput(flows, args.tasks, rounds)
     durable = None if args.no_redis else await durable_cost(flows, args.tasks, rounds)
     growth, added = await startup(2000 if args.quick else 20000)
     print("== Summary ==")

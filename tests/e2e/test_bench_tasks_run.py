@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 600.0  # only stops a hung benchmark
 SECTIONS = [
     "== 1. tools/call as a task: time to the handle, vs a plain tools/call ==",
-    "== 2. 100 short tasks in memory (50 at a time), vs 100 plain calls ==",
-    "== 3. 100 short tasks on Redis: enqueue-only replica + 1 or 2 workers ==",
+    "== 2. 100 short tasks in memory (50 at a time), vs 100 plain calls, 1 round(s) in "
+    "turns ==",
+    "== 3. 100 short tasks on Redis, queued first, then run by 1 or 2 workers, 1 round(s) "
+    "in turns ==",
     "== 4. 100 short tasks on Redis, 1 worker: with checkpoints vs without ==",
     "== 5. Start with tasks: build + connect, 2000 flows vs 100 flows ==",
     "== Summary ==",
@@ -27,8 +29,9 @@ FIGURES = [
     r"  Redis, checkpoints / none \(per task\): \d+\.\d+x",
     r"  start with tasks, large catalogue / 100 flows: \d+\.\d+x",
     r"  start, large catalogue, with tasks / without: \d+\.\d+x",
-    r"  1 worker\(s\): +\d+\.\d tasks/s",
-    r"  2 worker\(s\): +\d+\.\d tasks/s",
+    r"  1 worker\(s\): +\d+\.\d tasks/s \(.*worker CPU \d+\.\d+ ms per task\)",
+    r"  2 worker\(s\): median +\d+\.\d tasks/s",
+    r"  task throughput / plain call throughput \(medians\): \d+\.\d+",
 ]
 
 

@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from docket import Docket
-from fastmcp.server.context import Context
 from fastmcp_tasks.creation import TASK_MAPPING_TTL_BUFFER_SECONDS
-from fastmcp_tasks.keys import task_redis_prefix
+from fastmcp_tasks.keys import build_task_key
 from fastmcp_tasks.models import GetTaskResult
 
 from chainweaver.checkpoints_redis import RedisCheckpointStore
@@ -90,21 +89,16 @@ def _checkpoint_codec(material: str | None) -> Any:
     return _Codec()
 
 
-async def picked_up(ctx: Context, exposed: ExposedFlow, task_id: str, run_id: str,
-                     deliveries: int) -> None:
-    """Log the leg, and show it running (not queued, not a dead worker's last step)."""
+def picked_up(exposed: ExposedFlow, task_id: str, run_id: str, deliveries: int) -> str:
+    """Log the leg; returns the status that shows it running (not queued, not a dead
+    worker's last step)."""
     flow = f"{exposed.flow.name!r} {exposed.flow.version}"
     if deliveries > 1:
         logger.info("task %s resumes run %s of flow %s (delivery %d): completed steps "
                     "come from their checkpoints", task_id, run_id, flow, deliveries)
-        message = f"resuming after its worker stopped (delivery {deliveries})"
-    else:
-        logger.info("task %s picked up: run %s of flow %s", task_id, run_id, flow)
-        message = "running"
-    try:
-        await ctx.report_progress(0, None, message)
-    except Exception as error:  # a lost status message must not fail the run
-        logger.debug("task status report failed: %s", type(error).__name__)
+        return f"resuming after its worker stopped (delivery {deliveries})"
+    logger.info("task %s picked up: run %s of flow %s", task_id, run_id, flow)
+    return "running"
 
 
 def ended(exposed: ExposedFlow, task_id: str, run_id: str, outcome: str,
@@ -124,17 +118,19 @@ async def heartbeat(docket: Docket, task_id: str) -> AsyncIterator[None]:
 
     async def beat() -> None:
         while True:
+            await asyncio.sleep(HEARTBEAT_EVERY)  # the start wrote the first one
             try:
                 async with docket.redis() as redis:
                     await redis.set(alive, "1", ex=HEARTBEAT_TTL)
             except Exception as error:
                 logger.debug("task heartbeat failed: %s", type(error).__name__)
-            await asyncio.sleep(HEARTBEAT_EVERY)
 
     try:
         async with docket.redis() as redis:
-            await redis.set(alive, "1", ex=HEARTBEAT_TTL)
-            await redis.set(leg, "1", ex=ttl)
+            pipe = cast(Any, redis).pipeline()  # both markers, one round trip
+            pipe.set(alive, "1", ex=HEARTBEAT_TTL)
+            pipe.set(leg, "1", ex=ttl)
+            await pipe.execute()
     except Exception as error:
         logger.debug("task heartbeat failed: %s", type(error).__name__)
     beating = asyncio.ensure_future(beat())
@@ -175,17 +171,12 @@ def _leg_keys(docket: Docket, task_id: str) -> tuple[str, str]:
             docket.key(f"chainweaver:task-alive:{task_id}"))
 
 
-async def mark_queued(docket: Docket, scope: str | None, task_id: str) -> None:
+async def mark_queued(docket: Docket, scope: str | None, task_id: str,
+                      runner_key: str) -> None:
     """Show a new task as queued until a worker reports (never over a worker's own
-    status: only when none was set yet)."""
+    status: only when none was set yet). One round trip: the task's Docket key is the
+    one fastmcp-tasks built for it from the scope, the id and the runner's key."""
     ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
+    progress = docket.key(f"progress:{build_task_key(scope, task_id, 'tool', runner_key)}")
     async with docket.redis() as redis:
-        key = await redis.get(docket.key(f"{task_redis_prefix(scope)}:{task_id}"))
-        if key is None:
-            return
-        progress = docket.key(f"progress:{_text(key)}")
         await cast(Any, redis).eval(_SET_IF_NEW, 1, progress, QUEUED, str(ttl))
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

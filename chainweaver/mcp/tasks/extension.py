@@ -112,8 +112,9 @@ class FlowTasksExtension(TasksExtension):
         # published one finds no tool: the ordinary call answers that too.
         held = admission.current()
         exposed = held.admits(self.provider.owner, "tool")[1] if held is not None else None
-        if exposed is not None and await context.fastmcp.get_tool(
-                params.name, _requested_version(params)) is None:
+        version = _requested_version(params)
+        if exposed is not None and version is not None and await context.fastmcp.get_tool(
+                params.name, version) is None:
             exposed = None
         if exposed is None or exposed.task_mode == "forbidden":
             return await call_next()
@@ -170,8 +171,9 @@ class FlowTasksExtension(TasksExtension):
             # Where this client reads the run resources (a Namespace on the server): the
             # legs link a large output there.
             payload["runs_root"] = held.runs_root
-        created = await create_task(await self.registered_runner(), payload, context)
-        await mark_queued(self.docket, get_task_scope(), created.task_id)
+        runner = await self.registered_runner()
+        created = await create_task(runner, payload, context)
+        await mark_queued(self.docket, get_task_scope(), created.task_id, runner.key)
         run = dataclasses.replace(run, task_id=created.task_id)
         await RunRecorder(self.provider.run_log, exposed, run, ALL_VISIBLE).begin()
         await self.audit.record(exposed, created.task_id, "working", caller_id,

@@ -190,7 +190,7 @@ class FlowTaskRunner(FastMCPTool):
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:
             async with heartbeat(docket, task_id):  # tasks/get tells a dead worker
-                await picked_up(ctx, exposed, task_id, run_id, deliveries)
+                reports.show(picked_up(exposed, task_id, run_id, deliveries))
                 result = await tool.run_flow(arguments["arguments"], ctx,
                                              status=fan_out(reports, counter),
                                              in_task=asking, run=run,
@@ -267,7 +267,10 @@ class _StepReports(RunObserver):
     """Turns each step that starts into the task's status (``ctx.report_progress``).
 
     Steps start on the event loop or in worker threads; every report is sent from the
-    loop, in the run's context (the worker's task context lives there), in order.
+    loop, in the run's context (the worker's task context lives there), in order. A
+    task's status is its latest one: a report that a later one overtook while it waited
+    for the one before it is not written (each write is a round trip to the task
+    backend).
     """
 
     def __init__(self, ctx: Context, label: Callable[[str], str] | None = None) -> None:
@@ -276,6 +279,7 @@ class _StepReports(RunObserver):
         self.loop = asyncio.get_running_loop()
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
+        self.queued = 0  # status reports queued so far (the latest one is written)
         self.total = 0
         self.started = 0
         self.restored = 0  # steps taken from checkpoints
@@ -309,18 +313,27 @@ class _StepReports(RunObserver):
                 self.restored += 1
                 return  # not running: its status would flash past
         step_id = self.label(record.step_id) if self.label is not None else record.step_id
-        self.loop.call_soon_threadsafe(self._send, number, self.total, step_id,
+        self.loop.call_soon_threadsafe(self.show, f"step {number}/{self.total} {step_id}",
                                        context=self.context)
 
-    def _send(self, number: int, total: int, step_id: str) -> None:
-        self.last = asyncio.ensure_future(self._report(self.last, number, total, step_id))
+    def show(self, message: str) -> None:
+        """Show ``message`` as the task's status (called on the event loop), in order
+        with the steps' reports."""
+        self.queued += 1
+        self.last = asyncio.ensure_future(self._report(self.last, self.queued, message))
 
-    async def _report(self, previous: asyncio.Future[None] | None, number: int, total: int,
-                      step_id: str) -> None:
+    async def _report(self, previous: asyncio.Future[None] | None, sequence: int,
+                      message: str) -> None:
         if previous is not None:
             await previous
+        if sequence != self.queued:
+            # A later status is queued: a task's status is its latest one, so this one
+            # (a step that started and ended meanwhile) is never written.
+            return
         try:
-            await self.ctx.report_progress(number, total, f"step {number}/{total} {step_id}")
+            # The message only: tasks/get shows a task's status message, never Docket's
+            # progress counters, which would cost three more round trips per status.
+            await self.ctx.report_progress(0, None, message)
         except Exception as error:  # a lost status message must not fail the run
             logger.debug("task status report failed: %s", type(error).__name__)
 

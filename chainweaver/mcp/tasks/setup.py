@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -47,7 +48,8 @@ class TaskSettings:
     ``encryption_key``: encrypts the stored request context (the caller's token and
     headers); it sets ``fastmcp-tasks``' process-wide key, the same as the
     ``FASTMCP_TASKS_ENCRYPTION_KEY`` environment variable, and every replica and worker
-    on the queue needs the same one. ``name``: the queue (Docket) name.
+    on the queue needs the same one. ``name``: the queue (Docket) name; by default
+    fastmcp-tasks' on Redis, and a queue of the server's own on ``memory://``.
     """
 
     url: str = "memory://"
@@ -75,7 +77,14 @@ class TaskSettings:
         check_text("name", self.name, optional=True)
 
     def extension_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"concurrency": self.concurrency, "name": self.name}
+        name = self.name
+        if name is None and self.url.startswith("memory://"):
+            # Docket keeps one in-memory store per URL and event loop: under its default
+            # queue name, every memory:// server in the process would share one queue,
+            # and one server's worker would run another's tasks (its flows, its
+            # governance). Each server's tasks stay its own.
+            name = f"chainweaver-{secrets.token_hex(8)}"
+        options: dict[str, Any] = {"concurrency": self.concurrency, "name": name}
         if self.redelivery_timeout is not None:
             options["redelivery_timeout"] = timedelta(seconds=self.redelivery_timeout)
         return {key: value for key, value in options.items() if value is not None}

@@ -394,6 +394,27 @@ def test_only_flows_idempotent_by_their_effective_safety_may_run_again() -> None
                                      "lookup_order": True}
 
 
+@pytest.mark.anyio
+async def test_each_in_memory_server_runs_only_its_own_tasks() -> None:
+    # Docket keeps one in-memory store per URL and event loop; two memory:// servers in
+    # one process must not share a queue (one would run the other's tasks, with its own
+    # catalogue and governance).
+    enqueue_only = server(TaskSettings(concurrency=0))
+    running = server()
+    async with Client(enqueue_only.fastmcp) as queued_client, \
+            Client(running.fastmcp) as running_client:
+        queued = await call_tool_task(queued_client, "report", {"n": 1})
+        # The running server works through its own queue: its task, created later,
+        # completes, while the first one stays queued on its own server.
+        own = await call_tool_task(running_client, "report", {"n": 2})
+        assert (await asyncio.wait_for(own.result(), LIMIT)).structured_content == {
+            "n": 31}
+        status = await queued.status()
+    assert (status.status, status.status_message) == ("working",
+                                                      "queued: waiting for a worker")
+    assert task_tools.COUNTS["enrich"] == 1  # only the running server's own task ran
+
+
 # ---------------------------------------------------------------- start-up cost
 
 
