@@ -1,5 +1,5 @@
 """Under load: 4 clients (two of each era, in memory) list, call, read and render
-without pause while flows are archived, re-registered and promoted 50 times.
+without pause while flows are archived, re-registered and promoted 30 times.
 
 Zero errors but not-found for flows already retired; zero calls served for a flow
 that started after its retirement returned and before its promotion began; every
