@@ -1,5 +1,5 @@
 """Under load: 4 clients (two of each era, in memory) list, call, read and render
-without pause while flows are archived, re-registered and promoted 50 times.
+without pause while flows are archived, re-registered and promoted 30 times.
 
 Zero errors but not-found for flows already retired; zero calls served for a flow
 that started after its retirement returned and before its promotion began; every
@@ -47,12 +47,12 @@ pytestmark = pytest.mark.anyio
 CHURN = [f"churn_{index}" for index in range(4)]
 KINDS = ("call", "read", "render")
 CLIENTS = 4  # slots 0-1 speak 2025-11-25 (legacy), 2-3 2026-07-28 (listen streams)
-CYCLES = 50
+CYCLES = 30
 WARM_UP = 10  # cycles before memory is measured: caches fill, then stay the same size
 HANG = 120.0  # seconds: only to stop a hang, never a measure of speed
-# Bytes over the 40 measured cycles (about 2,000 requests; the growth measured is about
-# 30 KB): a leak of 128 bytes a request shows.
-MEMORY_TOLERANCE = 256 * 1024
+# Bytes over the 20 measured cycles (about 1,000 requests, every one of them traced,
+# which slows each allocation several times): a leak of 128 bytes a request shows.
+MEMORY_TOLERANCE = 128 * 1024
 # Allocations of the test harness, not of the server or its clients.
 HARNESS = ("*/_pytest/*", "*/pluggy/*", "*/logging/*", "*/warnings.py", "*/linecache.py",
            "*/traceback.py")

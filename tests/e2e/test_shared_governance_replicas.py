@@ -53,6 +53,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.tasks]
 TEAMS = ("alpha", "beta")
 FLOWS = {f"{team}_{i}": team for team in TEAMS for i in range(4)}
 CHANGES, BLOCKS = 200, 8
+# Seconds between two changes of a block: longer than the servers' notice debounce
+# (0.05 s). Closer changes can archive and re-activate one flow inside one debounce
+# window, and that window rightly tells no one anything, while this test expects a
+# notice for every change (tried: at 0.02 s a caller missed one).
+PACE = 0.1
 # Seconds a request pinned before its replica applied an archive may take to be
 # admitted: an ordering check with room for a loaded machine, not a time bound.
 IN_FLIGHT = 0.25
@@ -203,6 +208,15 @@ def _run_callers(callers: list[Caller], stop_event: threading.Event) -> threadin
     return thread
 
 
+def _wait_for_calls(callers: list[Caller], timeout: float = 60) -> None:
+    """Bounded: until every caller has made a call (its client connected and calling)."""
+    deadline = time.monotonic() + timeout
+    while not all(caller.calls for caller in callers):
+        if time.monotonic() > deadline:
+            raise AssertionError("not every client made a call")
+        time.sleep(0.05)
+
+
 def _command(url: str, verb: str, flow: str) -> tuple[int, float]:
     """Run ``chainweaver flows VERB FLOW``; its shared version and when it returned."""
     out = io.StringIO()
@@ -229,7 +243,7 @@ def test_four_replicas_and_a_worker_apply_every_change_and_admit_nothing_archive
                                   else (("legacy", "beta"), ("auto", "alpha")))]
     stop_event = threading.Event()
     thread = _run_callers(callers, stop_event)
-    time.sleep(3)  # every client connected and calling
+    _wait_for_calls(callers)  # every client connected and calling
     archived = {name: False for name in FLOWS}
     changes: list[dict[str, Any]] = []
     blocks: list[tuple[str, float, float]] = []
@@ -245,7 +259,7 @@ def test_four_replicas_and_a_worker_apply_every_change_and_admit_nothing_archive
                 archived[flow] = verb == "archive"
                 changes.append({"version": version, "flow": flow, "verb": verb,
                                 "returned": returned})
-                time.sleep(0.1)
+                time.sleep(PACE)
             blocks.append((team, start, time.time()))
             time.sleep(1.0)  # a quiet gap: the next block's team is told apart
         _wait_for_heartbeats(redis.url, len(processes), changes[-1]["version"])

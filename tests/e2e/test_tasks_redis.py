@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,16 +232,20 @@ async def test_a_killed_worker_loses_no_task_and_repeats_no_side_effect(
 @pytest.mark.anyio
 async def test_a_task_cancelled_on_one_replica_stops_on_the_worker(
         replicas: list[int], workers: Workers, queue: str) -> None:
-    workers.start(sleep=5.0)
+    run_for = 5.0
+    workers.start(sleep=run_for)
     async with client(replicas[0]) as on_a, client(replicas[1]) as on_b:
         task = await call_tool_task(on_a, "lookup_order", {"order": "C-1"})
         for _ in range(int(LIMIT / 0.05)):
             if count(queue, "lookup:C-1"):
                 break
             await asyncio.sleep(0.05)
+        started = time.monotonic()  # the run started before this
         await handle(on_b, task).cancel()
         done = await final(handle(on_a, task))
-        await asyncio.sleep(6.0)  # longer than the run would have taken
+        # Until a second after the run would have ended (counted from when it was seen
+        # started, which is after it started), however long the cancel took.
+        await asyncio.sleep(max(0.0, started + run_for + 1.0 - time.monotonic()))
         follow = await final(await call_tool_task(on_b, "report", {"n": 0}))
     assert done.status == "cancelled"
     assert count(queue, "lookup:C-1") == 1

@@ -18,6 +18,7 @@ from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
 from fastmcp_tasks.input_store import load_current_leg
 from mcp import MCPError
+from support.polling import until
 from support.task_asks import answering, reply, update_task, waiting
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep
@@ -203,7 +204,15 @@ async def test_an_ask_left_unanswered_expires_with_the_task() -> None:
         docket.execution_ttl = timedelta(seconds=1)
         task = await call_tool_task(client, "pay", ORDER)
         requests = await waiting(task)
-        await asyncio.sleep(2.5)
+
+        async def expired() -> bool:
+            try:
+                await task.status()
+            except MCPError:
+                return True
+            return False
+
+        await until(expired, "the unanswered task to expire", 30.0, poll=0.1)
         with pytest.raises(MCPError) as gone:
             await task.status()
         with pytest.raises(MCPError) as late:
