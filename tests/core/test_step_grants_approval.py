@@ -201,7 +201,8 @@ def test_a_refusal_after_approval_still_stops_the_run_without_asking_again(
     asker = Asker(True, True)
     result = run(ex, lane, "undelegated", asker)
     assert result.error.type == "StepRefused" and RAN == ["load"]
-    assert len(asker.asked) == 1
+    (question,) = asker.asked
+    assert question.grants == (("export", "tool", "caller"),)
 
 
 @pytest.mark.parametrize("lane", LANES)
@@ -267,6 +268,10 @@ def test_a_run_approved_without_asking_keeps_no_record() -> None:
     # ALWAYS_APPROVE asks nobody: there is no question to ask again.
     ex = executor()
     NOW["after_load"] = Caller("ann", frozenset({"orders.read"}))
+    plan = ex.plan(ex.registry.get_flow("export_order"))
+    guard = ex.step_guard(plan, lambda: NOW["caller"])
+    assert guard is not None
     result = ex.execute_flow("export_order", {"order": "A-1"}, approve=ALWAYS_APPROVE,
-                             caller=lambda: NOW["caller"])
+                             guard=guard)
     assert result.success and RAN == ["load", "export"]
+    assert guard.approved is None
