@@ -94,6 +94,9 @@ def executor() -> FlowExecutor:
     register(Flow("nested", "load, then export in a sub-flow", [
         FlowStep("load"), FlowStep(flow="exporter", id="archive")],
         delegations=[Delegation("archive/export", "archiving exports as the service")]))
+    register(Flow("timed", "load, then export in a sub-flow with a timeout", [
+        FlowStep("load"), FlowStep(flow="exporter", id="archive", timeout=30)],
+        delegations=[Delegation("archive/export", "archiving exports as the service")]))
     register(Flow("retried", "export with retries", [
         FlowStep("load"),
         FlowStep("shaky_export", retry=RetryPolicy(max_attempts=2, backoff_seconds=0,
@@ -275,3 +278,27 @@ def test_a_run_approved_without_asking_keeps_no_record() -> None:
                              guard=guard)
     assert result.success and RAN == ["load", "export"]
     assert guard.approved is None
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_a_sub_flow_with_a_timeout_asks_again_where_the_run_was_approved(lane: str
+                                                                         ) -> None:
+    # The sub-flow runs on a private loop in a helper thread: the question is still
+    # asked of the run's own hook (on the run's loop, in the async lane).
+    ex = executor()
+    NOW["after_load"] = Caller("ann", frozenset({"orders.read"}))
+    asker = Asker(True, True, is_async=True)
+    if lane == "sync":
+        result = ex.execute_flow("timed", {"order": "A-1"}, approve=asker,
+                                 caller=lambda: NOW["caller"])
+        assert result.success and RAN == ["load", "export"]
+    else:
+        async def main() -> Any:
+            result = await ex.execute_flow_async("timed", {"order": "A-1"}, approve=asker,
+                                                 caller=lambda: NOW["caller"])
+            return result, asyncio.get_running_loop()
+
+        result, loop = asyncio.run(main())
+        assert result.success and RAN == ["load", "export"]
+        assert all(seen is loop for seen in asker.loops)
+    assert [q.changed for q in asker.asked] == [None, "archive/export"]
