@@ -19,6 +19,7 @@ from chainweaver import (
     FlowGovernance,
     FlowRegistry,
     FlowStep,
+    RetryPolicy,
     ToolSafetyContract,
     tool,
 )
@@ -58,6 +59,21 @@ def export(order: str) -> Order:
     return Order(order=order)
 
 
+SHAKY = {"left": 0}
+
+
+@tool(safety=ToolSafetyContract("write", idempotent=True, requires_approval=True,
+                                approval_reason="exports the order"),
+      requires=["orders.export"])
+def shaky_export(order: str) -> Order:
+    RAN.append("shaky_export")
+    if SHAKY["left"] > 0:  # the first attempt fails, and the grant goes meanwhile
+        SHAKY["left"] -= 1
+        REVOKED.add("orders.export")
+        raise ConnectionError("export endpoint busy")
+    return Order(order=order)
+
+
 def authenticate(ctx: GateContext) -> CallerIdentity:
     return CallerIdentity("ann", {"sub": "ann"}, subject="ann",
                           scopes=frozenset({"orders.read", "orders.export"}))
@@ -73,8 +89,9 @@ def serving() -> tuple[FlowServer, list[AuditEvent]]:
     RAN.clear()
     REVOKED.clear()
     REVOKE_DURING.clear()
+    SHAKY["left"] = 0
     executor = FlowExecutor(FlowRegistry())
-    for item in (load, export):
+    for item in (load, export, shaky_export):
         executor.register_tool(item)
     register = executor.registry.register_flow
     service = "the export service runs it"
@@ -86,6 +103,12 @@ def serving() -> tuple[FlowServer, list[AuditEvent]]:
     register(Flow("archive_order", "load, then export in a hidden sub-flow", [
         FlowStep("load"), FlowStep(flow="exporter", id="archive")],
         delegations=[Delegation("archive/export", service)]))
+    retrying = FlowStep("shaky_export", retry=RetryPolicy(
+        max_attempts=2, backoff_seconds=0, retry_on=[ConnectionError]))
+    register(Flow("retried_export", "export, retried", [FlowStep("load"), retrying],
+                  delegations=[Delegation("shaky_export", service)]))
+    register(Flow("retried_undelegated", "export, retried", [FlowStep("load"),
+                                                             retrying]))
     audit: list[AuditEvent] = []
     server = FlowServer(executor, policy=ExposurePolicy(
         allowed_side_effects=["read", "write"], approval="elicit"),
@@ -200,3 +223,31 @@ async def test_a_hidden_sub_flow_is_not_named_when_asked_again(mode: str) -> Non
     assert "'subflow#1'" in user.asked[1]
     assert text(result).startswith("ApprovalDenied: step 'subflow#1': its grant decision "
                                    "changed after the run was approved")
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_retry_after_the_grant_went_asks_again_or_is_refused(mode: str) -> None:
+    """The grant goes between two attempts of a step: with a delegation covering it,
+    the retry is asked about again (2025-11-25) or stops (2026-07-28: no back-channel);
+    without one, the retry is refused as any step, and nothing is asked again."""
+    server, audit = serving()
+    SHAKY["left"] = 1
+    user = User(True, False)
+    async with Client(server.fastmcp, mode=mode, elicitation_handler=user) as client:
+        result = await client.call_tool("retried_export", {"order": "A-1"},
+                                        raise_on_error=False)
+        assert result.is_error and text(result).startswith("ApprovalDenied:")
+        assert RAN == ["load", "shaky_export"]  # the retry never ran
+        assert len(user.asked) == (2 if mode == "legacy" else 1)
+        RAN.clear()
+        REVOKED.clear()
+        SHAKY["left"] = 1
+        user.answers = [True]
+        asked = len(user.asked)
+        refused = await client.call_tool("retried_undelegated", {"order": "A-1"},
+                                         raise_on_error=False)
+    assert refused.is_error and text(refused).startswith("StepRefused:")
+    assert RAN == ["load", "shaky_export"] and len(user.asked) == asked + 1
+    steps = [e for e in audit if e.phase == "completed" and e.kind == "tool"][-1].steps
+    assert steps is not None and steps["refused"]["reason"] == "missing_grant"
+    assert [e.reason for e in audit if e.phase == "step"][-1] == "missing_grant"
