@@ -354,6 +354,11 @@ class StepGuard:
         # once it is approved; None: nothing to compare.
         self.approved = approved
 
+    def keep_approval(self, approved: Any) -> None:
+        """From now on, compare every covered check with what the run's approval
+        covers (:class:`chainweaver.approved.ApprovedGrants`)."""
+        self.approved = approved
+
     def path(self, step_id: str) -> str:
         return f"{self.prefix}{step_id}"
 

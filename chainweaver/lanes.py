@@ -116,7 +116,7 @@ class Lanes:
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
             if guard is not None:
-                guard.approved = approved
+                guard.keep_approval(approved)
         if guard is not None:
             refused = _entry_refused(plan, guard, guard.decide)
             if refused is not None:
@@ -183,7 +183,7 @@ class Lanes:
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
             if guard is not None:
-                guard.approved = approved
+                guard.keep_approval(approved)
         if guard is not None:
             refused = await _entry_refused_async(plan, guard)
             if refused is not None:
