@@ -8,6 +8,12 @@
    ``execute_flow``, plain (no declaration, no hook: no guard) and with each tool
    declaring one scope and a caller holding it; turns taken in chunks, so noise hits
    both. The ratio is the guard's whole cost per run.
+3. **An approved guarded run against one approved without asking.** The guarded flow
+   with its last tool requiring approval, run with an approval hook (the approval
+   records the step-grant decisions it covers and each covered check compares with
+   them: docs/step-grants.md, "Approval keeps its meaning") and with
+   ``ALWAYS_APPROVE`` (nothing recorded). The ratio is what keeping approval's meaning
+   costs per run.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from pydantic import BaseModel
 
 from chainweaver import (
+    ALWAYS_APPROVE,
     Caller,
     Flow,
     FlowExecutor,
@@ -85,6 +92,36 @@ def runs(number: int, rounds: int) -> tuple[float, float]:
     return min(timings["plain"]) * 1e6, min(timings["guarded"]) * 1e6
 
 
+def approved_runs(number: int, rounds: int) -> tuple[float, float]:
+    executor = FlowExecutor(FlowRegistry())
+    for name in ("clean", "count", "label"):
+        safety = ToolSafetyContract("write", requires_approval=True) if name == "label" \
+            else READ
+
+        @tool(name=name, safety=safety, requires=["bench"])
+        def step(text: str) -> Text:
+            return Text(text=text)
+        executor.register_tool(step)
+    executor.registry.register_flow(Flow("chain", "d", [
+        FlowStep("clean"), FlowStep("count"), FlowStep("label")]))
+    caller = Caller("bench", {"bench"})
+
+    def user(request: object) -> bool:
+        return True
+
+    timings: dict[str, list[float]] = {"unasked": [], "approved": []}
+    for _ in range(rounds):
+        for label, approve in (("unasked", ALWAYS_APPROVE), ("approved", user)):
+            started = time.perf_counter()
+            for _ in range(number):
+                result = executor.execute_flow("chain", {"text": "x"}, caller=caller,
+                                               approve=approve)
+            timings[label].append((time.perf_counter() - started) / number)
+            if not result.success:
+                sys.exit(f"{label} run failed: {result.error}")
+    return min(timings["unasked"]) * 1e6, min(timings["approved"]) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grants", type=int, default=100)
@@ -102,6 +139,10 @@ def main() -> None:
     print(f"2. 3-step run, best of {args.rounds}: plain {plain:.1f} µs, with a grant per "
           f"tool {guarded:.1f} µs (ratio {guarded / plain:.2f}, "
           f"{(guarded - plain) / 3:.1f} µs per step)")
+    unasked, approved = approved_runs(args.runs, args.rounds)
+    print(f"3. the guarded run with an approval, best of {args.rounds}: ALWAYS_APPROVE "
+          f"{unasked:.1f} µs, asked and recorded {approved:.1f} µs (ratio "
+          f"{approved / unasked:.2f}, {approved - unasked:.1f} µs per run)")
 
 
 if __name__ == "__main__":

@@ -337,12 +337,12 @@ class StepGuard:
     """
 
     __slots__ = ("caller", "authorizer", "flow_name", "flow_version", "prefix",
-                 "delegations", "decisions")
+                 "delegations", "decisions", "approved")
 
     def __init__(self, caller: CallerSource, authorizer: StepAuthorizer | None,
                  flow_name: str, flow_version: str, *, prefix: str = "",
                  delegations: tuple[Delegation, ...] = (),
-                 decisions: Decisions | None = None) -> None:
+                 decisions: Decisions | None = None, approved: Any = None) -> None:
         self.caller = caller
         self.authorizer = authorizer
         self.flow_name = flow_name
@@ -350,6 +350,14 @@ class StepGuard:
         self.prefix = prefix
         self.delegations = delegations
         self.decisions = decisions if decisions is not None else Decisions()
+        # What the run's approval covers (chainweaver.approved.ApprovedGrants), set
+        # once it is approved; None: nothing to compare.
+        self.approved = approved
+
+    def keep_approval(self, approved: Any) -> None:
+        """From now on, compare every covered check with what the run's approval
+        covers (:class:`chainweaver.approved.ApprovedGrants`)."""
+        self.approved = approved
 
     def path(self, step_id: str) -> str:
         return f"{self.prefix}{step_id}"
@@ -362,7 +370,7 @@ class StepGuard:
         own = tuple(Delegation(prefix + d.step, d.reason) for d in subflow_delegations)
         return StepGuard(self.caller, self.authorizer, self.flow_name, self.flow_version,
                          prefix=prefix, delegations=self.delegations + own,
-                         decisions=self.decisions)
+                         decisions=self.decisions, approved=self.approved)
 
     def delegated(self, path: str) -> str | None:
         for delegation in self.delegations:
@@ -404,6 +412,8 @@ class StepGuard:
             except Exception as error:
                 answer = _hook_failed(self.authorizer, error)
             refused = _verdict(answer)
+        if refused is None and self.approved is not None:
+            refused = self.approved.holds(request, caller)
         return self._noted(request, refused)
 
     async def decide_async(self, request: StepRequest) -> str | None:
@@ -423,6 +433,8 @@ class StepGuard:
             except Exception as error:
                 answer = _hook_failed(self.authorizer, error)
             refused = _verdict(answer)
+        if refused is None and self.approved is not None:
+            refused = await self.approved.holds_async(request, caller)
         return self._noted(request, refused)
 
     def _noted(self, request: StepRequest, refused: str | None) -> str | None:

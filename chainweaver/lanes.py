@@ -19,6 +19,7 @@ from typing import Any, Final, TypeVar
 from pydantic import BaseModel
 
 from . import outcome
+from .approved import ApprovedGrants, caller_now, caller_now_async
 from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
 from .checkpoints import CheckpointStore, Durable
 from .grants import StepGuard
@@ -109,9 +110,13 @@ class Lanes:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
         state.run_id = run_id
         if gate is not None:
-            refused = _denied(plan, gate[0], _ask_blocking(gate[1], gate[0]))
+            caller = caller_now(guard) if guard is not None else None
+            request, approved = _under_grants(plan, gate, guard, caller, None)
+            refused = _denied(plan, request, _ask_blocking(gate[1], request))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+            if guard is not None:
+                guard.keep_approval(approved)
         if guard is not None:
             refused = _entry_refused(plan, guard, guard.decide)
             if refused is not None:
@@ -171,9 +176,14 @@ class Lanes:
             # Before any ask: a run that cannot resume says so at once.
             state.durable = await Durable.open(checkpoints, run_id, state)
         if gate is not None:
-            refused = _denied(plan, gate[0], await ask_approval(gate[1], gate[0]))
+            caller = await caller_now_async(guard) if guard is not None else None
+            request, approved = _under_grants(plan, gate, guard, caller,
+                                              asyncio.get_running_loop())
+            refused = _denied(plan, request, await ask_approval(gate[1], request))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
+            if guard is not None:
+                guard.keep_approval(approved)
         if guard is not None:
             refused = await _entry_refused_async(plan, guard)
             if refused is not None:
@@ -226,6 +236,9 @@ class Lanes:
         running: dict[asyncio.Future, int] = {}
         stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
         loop = asyncio.get_running_loop()
+        # A step asked about again (chainweaver.approved) waits for this loop: it never
+        # runs on the loop itself.
+        on_loop = state.guard is None or state.guard.approved is None
         try:
             while True:
                 while state.ready and len(running) < self.max_concurrent:
@@ -242,7 +255,7 @@ class Lanes:
                             await loop.run_in_executor(self.thread_pool(), self._run_chain,
                                                        state, position, abandoned, True)
                         continue
-                    if alone and steps[position].inline:
+                    if alone and steps[position].inline and on_loop:
                         # Non-blocking sync tools: run right here, on the event loop.
                         self._run_chain(state, position, abandoned, False)
                         continue
@@ -470,6 +483,21 @@ def approval_gate(plan: Plan, approve: Approve
                      plan.flow.name, plan.flow.version, request.describe())
         return None
     return request, approve
+
+
+def _under_grants(plan: Plan, gate: tuple[ApprovalRequest, ApprovalHook],
+                  guard: StepGuard | None, caller: Any,
+                  loop: asyncio.AbstractEventLoop | None
+                  ) -> tuple[ApprovalRequest, ApprovedGrants | None]:
+    """The approval question of a run (with a guard: under its step-grant decisions
+    for ``caller`` now) and, with a guard, what the approval will cover."""
+    request, hook = gate
+    if guard is None:
+        return request, None
+    approved = ApprovedGrants(plan, request, caller, guard.authorizer is not None,
+                              lambda asked: _ask_blocking(hook, asked),
+                              lambda asked: ask_approval(hook, asked), loop)
+    return approved.question(), approved
 
 
 def _ask_blocking(approve: ApprovalHook, request: ApprovalRequest) -> str | None:

@@ -193,11 +193,23 @@ class ApprovalRequest:
 
     ``step_id``, ``step_index``, ``tool_name``, ``side_effects`` and ``reason`` are
     those of the first covered step (what a request held before it listed them all).
+
+    A run with a caller whose flow declares step grants (or has a step authorizer)
+    also says what the approval is asked under (:mod:`chainweaver.approved`):
+    ``caller_id``, and ``grants``, one ``(path, kind, basis)`` per grant check on the
+    way to a covered step (``basis``: ``"caller"``, ``"delegation"``,
+    ``"authorizer"``, ``"open"`` or ``"refused"``). ``changed`` is set when the
+    approval is asked *again* because the decision at that step path (or the
+    caller) changed after the run was approved; ``steps`` then lists the covered
+    steps that have not run yet.
     """
 
     flow_name: str
     flow_version: str
     steps: tuple[CoveredStep, ...]
+    grants: tuple[tuple[str, str, str], ...] = ()
+    caller_id: str | None = None
+    changed: str | None = None
 
     @property
     def step_ids(self) -> tuple[str, ...]:
@@ -209,9 +221,13 @@ class ApprovalRequest:
     def fingerprint(self) -> str:
         """A SHA-256 (hex) of the flow, its version and everything listed about every
         covered step: an answer bound to it approves exactly this question."""
-        body = json.dumps([self.flow_name, self.flow_version,
-                           [dataclasses.astuple(step) for step in self.steps]],
-                          separators=(",", ":"))
+        question: list[Any] = [self.flow_name, self.flow_version,
+                               [dataclasses.astuple(step) for step in self.steps]]
+        if self.grants or self.caller_id is not None or self.changed is not None:
+            # Asked under step grants: the decisions it was asked under are part of it.
+            question += [[list(check) for check in self.grants], self.caller_id,
+                         self.changed]
+        body = json.dumps(question, separators=(",", ":"))
         return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
     @property

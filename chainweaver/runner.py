@@ -18,6 +18,7 @@ from typing import Any, Final, Literal, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
 
+from .approved import RENEWAL_DENIED
 from .conditions import ConditionError
 from .flows import MAX_BACKOFF_SECONDS
 from .grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
@@ -300,6 +301,16 @@ def _refused(state: RunState, planned: PlannedStep, record: StepRecord,
     guard = state.guard
     own = guard.path(planned.id) if guard is not None else planned.id
     inner = f" (at step {refused.path!r})" if refused.path != own else ""
+    if refused.reason == RENEWAL_DENIED:
+        # Still allowed, but not as approved: asked again, and not approved.
+        approved = guard.approved if guard is not None else None
+        why = approved.denial if approved is not None and approved.denial else \
+            "its step-grant decision changed after the run was approved"
+        record.error = ErrorInfo("ApprovalDenied", f"{planned.label}{inner}: {why}, so "
+                                 "it did not run", **_where(planned), detail=RENEWAL_DENIED)
+        record.status = "failed"
+        state.fail(planned.position, record.error)
+        return
     record.error = ErrorInfo(
         "StepRefused", f"{planned.label}{inner} was refused for this caller "
         f"({refused.reason}); it did not run", **_where(planned),
@@ -546,7 +557,8 @@ def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
     if result.success:
         return dict(result.final_output or {})
     inner = result.error
-    if inner.type == "StepRefused" and inner_guard is not None:
+    if inner_guard is not None and (inner.type == "StepRefused"
+                                    or inner.detail == RENEWAL_DENIED):
         # A step inside the sub-flow was refused: the whole run stops there too.
         raise StepRefused(inner.detail or "forbidden", _inner_path(inner_guard, result))
     # The sub-flow's input comes from this flow's context, not from the caller: invalid,
@@ -564,7 +576,8 @@ def _inner_path(guard: Any, result: Any) -> str:
     while records:
         last = records[-1]
         path += last.step_id
-        if last.steps and last.error is not None and last.error.type == "StepRefused":
+        if last.steps and last.error is not None and (
+                last.error.type == "StepRefused" or last.error.detail == RENEWAL_DENIED):
             path += "/"
             records = last.steps
         else:

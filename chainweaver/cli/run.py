@@ -23,6 +23,7 @@ from pydantic_core import to_jsonable_python
 
 from ..errors import ChainWeaverError, FlowNotFoundError
 from ..executor import FlowExecutor
+from ..grants import Caller
 from ..results import ErrorInfo, ExecutionResult, StepRecord, describe_error, step_table
 from ..run_events import ALWAYS_APPROVE, ApprovalHook, ApprovalRequest, approval_request
 from .errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, CommandError
@@ -59,11 +60,23 @@ def add_parser(subparsers: Any) -> None:
                          help="print no step as it starts and ends (by default: live on a "
                               "terminal, else a line each, on stderr; none with --json "
                               "without a terminal)")
+    who = command.add_argument_group(
+        "caller (a flow that declares step grants runs only for a caller)")
+    who.add_argument("--caller", metavar="ID",
+                     help="run the flow as this caller: each step's declared grants are "
+                          "checked against its --scope and --claim values")
+    who.add_argument("--scope", dest="scopes", action="append", default=[],
+                     metavar="SCOPE", help="a scope the caller holds (repeatable)")
+    who.add_argument("--claim", dest="claims", action="append", default=[],
+                     metavar="KEY=VALUE",
+                     help="a claim of the caller (repeatable; a KEY given more than once "
+                          "holds every VALUE given)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.flow`` once and report it; returns the exit code."""
     flow_input = read_input(args.input, args.input_file)
+    caller = read_caller(args.caller, args.scopes, args.claims)
     progress = (progress_for(sys.stderr, quiet_without_terminal=args.json)
                 if args.progress else None)
     try:
@@ -71,9 +84,11 @@ def run(args: argparse.Namespace) -> int:
         with redirect_stdout(sys.stderr):
             executor, _ = load_executor(args.paths, args.tools)
             plan = _plan(executor, args.flow, args.flow_version)
+            if caller is None and plan.needs:
+                raise CommandError(EXIT_USAGE, _needs_caller(plan))
             result = executor.execute_flow(args.flow, flow_input, plan=plan,
                                            approve=approver(args.yes, plan),
-                                           observer=progress)
+                                           observer=progress, caller=caller)
     except CommandError as error:
         raise CommandError(EXIT_USAGE, str(error)) from None
     except (OSError, ImportError, ChainWeaverError) as error:
@@ -131,6 +146,45 @@ def read_input(text: str | None, file: str | None) -> dict[str, Any]:
         raise CommandError(EXIT_USAGE, f"{source}: the input must be a JSON object "
                            f"({{\"field\": value, ...}}), got {type(value).__name__}")
     return value
+
+
+def read_caller(caller_id: str | None, scopes: list[str], claims: list[str]
+                ) -> Caller | None:
+    """The caller of ``--caller``, ``--scope`` and ``--claim`` (None: none given); a
+    malformed flag is a usage error."""
+    if caller_id is None:
+        if scopes or claims:
+            given = "--scope" if scopes else "--claim"
+            raise CommandError(EXIT_USAGE, f"{given} describes a caller: pass --caller ID "
+                               "too")
+        return None
+    if not caller_id.strip():
+        raise CommandError(EXIT_USAGE, "--caller: the caller id must not be empty")
+    for scope in scopes:
+        if not scope or scope.split() != [scope]:
+            raise CommandError(EXIT_USAGE, f"--scope {scope!r}: a scope is one word (give "
+                               "--scope once per scope)")
+    held: dict[str, list[str]] = {}
+    for claim in claims:
+        key, equals, value = claim.partition("=")
+        if not equals or not key.strip():
+            raise CommandError(EXIT_USAGE, f"--claim {claim!r}: expected KEY=VALUE (say "
+                               "--claim tenant=acme)")
+        held.setdefault(key.strip(), []).append(value)
+    return Caller(caller_id, frozenset(scopes),
+                  {key: values[0] if len(values) == 1 else values
+                   for key, values in held.items()})
+
+
+def _needs_caller(plan: Any) -> str:
+    """Why a flow that declares step grants does not run without ``--caller``."""
+    flow = plan.flow
+    needs = ", ".join(f"{need.path or 'the flow'}: {need.grants.describe()}"
+                      for need in plan.needs[:3])
+    more = f" and {len(plan.needs) - 3} more" if len(plan.needs) > 3 else ""
+    return (f"flow {flow.name!r} {flow.version} declares step grants ({needs}{more}), "
+            "so it runs only for a caller: pass --caller ID, with --scope SCOPE and "
+            "--claim KEY=VALUE for what it holds; nothing ran")
 
 
 def _plan(executor: FlowExecutor, name: str, version: str | None) -> Any:

@@ -411,9 +411,14 @@ class FlowTool(PlainSlots, FastMCPTool):
             if request is not None and approval is not None and names.hides_any():
                 # The engine's words name every covered step's path; the user was shown
                 # them with the sub-flows it cannot see unnamed.
+                shown = approval.shown(request).describe()
                 message = (f"flow {self.name!r} {request.flow_version}: approval of "
-                           f"{approval.shown(request).describe()} was not given, so no "
-                           "step ran")
+                           f"{shown} was not given, so no step ran")
+                if request.changed is not None:  # asked again mid-run (approved.py)
+                    step = names.label(error.step_id or "")
+                    message = (f"step {step!r}: its grant decision changed after the "
+                               f"run was approved; approval of {shown} was asked again "
+                               "and not given, so it did not run")
             text = f"ApprovalDenied: {message} (answer: {answer})"
             return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         if names.hides_any():

@@ -3,8 +3,14 @@
 :class:`Approval` asks the user to approve a run before any step starts: through
 elicitation on 2025-11-25, through an ``input_required`` result on 2026-07-28 (the
 client retries the call with the answer, in a signed, single-use state bound to the
-caller, the flow, its version, the covered steps and the arguments). Every answer is
-audited.
+caller, the flow, its version, the covered steps and the arguments, and to the
+step-grant decisions it was asked under). Every answer is audited.
+
+A run whose step-grant decision changes after it was approved asks again
+(:mod:`chainweaver.approved`): by elicitation on 2025-11-25; a call that can only be
+answered by retrying it (2026-07-28) or a background task's leg cannot hold its run
+open for the answer, so the run stops before that step. A state whose decisions
+changed before its answer arrived asks again, with a fresh state.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from chainweaver.run_events import ApprovalRequest
 logger = logging.getLogger("chainweaver.mcp.runs.approval")
 
 APPROVAL_KEY = "chainweaver_approval"  # the input request's key on 2026-07-28
-STATE_VERSION = 2  # the layout of the signed approval state
+STATE_VERSION = 3  # the layout of the signed approval state
 MAX_USED_STATES = 100_000  # approval states remembered as used, per process
 
 
@@ -144,12 +150,20 @@ APPROVAL_SCHEMA: dict[str, Any] = {
 }
 
 
-def approval_message(request: ApprovalRequest, tool_name: str) -> str:
+def approval_message(request: ApprovalRequest, tool_name: str, again: str | None = None
+                     ) -> str:
     """The approval question: every step the approval covers (``request.steps``: each
     step that requires approval, a fallback or a sub-flow's step included), with its
-    tool, side effects and reason, one a line; no step that needs no approval."""
-    lines = [f"Flow {tool_name!r} (version {request.flow_version}) asks approval to run "
-             f"{'this step' if len(request.steps) == 1 else 'these steps'}:"]
+    tool, side effects and reason, one a line; no step that needs no approval. Asked
+    again (``request.changed``, or ``again``: why), the question says so first."""
+    lines = []
+    if request.changed is not None:
+        lines.append(f"The run was approved, but the grant decision of step "
+                     f"{request.changed!r} changed since; it asks again.")
+    elif again is not None:
+        lines.append(f"Asked again: {again}.")
+    lines.append(f"Flow {tool_name!r} (version {request.flow_version}) asks approval to "
+                 f"run {'this step' if len(request.steps) == 1 else 'these steps'}:")
     for step in request.steps:
         what = f"step {step.step_id!r} (tool {step.tool_name!r})" if not step.fallback \
             else (f"fallback of step {step.step_id!r} (tool {step.tool_name!r}, runs only "
@@ -223,6 +237,7 @@ class Approval:
         self._readmit = readmit
         self._shown = shown
         self.ask: mcp_types.InputRequiredResult | None = None
+        self._again: str | None = None  # why the question is asked again, if it is
         self.outcome = "not_asked"  # accept, decline, cancel, no_answer, unavailable, ...
         self.request: ApprovalRequest | None = None  # what the run asked approval for
 
@@ -230,8 +245,14 @@ class Approval:
         self.request = request
         ctx = self._ctx
         rc = ctx.request_context
-        if self._in_task is not None or (rc is not None
-                                         and rc.protocol_version in MODERN_PROTOCOL_VERSIONS):
+        retried = self._in_task is not None or (
+            rc is not None and rc.protocol_version in MODERN_PROTOCOL_VERSIONS)
+        answer: str | None
+        if request.changed is not None and retried:
+            # Asked again mid-run: the answer could only come with a retry of the call
+            # (or the task's next leg), which cannot continue this run: it stops here.
+            answer = "unavailable"
+        elif retried:
             answer = await self._from_retry(request)
         else:
             answer = await self._elicit(request)
@@ -255,7 +276,7 @@ class Approval:
         return self._shown(request) if self._shown is not None else request
 
     def _message(self, request: ApprovalRequest) -> str:
-        return approval_message(self.shown(request), self._name)
+        return approval_message(self.shown(request), self._name, self._again)
 
     async def _elicit(self, request: ApprovalRequest) -> str:
         """Ask over the 2025-11-25 back-channel; the answer as an outcome word."""
@@ -290,21 +311,20 @@ class Approval:
         ctx = self._ctx
         state = ctx.request_state
         if state is None:
-            if not self._can_ask():
-                return "unavailable"
-            self.ask = mcp_types.InputRequiredResult(
-                input_requests={APPROVAL_KEY: mcp_types.ElicitRequest(
-                    params=mcp_types.ElicitRequestFormParams(
-                        message=self._message(request),
-                        requested_schema=APPROVAL_SCHEMA))},
-                request_state=self._mint(request))
-            return None
+            return self._asking(request)
         # A background task's state never leaves the server (fastmcp-tasks keeps it with
         # the task; the client answers by key, and a task takes one answer), and the
         # next leg may run on a worker with other secrets: there only the binding is
         # checked. A state a client echoes is checked whole, then used up.
         in_task = self._in_task is not None
-        if not await self._verify(state, request, signed=not in_task, use=not in_task):
+        verdict = await self._verify(state, request, signed=not in_task, use=not in_task)
+        if verdict == "changed":
+            # Answered, but asked under step-grant decisions (or for a caller) that are
+            # not those of now (a task resumed after a grant changed, say): the answer
+            # is not for this run as it stands. Nothing ran: ask again.
+            self._again = "the grant decisions of its steps changed since it was asked"
+            return self._asking(request)
+        if verdict != "ok":
             return "invalid_state"
         response = (ctx.input_responses or {}).get(APPROVAL_KEY)
         if not isinstance(response, mcp_types.ElicitResult):
@@ -316,6 +336,17 @@ class Approval:
         except ValidationError:
             return "decline"
         return "accept" if answer.approve else "decline"
+
+    def _asking(self, request: ApprovalRequest) -> str | None:
+        """Ask through an ``input_required`` result (:attr:`ask`); None once asked."""
+        if not self._can_ask():
+            return "unavailable"
+        self.ask = mcp_types.InputRequiredResult(
+            input_requests={APPROVAL_KEY: mcp_types.ElicitRequest(
+                params=mcp_types.ElicitRequestFormParams(
+                    message=self._message(request), requested_schema=APPROVAL_SCHEMA))},
+            request_state=self._mint(request))
+        return None
 
     def _can_ask(self) -> bool:
         if self._in_task is not None:
@@ -335,42 +366,56 @@ class Approval:
                           separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
+    @staticmethod
+    def _decisions(request: ApprovalRequest) -> str:
+        """The step-grant decisions (and the caller) a question was asked under, as a
+        digest (``"-"``: the run has no step grants)."""
+        if not request.grants and request.caller_id is None:
+            return "-"
+        text = json.dumps([request.caller_id, [list(g) for g in request.grants]],
+                          separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
     # The SDK seals request_state and binds it to the tool, the arguments and an OAuth
     # caller; this signature also binds it to the gate's caller (any authentication),
     # the flow version, the step(s) and the arguments, and gives it a single use, so
     # the state of another caller, flow, step, input or server never approves this one.
     def _mint(self, request: ApprovalRequest) -> str:
         expires = round(time.time() + self._settings.approval_timeout, 3)
-        body = json.dumps([STATE_VERSION, self._binding(request), secrets.token_hex(16),
-                           expires], separators=(",", ":"))
+        body = json.dumps([STATE_VERSION, self._binding(request), self._decisions(request),
+                           secrets.token_hex(16), expires], separators=(",", ":"))
         return f"{body}|{self._sign(body)}"
 
     async def _verify(self, state: str, request: ApprovalRequest, *, signed: bool = True,
-                      use: bool = False) -> bool:
-        """Whether ``state`` approves ``request`` here; ``use``: and has not approved
-        anything before (it is then used up), and has not expired."""
+                      use: bool = False) -> str | None:
+        """``"ok"`` when ``state`` approves ``request`` here (``use``: and has not
+        approved anything before, then is used up, and has not expired);
+        ``"changed"`` when it would, but was asked under other step-grant decisions
+        (used up all the same); None when it does not approve it."""
         body, _, signature = state.rpartition("|")
         if signed and not any(
                 hmac.compare_digest(signature, self._sign(body, secret))
                 for secret in self._settings.secrets):
-            return False
+            return None
         try:
-            layout, binding, nonce, expires = json.loads(body)
+            layout, binding, decisions, nonce, expires = json.loads(body)
         except (ValueError, TypeError):
-            return False
+            return None
         if layout != STATE_VERSION or binding != self._binding(request) \
                 or not isinstance(nonce, str) or isinstance(expires, bool) \
                 or not isinstance(expires, (int, float)):
-            return False
+            return None
+        verdict = "ok" if decisions == self._decisions(request) else "changed"
         if not use:
-            return True
+            return verdict
         if expires < time.time():
-            return False
+            return None
         try:
             server: FastMCP | None = self._ctx.fastmcp
         except RuntimeError:  # the server is gone: the process record answers
             server = None
-        return await self._settings.nonces.use(nonce, float(expires), server)
+        used = await self._settings.nonces.use(nonce, float(expires), server)
+        return verdict if used else None
 
     def _sign(self, body: str, secret: bytes | None = None) -> str:
         key = self._settings.secrets[0] if secret is None else secret

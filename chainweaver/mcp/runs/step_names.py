@@ -77,8 +77,10 @@ class StepNames:
         steps = getattr(request, "steps", None)
         if not (self.hides_any() and isinstance(steps, tuple)):
             return request
+        changed = getattr(request, "changed", None)
         return dataclasses.replace(request, steps=tuple(
-            dataclasses.replace(step, step_id=self.path(step.step_id)) for step in steps))
+            dataclasses.replace(step, step_id=self.path(step.step_id)) for step in steps),
+            changed=self.path(changed) if changed is not None else None)
 
 
 ALL_VISIBLE = StepNames(None, lambda name: True)
