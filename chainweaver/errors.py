@@ -1,5 +1,10 @@
 """The ChainWeaver exception hierarchy: every error the library raises derives from
-:class:`ChainWeaverError`."""
+:class:`ChainWeaverError`; and how every message says that an optional extra is missing.
+
+ChainWeaver is installed from a clone of its repository. The ``chainweaver`` on the
+public package index is another project (the reference package), so every install
+instruction this package prints names the clone form.
+"""
 
 from __future__ import annotations
 
@@ -70,3 +75,14 @@ class FlowFileError(DefinitionError):
         self.problem = problem
         where = f"{self.path}: {field}" if field else self.path
         super().__init__(f"{where}: {problem}")
+
+
+def install_hint(*extras: str) -> str:
+    """The command that installs ``extras``, as every message of this package says it."""
+    return f"pip install -e '.[{','.join(extras)}]' in a clone of ChainWeaver"
+
+
+def needs_extra(what: str, *extras: str) -> str:
+    """One line saying that ``what`` needs ``extras`` and how to install them."""
+    names = " and ".join(f"the {extra} extra" for extra in extras)
+    return f"{what} needs {names}: {install_hint(*extras)}"

@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import FlowFileError
-from .extras import install_hint
+from .errors import FlowFileError, install_hint
 from .flow_data import flow_from_data as flow_from_data  # re-exported: docs and tests
 from .flow_data import import_model as import_model  # import both from here
 from .flow_format import DEFAULT_LIMITS as DEFAULT_LIMITS

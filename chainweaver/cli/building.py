@@ -16,8 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import ChainWeaverError
-from ..extras import needs_extra
+from ..errors import ChainWeaverError, needs_extra
 from ..flows import FlowLifecycle
 from ..governance.state import GovernanceSettings
 from ..safety import SideEffectLevel

@@ -9,10 +9,11 @@ code. Adding a command is a module and a line in :data:`COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 from typing import Any, Protocol
 
 from .. import __version__
-from ..extras import version_report
 from . import (
     card,
     dev,
@@ -88,3 +89,36 @@ def run_command(args: argparse.Namespace) -> int:
     modules and the models flow files name by the same rules (:mod:`.loading`)."""
     import_from_cwd()
     return COMMANDS[args.command].run(args)
+
+
+# The packages of each extra a user would ask about, as (import name, distribution).
+EXTRA_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "mcp": (("fastmcp", "fastmcp"), ("mcp", "mcp")),
+    "tasks": (("fastmcp_tasks", "fastmcp-tasks"), ("redis", "redis")),
+    "yaml": (("yaml", "pyyaml"),),
+}
+
+
+def installed_version(module: str, distribution: str) -> str | None:
+    """The version of ``distribution`` when ``module`` can be imported here (None when it
+    cannot). Looks the module up without importing it: cheap enough for ``--version``."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+def version_report(version: str) -> str:
+    """What ``chainweaver --version`` prints: ChainWeaver's ``version``, then each
+    extra's packages with the version in use, or "not installed"."""
+    lines = [f"chainweaver {version}"]
+    for extra, packages in EXTRA_PACKAGES.items():
+        for module, distribution in packages:
+            found = installed_version(module, distribution)
+            lines.append(f"{distribution} {found or 'not installed'} ({extra} extra)")
+    return "\n".join(lines)

@@ -24,8 +24,7 @@ import sys
 import time
 from typing import Any
 
-from ..errors import ChainWeaverError, FlowFileError
-from ..extras import needs_extra
+from ..errors import ChainWeaverError, FlowFileError, needs_extra
 from ..files import find_flow_files, read_flow_data
 from ..governance.state import (
     GovernanceSettings,

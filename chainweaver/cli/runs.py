@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from ..extras import needs_extra
+from ..errors import needs_extra
 from .errors import EXIT_MISSING, EXIT_OK, EXIT_USAGE, CommandError
 from .output import PROG, json_text, shown, table, when
 
