@@ -104,7 +104,7 @@ class Lanes:
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
-            state = outcome.start(plan, input)
+            state = outcome.start(plan, input, started)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
         state.run_id = run_id
@@ -163,7 +163,7 @@ class Lanes:
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
-            state = outcome.start(plan, input)
+            state = outcome.start(plan, input, started)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
         state.run_id = run_id
