@@ -39,6 +39,7 @@ from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.live.cursors import sent_size
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
 from chainweaver.mcp.runs.approval import Approval, ApprovalInTask, RunSettings
 from chainweaver.mcp.runs.recording import (
@@ -133,7 +134,7 @@ class FlowTool(PlainSlots, FastMCPTool):
 
     # Plain attributes, not pydantic private ones: a call reads them (plain_slots.py).
     __slots__ = ("_executor", "_exposed", "_error_detail", "_timeout", "_runs", "_served",
-                 "_run_log", "_outputs")
+                 "_run_log", "_outputs", "_sent")
     if TYPE_CHECKING:  # annotated at run time, pydantic would make them private again
         _executor: FlowExecutor = SET_BY_BUILD
         _exposed: ExposedFlow = SET_BY_BUILD
@@ -143,6 +144,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         _served: ServedFrom | None = SET_BY_BUILD
         _run_log: RunLog | None = SET_BY_BUILD
         _outputs: RunLog | None = SET_BY_BUILD
+        _sent: tuple[str, int] | None = SET_BY_BUILD
 
     @classmethod
     def build(
@@ -178,7 +180,16 @@ class FlowTool(PlainSlots, FastMCPTool):
         tool._served = None if live is None else ServedFrom(live, views or Views(None), view)
         tool._run_log = run_log
         tool._outputs = outputs or run_log
+        tool._sent = None
         return tool
+
+    def sent_size(self) -> int:
+        """This tool's bytes in a ``tools/list`` as sent (measured once: a component
+        never changes; a renamed copy, which carries the slot, measures its own)."""
+        sent = self._sent
+        if sent is None or sent[0] != self.name:
+            sent = self._sent = (self.name, sent_size(self.to_mcp_tool(name=self.name)))
+        return sent[1]
 
     @property
     def exposed(self) -> ExposedFlow:
