@@ -35,7 +35,7 @@ from mcp_types import TextContent, ToolAnnotations
 from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.grants import StepGuard, fixed_caller
-from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots, set_slots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
@@ -172,15 +172,11 @@ class FlowTool(PlainSlots, FastMCPTool):
             meta={"chainweaver": flow_meta(exposed)},
             task_config=TaskConfig(mode=exposed.task_mode),  # type: ignore[arg-type]
         )
-        tool._executor = executor
-        tool._exposed = exposed
-        tool._error_detail = error_detail
-        tool._timeout = timeout
-        tool._runs = runs if runs is not None else RunSettings()
-        tool._served = None if live is None else ServedFrom(live, views or Views(None), view)
-        tool._run_log = run_log
-        tool._outputs = outputs or run_log
-        tool._sent = None
+        set_slots(tool, _executor=executor, _exposed=exposed, _error_detail=error_detail,
+                  _timeout=timeout, _runs=runs if runs is not None else RunSettings(),
+                  _served=None if live is None
+                  else ServedFrom(live, views or Views(None), view),
+                  _run_log=run_log, _outputs=outputs or run_log, _sent=None)
         return tool
 
     def sent_size(self) -> int:
@@ -188,7 +184,8 @@ class FlowTool(PlainSlots, FastMCPTool):
         never changes; a renamed copy, which carries the slot, measures its own)."""
         sent = self._sent
         if sent is None or sent[0] != self.name:
-            sent = self._sent = (self.name, sent_size(self.to_mcp_tool(name=self.name)))
+            sent = (self.name, sent_size(self.to_mcp_tool(name=self.name)))
+            set_slots(self, _sent=sent)
         return sent[1]
 
     @property
