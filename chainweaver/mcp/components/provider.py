@@ -39,13 +39,13 @@ from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.composition import stamp_owner
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.live.cursors import (
+    BY_SIZE,
     INVALID_CURSOR,
     LIST_AGAIN,
     fingerprint,
     fitting,
     position,
     sent_size,
-    size_cut_from,
 )
 from chainweaver.mcp.publish.exposure import (
     INDEX_URI,
@@ -228,10 +228,13 @@ class FlowProvider(Provider):
             page.refused = LIST_AGAIN
             return []
         if page.size is None:
-            start = size_cut_from()
-            if start is None:
-                return listed
+            return listed
+        if page.size == BY_SIZE:
             # Cut by size here: only the page's components are built and measured.
+            start = position(page.cursor or "0")
+            if start < 0:
+                page.refused = INVALID_CURSOR
+                return []
             if start >= len(listed) and start > 0:
                 page.refused = LIST_AGAIN
                 return []

@@ -27,7 +27,6 @@ import hashlib
 import json
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import mcp_types
@@ -49,11 +48,11 @@ PAGED_BY_PROVIDER = frozenset({"tools/list", "resources/list", "prompts/list"})
 LISTED = {"tools/list": "tools", "resources/list": "resources", "prompts/list": "prompts",
           "resources/templates/list": "templates"}
 
-# The position a list cut by its size starts at, while the flow provider serves it and
-# alone holds its items (None: the provider returns its whole list). The provider then
-# builds only the components of the page that fits, not the catalogue's.
-_SIZE_CUT_FROM: ContextVar[int | None] = ContextVar("chainweaver_size_cut_from",
-                                                    default=None)
+# The ListPage.size of a list the flow provider cuts by its size, from the position in
+# the page's cursor (it alone holds the list's items): it builds and measures only the
+# components of the page that fits, not the catalogue's, and says in the page's
+# offset, size and more where it cut.
+BY_SIZE = 0
 
 # Keys the fingerprint, so a cursor that reaches someone else cannot be used to test
 # guesses about which flows its caller sees.
@@ -87,8 +86,10 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
             start, inner = position(inner), None
             if start < 0:
                 issued = None  # refused below, as any cursor not of ours
-        page = ListPage(LISTED.get(method, method), provider.owner, cursor=inner,
-                        issued=issued, size=page_size if by_provider else None)
+        page = ListPage(LISTED.get(method, method), provider.owner,
+                        cursor=str(start) if provider_cuts else inner, issued=issued,
+                        size=page_size if by_provider else BY_SIZE if provider_cuts
+                        else None)
         if cursor is not None and issued is None:
             # Not a cursor of ours: refused by the gate, as it serves the list.
             page.refused = INVALID_CURSOR
@@ -101,12 +102,7 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
             else:
                 if inner is not None or by_size and cursor is not None:
                     params = params.model_copy(update={"cursor": inner})
-                cutting = _SIZE_CUT_FROM.set(start) if provider_cuts else None
-                try:
-                    result = await handler(ctx, params)
-                finally:
-                    if cutting is not None:
-                        _SIZE_CUT_FROM.reset(cutting)
+                result = await handler(ctx, params)
         page.check()  # refused while no gate served it (a server without its own gate)
         if issued is not None and issued != page.fingerprint:
             # A list no provider fingerprinted (the schema template's) has no pages.
@@ -176,12 +172,6 @@ def _cut_by_size(result: Any, field: str, start: int) -> tuple[Any, str | None]:
         return result, None
     following = str(end) if end < len(items) else None
     return result.model_copy(update={field: items[start:end]}), following
-
-
-def size_cut_from() -> int | None:
-    """Where the list being served starts when the flow provider is to cut it by its
-    size (:func:`fitting`); None: the provider returns its whole list."""
-    return _SIZE_CUT_FROM.get()
 
 
 def fitting(items: Sequence[T], start: int, size: Callable[[T], int]) -> int:
