@@ -277,10 +277,16 @@ class FlowExecutor:
         servers that collect the decisions themselves.
         """
         to_run = self._plan_to_run(name, version, plan)
-        return self._lanes.run_sync(to_run, input,
-                                    observer=observer, cancel=cancel,
-                                    approve=_checked(approve), run_id=_run_id(run_id),
-                                    guard=guard or self.step_guard(to_run, caller))
+        # The checks of step_guard, _checked and _run_id, inlined: a run of a small flow
+        # costs about as much as a few calls more.
+        if guard is None and (to_run.needs or self.step_authorizer is not None):
+            guard = self.step_guard(to_run, caller)
+        if approve is not None:
+            _checked(approve)
+        if run_id is not None:
+            _run_id(run_id)
+        return self._lanes.run_sync(to_run, input, observer=observer, cancel=cancel,
+                                    approve=approve, run_id=run_id, guard=guard)
 
     def step_guard(self, plan: Plan, caller: Any,
                    authorizer: StepAuthorizer | None = None) -> StepGuard | None:
@@ -296,7 +302,12 @@ class FlowExecutor:
 
     def _plan_to_run(self, name: str, version: str | None, plan: Plan | None) -> Plan:
         if plan is None:
-            return self._plan(self.registry.get_flow(name, version))[0]
+            flow = self.registry.get_flow(name, version)
+            cached = self._plans.get((flow.name, flow.version))
+            if cached is not None and cached[0].flow is flow \
+                    and not cached[0].subflow_versions:
+                return cached[0]  # _cached's answer, without its calls
+            return self._plan(flow)[0]
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a Plan from FlowExecutor.plan(), got "
                             f"{type(plan).__name__}")

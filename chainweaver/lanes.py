@@ -105,7 +105,7 @@ class Lanes:
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
-            state = outcome.start(plan, input)
+            state = outcome.start(plan, input, started)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
         state.run_id = run_id
@@ -168,7 +168,7 @@ class Lanes:
         if isinstance(gate, ErrorInfo):
             return _reported(outcome.failed(plan.flow, gate, [], started), observer)
         try:
-            state = outcome.start(plan, input)
+            state = outcome.start(plan, input, started)
         except StepFailed as failure:
             return _reported(outcome.failed(plan.flow, failure.info, [], started), observer)
         state.run_id = run_id

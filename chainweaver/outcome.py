@@ -16,8 +16,11 @@ from .run_events import notify
 from .runner import RunState, StepFailed, describe, first_error_field, raised
 
 
-def start(plan: Plan, input: Mapping[str, Any] | BaseModel) -> RunState:
-    """The state of a new run of ``plan``; :class:`StepFailed` if it cannot start."""
+def start(plan: Plan, input: Mapping[str, Any] | BaseModel,
+          begun: float | None = None) -> RunState:
+    """The state of a new run of ``plan``; :class:`StepFailed` if it cannot start.
+    ``begun``: when the run started (``perf_counter``; now when left out), which its
+    steps' ``started_ms`` count from."""
     flow = plan.flow
     fatal = [problem for problem in plan.problems if problem.fatal] if plan.problems else None
     if fatal:
@@ -37,7 +40,7 @@ def start(plan: Plan, input: Mapping[str, Any] | BaseModel) -> RunState:
         fresh = True  # a model validation made (never the caller's own instance)
         if type(input) is model:
             validated, fresh = input, False
-        elif isinstance(input, BaseModel):
+        elif type(input) is not dict and isinstance(input, BaseModel):  # (see _output)
             validated = model.model_validate(input.model_dump())
         else:
             validated = model.__pydantic_validator__.validate_python(input)
@@ -50,7 +53,7 @@ def start(plan: Plan, input: Mapping[str, Any] | BaseModel) -> RunState:
         )) from None
     except Exception as error:  # a validator or serializer bug, not the caller's
         raise raised(f"flow {flow.name!r} input validation", error) from None
-    state = RunState(plan, context)
+    state = RunState(plan, context, begun)
     if fresh and plan.steps[0].reuses_input:
         state.validated_input = validated
     return state

@@ -99,6 +99,11 @@ class PlannedStep:
     # the step takes exactly the flow's validated input (runner: "reused input").
     validate_input: Any = None
     reuses_input: bool = False
+    name: str = ""  # step.name (its tool's or sub-flow's), read once per run for its record
+    # The tool's output validator (validate_python) and serializer (to_python), for the
+    # plain loop (None: no tool, or no output schema).
+    check_output: Any = None
+    dump_output: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +251,8 @@ def compile_plan(flow: Flow, resolver: Resolver,
             position == 0 and tool is not None and tool.input_schema is input_model
             and not step.input_mapping and not computed and step.condition is None
             and not any(source.candidates for source in sources),
+            step.name,
+            *_output_checks(tool),
         ))
 
     _check_conflicts(planned, ancestors, problems)
@@ -320,6 +327,15 @@ def _inline(step: FlowStep, tool: Tool | None, fallback: Tool | None) -> bool:
     return tool is not None and not tool.is_async and not tool.blocking \
         and step.timeout is None and step.retry is None \
         and (fallback is None or not (fallback.is_async or fallback.blocking))
+
+
+def _output_checks(tool: Tool | None) -> tuple[Any, Any]:
+    """The tool's output validator and serializer (None, None: no output schema)."""
+    schema = tool.output_schema if tool is not None else None
+    if schema is None:
+        return None, None
+    return (schema.__pydantic_validator__.validate_python,
+            schema.__pydantic_serializer__.to_python)
 
 
 def _plain_chain(steps: list[PlannedStep]) -> bool:

@@ -31,14 +31,17 @@ class RunState:
                  "failed_at", "waiting", "ready", "observer", "_lock", "begun",
                  "run_id", "durable", "guard", "validated_input")
 
-    def __init__(self, plan: Plan, flow_input: dict[str, Any]) -> None:
+    def __init__(self, plan: Plan, flow_input: dict[str, Any],
+                 begun: float | None = None) -> None:
         self.plan = plan
         self.flow_input = flow_input
         count = len(plan.steps)
         self.writes: list[dict[str, Any] | None] = [None] * count
         self.records: list[StepRecord | None] = [None] * count
         self.started = 0  # how many records there are
-        self.begun = perf_counter()  # steps' started_ms count from here
+        # Steps' started_ms count from here: when the run started (the lanes' clock
+        # read, shared), else now.
+        self.begun = perf_counter() if begun is None else begun
         self.failure: ErrorInfo | None = None
         self.failed_at = count
         self.waiting: list[int] = []

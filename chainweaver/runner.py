@@ -114,7 +114,7 @@ def raised(what: str, error: BaseException, **where: Any) -> StepFailed:
 
 def _begin(state: RunState, planned: PlannedStep) -> tuple[StepRecord, float]:
     """Record that ``planned`` starts (telling the observer); its start time."""
-    record = StepRecord(planned.index, planned.step.name, None, None, None, 0.0, planned.id)
+    record = StepRecord(planned.index, planned.name, None, None, None, 0.0, planned.id)
     state.records[planned.position] = record
     state.started += 1
     if state.observer is not None:
@@ -170,8 +170,7 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
     for planned in state.plan.steps:
         tool = planned.tool
         assert tool is not None
-        record = StepRecord(planned.index, planned.step.name, None, None, None, 0.0,
-                            planned.id)
+        record = StepRecord(planned.index, planned.name, None, None, None, 0.0, planned.id)
         record.started_ms = (now - begun) * 1000
         records[planned.position] = record
         state.started += 1
@@ -195,7 +194,16 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
                 raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
             except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
                 raise _call_failed(planned, tool, error) from None
-            outputs = _output(planned, tool, raw)
+            check_output = planned.check_output
+            if check_output is not None and type(raw) is dict:
+                # _output's commonest case, with the validator and serializer the plan
+                # prepared (the same work, without the call).
+                try:
+                    outputs = planned.dump_output(check_output(raw))
+                except Exception as error:
+                    raise _output_failed(planned, tool, error) from None
+            else:
+                outputs = _output(planned, tool, raw)
         except StepFailed as failure:
             record.error = failure.info
             record.status = "failed"
@@ -331,7 +339,7 @@ def complete(state: RunState, planned: PlannedStep, record: StepRecord,
 
 
 def _where(planned: PlannedStep, tool_name: str | None = None, **extra: Any) -> dict:
-    return {"step_index": planned.index, "tool_name": tool_name or planned.step.name,
+    return {"step_index": planned.index, "tool_name": tool_name or planned.name,
             "step_id": planned.id, **extra}
 
 
@@ -515,29 +523,37 @@ def _what(planned: PlannedStep, tool: Tool) -> str:
 
 def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
     schema = tool.output_schema
+    # ``type(raw) is not dict`` first: isinstance against a pydantic model class goes
+    # through its metaclass's __instancecheck__, which costs more than a tool call.
     try:
         if schema is not None:
             if type(raw) is schema:
                 return schema.__pydantic_serializer__.to_python(raw)
-            if isinstance(raw, BaseModel):
+            if type(raw) is not dict and isinstance(raw, BaseModel):
                 # Another model (or a subclass with extra fields): validate its data.
                 raw = raw.model_dump()
             return schema.__pydantic_serializer__.to_python(
                 schema.__pydantic_validator__.validate_python(raw))
-        if isinstance(raw, BaseModel):
+        if type(raw) is not dict and isinstance(raw, BaseModel):
             return raw.model_dump()
-    except ValidationError as error:
-        raise StepFailed(ErrorInfo(
-            "StepOutputError", f"{_what(planned, tool)} output is invalid: {describe(error)}",
-            **_where(planned, tool.name), field=first_error_field(error))) from None
-    except Exception as error:  # e.g. a serializer that raises, an unconvertible value
-        raise raised(f"{_what(planned, tool)} output validation", error,
-                     **_where(planned, tool.name)) from None
-    if isinstance(raw, Mapping):
+    except Exception as error:
+        raise _output_failed(planned, tool, error) from None
+    if type(raw) is dict or isinstance(raw, Mapping):
         return dict(raw)
     raise StepFailed(ErrorInfo(
         "StepOutputError", f"{_what(planned, tool)} returned {type(raw).__name__}; a tool "
         "must return a dict or a pydantic model", **_where(planned, tool.name)))
+
+
+def _output_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
+    """The failure of a step whose output did not validate (or whose validator or
+    serializer raised, e.g. on an unconvertible value)."""
+    if isinstance(error, ValidationError):
+        return StepFailed(ErrorInfo(
+            "StepOutputError", f"{_what(planned, tool)} output is invalid: {describe(error)}",
+            **_where(planned, tool.name), field=first_error_field(error)))
+    return raised(f"{_what(planned, tool)} output validation", error,
+                  **_where(planned, tool.name))
 
 
 def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, field_serializer, field_validator
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, Tool
 from chainweaver.calling import Stop
@@ -207,3 +207,56 @@ def test_a_mapped_first_step_validates_its_own_input() -> None:
                                          [FlowStep("echo", {"text": "said"})],
                                          input_schema=Said))
     assert executor.execute_flow("shout", {"said": "hi"}).final_output == {"text": "hi!"}
+
+
+# ----------------------------------------------- outputs the plan's validator checks
+
+
+class Stamped(BaseModel):
+    x: int
+
+    @field_serializer("x")
+    def refuse(self, value: int) -> int:
+        if value > 10:
+            raise RuntimeError("cannot serialise")
+        return value
+
+
+class Loud(X):
+    extra: str = "loud"  # a subclass: its data is validated, the extra field dropped
+
+
+def stamped_executor(fn: Any) -> FlowExecutor:
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(Tool("stamp", "Stamp.", X, Stamped, fn))
+    executor.register_tool(Tool("loud", "Loud.", X, X, lambda m: Loud(x=m.x)))
+    executor.registry.register_flow(Flow("random", "Stamp.", [
+        FlowStep("loud", id="s0"), FlowStep("stamp", id="s1")], input_schema=XY))
+    return executor
+
+
+@pytest.mark.parametrize("x", [1, 50, "no"])
+@pytest.mark.parametrize("returns", ["dict", "model", "other"])
+def test_outputs_fail_alike_on_every_path_when_the_serializer_raises(x: Any,
+                                                                     returns: str) -> None:
+    fn = {"dict": lambda m: {"x": m.x}, "model": lambda m: Stamped.model_construct(x=m.x),
+          "other": lambda m: [m.x]}[returns]
+    results = every_path(stamped_executor(fn), {"x": x, "y": 0})
+    general = results["general sync"]
+    for path, result in results.items():
+        assert result == general, path
+    if x == 50 and returns != "other":
+        assert general.error.type == "PydanticSerializationError"
+        assert "('s1', tool 'stamp') output validation raised" in general.error.message
+        assert "cannot serialise" in general.error.message
+    if x == 1 and returns != "other":
+        assert general.success and general.steps[0].outputs == {"x": 1}
+
+
+def test_step_start_times_count_from_the_runs_start() -> None:
+    executor = stamped_executor(lambda m: {"x": m.x})
+    result = executor.execute_flow("random", {"x": 1})
+    starts = [record.started_ms for record in result.steps]
+    assert 0 <= starts[0] <= starts[1]
+    last = result.steps[-1]
+    assert last.started_ms + last.duration_ms <= result.duration_ms

@@ -35,10 +35,11 @@ from mcp_types import TextContent, ToolAnnotations
 from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
 from chainweaver.grants import StepGuard, fixed_caller
-from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots
+from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots, set_slots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
+from chainweaver.mcp.live.cursors import sent_size
 from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
 from chainweaver.mcp.runs.approval import Approval, ApprovalInTask, RunSettings
 from chainweaver.mcp.runs.recording import (
@@ -133,7 +134,7 @@ class FlowTool(PlainSlots, FastMCPTool):
 
     # Plain attributes, not pydantic private ones: a call reads them (plain_slots.py).
     __slots__ = ("_executor", "_exposed", "_error_detail", "_timeout", "_runs", "_served",
-                 "_run_log", "_outputs")
+                 "_run_log", "_outputs", "_sent")
     if TYPE_CHECKING:  # annotated at run time, pydantic would make them private again
         _executor: FlowExecutor = SET_BY_BUILD
         _exposed: ExposedFlow = SET_BY_BUILD
@@ -143,6 +144,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         _served: ServedFrom | None = SET_BY_BUILD
         _run_log: RunLog | None = SET_BY_BUILD
         _outputs: RunLog | None = SET_BY_BUILD
+        _sent: tuple[str, int] | None = SET_BY_BUILD
 
     @classmethod
     def build(
@@ -170,15 +172,21 @@ class FlowTool(PlainSlots, FastMCPTool):
             meta={"chainweaver": flow_meta(exposed)},
             task_config=TaskConfig(mode=exposed.task_mode),  # type: ignore[arg-type]
         )
-        tool._executor = executor
-        tool._exposed = exposed
-        tool._error_detail = error_detail
-        tool._timeout = timeout
-        tool._runs = runs if runs is not None else RunSettings()
-        tool._served = None if live is None else ServedFrom(live, views or Views(None), view)
-        tool._run_log = run_log
-        tool._outputs = outputs or run_log
+        set_slots(tool, _executor=executor, _exposed=exposed, _error_detail=error_detail,
+                  _timeout=timeout, _runs=runs if runs is not None else RunSettings(),
+                  _served=None if live is None
+                  else ServedFrom(live, views or Views(None), view),
+                  _run_log=run_log, _outputs=outputs or run_log, _sent=None)
         return tool
+
+    def sent_size(self) -> int:
+        """This tool's bytes in a ``tools/list`` as sent (measured once: a component
+        never changes; a renamed copy, which carries the slot, measures its own)."""
+        sent = self._sent
+        if sent is None or sent[0] != self.name:
+            sent = (self.name, sent_size(self.to_mcp_tool(name=self.name)))
+            set_slots(self, _sent=sent)
+        return sent[1]
 
     @property
     def exposed(self) -> ExposedFlow:

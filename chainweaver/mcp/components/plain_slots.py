@@ -35,6 +35,14 @@ class PlainSlots:
         return copied
 
 
+def set_slots(component: object, **values: Any) -> None:
+    """Set ``component``'s own slots: what pydantic's ``__setattr__`` ends in for a name
+    that is no field (``object.__setattr__``), without its checks on the way, about a
+    quarter of building a flow tool."""
+    for name, value in values.items():
+        object.__setattr__(component, name, value)
+
+
 def _carry(source: object, target: object) -> None:
     for klass in type(source).__mro__:
         if klass is PlainSlots or not issubclass(klass, PlainSlots):

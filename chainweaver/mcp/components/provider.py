@@ -38,7 +38,15 @@ from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.composition import stamp_owner
 from chainweaver.mcp.gate.views import View, Views
-from chainweaver.mcp.live.cursors import INVALID_CURSOR, LIST_AGAIN, fingerprint, position
+from chainweaver.mcp.live.cursors import (
+    BY_SIZE,
+    INVALID_CURSOR,
+    LIST_AGAIN,
+    fingerprint,
+    fitting,
+    position,
+    sent_size,
+)
 from chainweaver.mcp.publish.exposure import (
     INDEX_URI,
     ExposedFlow,
@@ -196,11 +204,12 @@ class FlowProvider(Provider):
         held = admission.current()
         return held is not None and held.looks_up(self.owner)
 
-    def _page(self, kind: str, view: View, listed: list[T], key: Callable[[T], str]
-              ) -> list[T]:
+    def _page(self, kind: str, view: View, listed: list[T], key: Callable[[T], str],
+              size: Callable[[T], int]) -> list[T]:
         """The page of the caller's ``listed`` items a list request asks for (all of
-        them when it asks for none; nothing when it lists another kind), noting the
-        list's fingerprint for its cursors."""
+        them when it asks for none, or as many as fit one message when it is cut by its
+        size: ``size`` gives an item's bytes as sent; nothing when it lists another
+        kind), noting the list's fingerprint for its cursors."""
         held = admission.current()
         page = held.page if held is not None else None
         if page is None or page.owner != self.owner:
@@ -220,6 +229,18 @@ class FlowProvider(Provider):
             return []
         if page.size is None:
             return listed
+        if page.size == BY_SIZE:
+            # Cut by size here: only the page's components are built and measured.
+            start = position(page.cursor or "0")
+            if start < 0:
+                page.refused = INVALID_CURSOR
+                return []
+            if start >= len(listed) and start > 0:
+                page.refused = LIST_AGAIN
+                return []
+            end = fitting(listed, start, size)
+            page.offset, page.size, page.more = start, end - start, end < len(listed)
+            return listed[start:end]
         page.offset = position(page.cursor) if page.cursor is not None else 0
         if page.offset < 0:
             page.refused = INVALID_CURSOR
@@ -291,7 +312,8 @@ class FlowProvider(Provider):
             return [self._tool(target)] if target is not None else []
         view = self.view()
         listed = self._listed_tools(view)
-        page = self._page("tools", view, listed, lambda e: f"{e.tool_name} {e.flow.version}")
+        page = self._page("tools", view, listed, lambda e: f"{e.tool_name} {e.flow.version}",
+                          lambda e: self._tool(e).sent_size())
         return [self._tool(exposed) for exposed in page]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
@@ -329,7 +351,10 @@ class FlowProvider(Provider):
         view = self.view()
         listed = self._listed_resources(view)
         page = self._page("resources", view, listed, lambda e: INDEX_URI if e is None
-                          else f"{e.schema_uri} {e.flow.version}")
+                          else f"{e.schema_uri} {e.flow.version}",
+                          lambda e: sent_size((self._index_resource(view) if e is None
+                                               else self._schema_resource(e)
+                                               ).to_mcp_resource()))
         return [self._index_resource(view) if exposed is None
                 else self._schema_resource(exposed) for exposed in page]
 
@@ -393,7 +418,8 @@ class FlowProvider(Provider):
                                  view) for name in target.prompt_names] if target else []
         listed = self._listed_prompts(view)
         page = self._page("prompts", view, listed, lambda entry: (
-            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"))
+            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"),
+            lambda entry: sent_size(self._prompt(entry, view).to_mcp_prompt()))
         return [self._prompt(entry, view) for entry in page]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:

@@ -16,8 +16,9 @@ list.
 Without a page size a list is one message, unless it would not reach a standard client
 (above :data:`~chainweaver.mcp.gate.body_cap.MESSAGE_BUDGET` as sent): then it is cut
 by its size, each page as many items as fit, and the next cursor says where the next
-page starts. Each such page is cut from the whole list: a catalogue of thousands lists
-faster with a page size.
+page starts. With nothing on the FastMCP server but the flows, the provider cuts it
+(:func:`fitting`), building and measuring only the page's components; otherwise each
+such page is cut from the whole list.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import mcp_types
 from fastmcp import FastMCP
@@ -37,6 +38,8 @@ from mcp import MCPError
 from chainweaver.mcp.gate.admission import ListPage, admitted, list_request
 from chainweaver.mcp.gate.body_cap import MESSAGE_BUDGET
 
+T = TypeVar("T")
+
 LIST_AGAIN = ("the published list changed since this cursor was issued; "
               "list again from the start")
 INVALID_CURSOR = "Invalid cursor"
@@ -44,6 +47,12 @@ INVALID_CURSOR = "Invalid cursor"
 PAGED_BY_PROVIDER = frozenset({"tools/list", "resources/list", "prompts/list"})
 LISTED = {"tools/list": "tools", "resources/list": "resources", "prompts/list": "prompts",
           "resources/templates/list": "templates"}
+
+# The ListPage.size of a list the flow provider cuts by its size, from the position in
+# the page's cursor (it alone holds the list's items): it builds and measures only the
+# components of the page that fits, not the catalogue's, and says in the page's
+# offset, size and more where it cut.
+BY_SIZE = 0
 
 # Keys the fingerprint, so a cursor that reaches someone else cannot be used to test
 # guesses about which flows its caller sees.
@@ -70,13 +79,17 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
             and await _only_flows(server, provider, method)
         # No page size: a list is cut by its size only, from the whole list.
         by_size = page_size is None and method in PAGED_BY_PROVIDER
+        # Cut by the provider, which builds and measures only the items that fit.
+        provider_cuts = by_size and await _only_flows(server, provider, method)
         start = 0
         if by_size and inner is not None:
             start, inner = position(inner), None
             if start < 0:
                 issued = None  # refused below, as any cursor not of ours
-        page = ListPage(LISTED.get(method, method), provider.owner, cursor=inner,
-                        issued=issued, size=page_size if by_provider else None)
+        page = ListPage(LISTED.get(method, method), provider.owner,
+                        cursor=str(start) if provider_cuts else inner, issued=issued,
+                        size=page_size if by_provider else BY_SIZE if provider_cuts
+                        else None)
         if cursor is not None and issued is None:
             # Not a cursor of ours: refused by the gate, as it serves the list.
             page.refused = INVALID_CURSOR
@@ -94,7 +107,9 @@ def paged_by_view(handler: Callable[..., Any], server: FastMCP, method: str,
         if issued is not None and issued != page.fingerprint:
             # A list no provider fingerprinted (the schema template's) has no pages.
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
-        if by_size:
+        if provider_cuts:
+            following = str(page.offset + (page.size or 0)) if page.more else None
+        elif by_size:
             result, following = _cut_by_size(result, LISTED[method], start)
         else:
             following = (str(page.offset + (page.size or 0)) if page.more else None) \
@@ -152,19 +167,27 @@ def _cut_by_size(result: Any, field: str, start: int) -> tuple[Any, str | None]:
     items = getattr(result, field)
     if start >= len(items) and start > 0:
         raise MCPError(code=mcp_types.INVALID_PARAMS, message=LIST_AGAIN)
-    end, used = start, 0
-    while end < len(items):
-        used += _sent_size(items[end]) + 1  # and its comma
-        if used > MESSAGE_BUDGET and end > start:
-            break
-        end += 1
+    end = fitting(items, start, sent_size)
     if start == 0 and end == len(items):
         return result, None
     following = str(end) if end < len(items) else None
     return result.model_copy(update={field: items[start:end]}), following
 
 
-def _sent_size(item: Any) -> int:
+def fitting(items: Sequence[T], start: int, size: Callable[[T], int]) -> int:
+    """Where the page of ``items`` from ``start`` that fits one message as sent ends
+    (at least one item), each item's bytes given by ``size`` (asked once an item, and
+    not past the first item that does not fit)."""
+    end, used = start, 0
+    while end < len(items):
+        used += size(items[end]) + 1  # and its comma
+        if used > MESSAGE_BUDGET and end > start:
+            break
+        end += 1
+    return end
+
+
+def sent_size(item: Any) -> int:
     """An item's bytes as sent (every character outside ASCII escaped, as the
     2026-07-28 transport sends it)."""
     text = item.model_dump_json(by_alias=True, exclude_none=True)
