@@ -361,10 +361,17 @@ async def _workers_run(flows: Path, url: str, workers: int, total: int, *,
             elapsed = time.perf_counter() - started
             cpu = _cpu_seconds(started_workers) - cpu
     finally:
+        for index, process in enumerate(started_workers):
+            # Ctrl-C lets a profiled worker write its profile; the others are terminated:
+            # a process started from a background shell job inherits SIGINT ignored, and
+            # a worker that never hears Ctrl-C would be waited on, then killed.
+            process.send_signal(signal.SIGINT if profile and index == 0 else signal.SIGTERM)
         for process in started_workers:
-            process.send_signal(signal.SIGINT)  # a worker stops on Ctrl-C
-        for process in started_workers:
-            process.wait(30)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(30)
         await store.aclose()
     if not quiet:
         print(f"  {workers} worker(s): {total / elapsed:8.1f} tasks/s ({elapsed:.2f} s; the "
