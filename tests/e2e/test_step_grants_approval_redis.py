@@ -114,14 +114,6 @@ def _worker(url: str, log_path: Path) -> subprocess.Popen:
                                 stdout=subprocess.DEVNULL, stderr=log)
 
 
-async def _until(probe: Any, what: str) -> Any:
-    for _ in range(int(LIMIT / POLL)):
-        answer = await probe()
-        if answer:
-            return answer
-        await asyncio.sleep(POLL)
-    raise AssertionError(f"never saw {what}")
-
 
 def _question(requests: dict[str, Any]) -> str:
     (request,) = requests.values()
@@ -134,6 +126,7 @@ async def test_a_task_resumed_under_a_changed_grant_asks_its_approval_again(
         redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import redis.asyncio as redis
     from fastmcp_tasks import call_tool_task
+    from support.polling import until  # here: worker processes import this file
     from support.task_asks import answering, reply, send_task_update
 
     url = redis_url.rsplit("/", 1)[0] + "/12"
@@ -150,14 +143,14 @@ async def test_a_task_resumed_under_a_changed_grant_asks_its_approval_again(
             assert "asks again" not in _question(first).lower()
             await send_task_update(client, task.task_id, reply(first, "accept",
                                                                {"approve": True}))
-            await _until(lambda: store.exists("approval:crunching"), "crunch running")
+            await until(lambda: store.exists("approval:crunching"), "crunch running", LIMIT, POLL)
             # The caller's export grant is revoked (the flow's delegation still covers
             # the step), and the worker running the task dies.
             await store.sadd("approval:revoked", "orders.export")
             workers[0].send_signal(signal.SIGKILL)
             await asyncio.to_thread(workers[0].wait, 30)
             workers.append(_worker(url, tmp_path / "worker-1.log"))
-            again = await _until(lambda: _asked_again(task), "the approval asked again")
+            again = await until(lambda: _asked_again(task), "the approval asked again", LIMIT, POLL)
             runs_when_asked = await _runs(store)
             await send_task_update(client, task.task_id, reply(again, "accept",
                                                                {"approve": True}))

@@ -108,14 +108,6 @@ def _worker(url: str, log_path: Path) -> subprocess.Popen:
                                 stdout=subprocess.DEVNULL, stderr=log)
 
 
-async def _until(probe: Any, what: str) -> Any:
-    for _ in range(int(LIMIT / POLL)):
-        answer = await probe()
-        if answer:
-            return answer
-        await asyncio.sleep(POLL)
-    raise AssertionError(f"never saw {what}")
-
 
 @pytest.mark.anyio
 async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_now(
@@ -123,6 +115,7 @@ async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_
     import redis.asyncio as redis
     from fastmcp import Client
     from fastmcp_tasks import call_tool_task
+    from support.polling import until  # here: worker processes import this file
 
     url = redis_url.rsplit("/", 1)[0] + "/13"
     store = redis.Redis.from_url(url)
@@ -135,7 +128,7 @@ async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_
             task = await call_tool_task(client, "export_order", {"order": "A-1"},
                                         raise_on_error=False)
             workers.append(_worker(url, tmp_path / "worker-0.log"))
-            await _until(lambda: store.exists("grants:crunching"), "crunch running")
+            await until(lambda: store.exists("grants:crunching"), "crunch running", LIMIT, POLL)
             # The caller's export grant is revoked while its task is under way, and the
             # worker running it dies.
             await store.sadd("grants:revoked:ann", "orders.export")
