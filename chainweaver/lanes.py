@@ -13,14 +13,13 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Generator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 
 from . import outcome
 from .approved import ApprovedGrants, caller_now, caller_now_async
-from .calling import Stop, call_blocking, run_coroutine_blocking, with_timeout
+from .calling import Stop, WorkerThreads, call_blocking, run_coroutine_blocking, with_timeout
 from .checkpoints import CheckpointStore, Durable
 from .grants import StepGuard
 from .plan import Plan
@@ -80,13 +79,7 @@ class Lanes:
     def __init__(self, max_threads: int, max_concurrent: int) -> None:
         self.max_threads = max_threads
         self.max_concurrent = max_concurrent
-        self._pool: ThreadPoolExecutor | None = None
-
-    def thread_pool(self) -> ThreadPoolExecutor:
-        """The worker threads for sync tools in the async lane."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="chainweaver")
-        return self._pool
+        self.threads = WorkerThreads(max_threads)  # for sync tools in the async lane
 
     # ------------------------------------------------------------- sync lane
 
@@ -235,7 +228,6 @@ class Lanes:
         steps = state.plan.steps
         running: dict[asyncio.Future, int] = {}
         stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
-        loop = asyncio.get_running_loop()
         # A step asked about again (chainweaver.approved) waits for this loop: it never
         # runs on the loop itself.
         on_loop = state.guard is None or state.guard.approved is None
@@ -252,8 +244,8 @@ class Lanes:
                         # One worker-thread hop runs it and the chain of sync steps after
                         # it (nothing else runs, so the state is the thread's).
                         async with slots:
-                            await loop.run_in_executor(self.thread_pool(), self._run_chain,
-                                                       state, position, abandoned, True)
+                            await self.threads.run(self._run_chain, state, position,
+                                                   abandoned, True)
                         continue
                     if alone and steps[position].inline and on_loop:
                         # Non-blocking sync tools: run right here, on the event loop.
@@ -290,8 +282,7 @@ class Lanes:
             async with slots:
                 runner = run_step(state, planned)
                 if planned.runs_in_thread:
-                    await asyncio.get_running_loop().run_in_executor(
-                        self.thread_pool(), self._drive_sync, runner, abandoned)
+                    await self.threads.run(self._drive_sync, runner, abandoned)
                 else:
                     await self._drive_async(runner, abandoned, slots)
         if durable is not None:  # before any step that depends on it starts
@@ -386,8 +377,8 @@ class Lanes:
                     elif not tool.blocking and timeout is None:
                         reply = tool.fn(arguments)  # declared non-blocking: on the loop
                     else:
-                        reply = await asyncio.get_running_loop().run_in_executor(
-                            self.thread_pool(), call_blocking, tool, arguments, timeout)
+                        reply = await self.threads.run(call_blocking, tool, arguments,
+                                                       timeout)
                 elif request[0] is SLEEP:
                     _, seconds = request
                     await asyncio.sleep(seconds)

@@ -118,3 +118,65 @@ async def test_every_event_arrives_in_order_before_the_result(mode: str,
                 expected += [("log", f"step {name!r} started"),
                              ("log", f"step {name!r} completed"), ("progress", done)]
             assert events == [*expected, ("result", "x...")]
+
+
+def waiting_server(blocking: bool, seen: Any) -> FlowServer:
+    """Step ``b`` finishes only once the client has seen step ``a``'s end: its events
+    must go out while the run is still under way (in a worker thread, or awaiting)."""
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(Tool("dot", "Add a dot.", Text, Text, step, PURE))
+    if blocking:
+        def wait(model: Text) -> dict:
+            return {"text": model.text + ("." if seen.wait(10) else "!")}
+        executor.register_tool(Tool("wait", "Wait for the client.", Text, Text, wait, PURE))
+    else:
+        async def wait_async(model: Text) -> dict:
+            try:
+                await asyncio.wait_for(seen.wait(), 10)
+            except TimeoutError:
+                return {"text": model.text + "!"}
+            return {"text": model.text + "."}
+        executor.register_tool(Tool("wait", "Wait for the client.", Text, Text,
+                                    wait_async, PURE))
+    executor.registry.register_flow(Flow("dots", "Three dots.", [
+        FlowStep("dot", id="a"), FlowStep("wait", id="b"), FlowStep("dot", id="c")]))
+    return FlowServer(executor)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize("blocking", [True, False])
+async def test_events_go_out_while_a_later_step_still_runs(mode: str, blocking: bool) -> None:
+    seen: Any = threading.Event() if blocking else asyncio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        if progress == 1:
+            seen.set()
+
+    async with Client(waiting_server(blocking, seen).fastmcp, mode=mode,
+                      progress_handler=on_progress) as client:
+        result = await client.call_tool("dots", {"text": "x"})
+    assert result.structured_content == {"text": "x..."}  # "!": step a's end never came
+
+
+@pytest.mark.anyio
+async def test_a_run_that_never_yields_starts_no_sender(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[object] = []
+    send_all = RunReporter._send_all
+
+    def counted(self: RunReporter) -> Any:
+        started.append(self)
+        return send_all(self)
+
+    monkeypatch.setattr(RunReporter, "_send_all", counted)
+    events: list[Any] = []
+
+    async def on_log(message: Any) -> None:
+        events.append(message.data["msg"])
+
+    async with Client(server(blocking=False).fastmcp, log_handler=on_log) as client:
+        await client.call_tool("dots", {"text": "x"})
+        assert len(events) == 6 and not started  # sent by close(), in order
+        async with Client(server(blocking=True).fastmcp, log_handler=on_log) as other:
+            await other.call_tool("dots", {"text": "x"})
+        assert len(events) == 12 and len(started) == 1  # the thread hop lets the loop turn

@@ -91,9 +91,14 @@ def flow_meta(exposed: ExposedFlow) -> dict[str, Any]:
     }
 
 
+# Made once: json.dumps with keywords builds an encoder on every call.
+_ARGUMENTS_JSON = json.JSONEncoder(ensure_ascii=False)
+_OUTPUT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def _sendable(arguments: dict[str, Any]) -> bool:
     try:
-        json.dumps(arguments, ensure_ascii=False).encode("utf-8")
+        _ARGUMENTS_JSON.encode(arguments).encode("utf-8")
     except UnicodeEncodeError:
         return False
     except (ValueError, TypeError, RecursionError):
@@ -390,7 +395,7 @@ class FlowTool(PlainSlots, FastMCPTool):
 
     def _success(self, result: ExecutionResult) -> ToolResult:
         output = pydantic_core.to_jsonable_python(result.final_output)
-        text = json.dumps(output, ensure_ascii=False, allow_nan=False)
+        text = _OUTPUT_JSON.encode(output)
         text.encode("utf-8")  # a lone surrogate cannot be sent: UnicodeEncodeError
         if self.output_schema is None:
             return ToolResult(content=[TextContent(type="text", text=text)])

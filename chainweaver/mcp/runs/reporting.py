@@ -10,8 +10,10 @@ argument value, an output or an error message: step ids, statuses and error type
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -64,12 +66,13 @@ async def log_levels(ctx: Context) -> frozenset[str]:
 class RunReporter(RunObserver):
     """Sends a run's events to the client, in order, from the event loop.
 
-    Events may come from worker threads; they are queued to one sender task, which
-    counts finished steps, so progress only ever increases. Events from a worker
-    thread are batched: the first of a batch asks the loop to wake up once, and that
-    wake-up queues every event that arrived meanwhile, in order. A step's events are
-    handed over before the step's worker thread can report the step's end, since the
-    loop runs its callbacks in the order they were asked for.
+    Events may come from worker threads: those are batched, and the first of a batch
+    asks the loop to wake up once, which takes every event that arrived meanwhile, in
+    order. A step's events are handed over before its worker thread can report the
+    step's end, since the loop runs its callbacks in the order they were asked for.
+    One sender task sends them while the run is under way; it starts only when the run
+    first lets the loop turn (a worker-thread hop, an awaiting step), so a run that
+    never yields (non-blocking tools) starts none, and :meth:`close` sends its events.
     """
 
     def __init__(self, ctx: Context, tool_name: str, *, progress: bool,
@@ -86,11 +89,17 @@ class RunReporter(RunObserver):
         self._finished = 0
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
-        self._queue: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
+        self._ready: deque[tuple[Any, ...]] = deque()  # on the loop, not yet sent
         # Events from worker threads waiting for their one wake-up of the loop.
         self._pending: list[tuple[Any, ...]] = []
         self._pending_lock = threading.Lock()
-        self._sender = asyncio.ensure_future(self._send_all())
+        self._sender: asyncio.Task[None] | None = None
+        # The request's context, for the sender a worker thread's wake-up may start
+        # (that callback runs in the thread's own context, without the request).
+        self._context = contextvars.copy_context()
+        self._idle: asyncio.Future[None] | None = None  # the sender, waiting for events
+        self._start_asked = False
+        self._closing = False
 
     @classmethod
     async def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool,
@@ -108,7 +117,14 @@ class RunReporter(RunObserver):
         if threading.get_ident() == self._thread:
             if self._pending:
                 self._hand_over()  # a worker thread's events came first
-            self._queue.put_nowait(item)
+            self._ready.append(item)
+            if self._idle is not None or self._sender is not None:
+                self._wake()
+            elif not self._start_asked:
+                # Not now: a run that never yields is over before the loop turns, and
+                # close() then sends its events without a task.
+                self._start_asked = True
+                self._loop.call_soon(self._wake)
             return
         with self._pending_lock:
             self._pending.append(item)
@@ -117,11 +133,20 @@ class RunReporter(RunObserver):
         self._loop.call_soon_threadsafe(self._hand_over)
 
     def _hand_over(self) -> None:
-        """Queue the events worker threads left (on the loop), in the order they came."""
+        """Take the events worker threads left (on the loop), in the order they came."""
         with self._pending_lock:
             items, self._pending = self._pending, []
-        for item in items:
-            self._queue.put_nowait(item)
+        self._ready.extend(items)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Have the sender send what is ready (on the loop): wake it, or start it."""
+        idle = self._idle
+        if idle is not None:
+            self._idle = None
+            idle.set_result(None)
+        elif self._sender is None and not self._closing and self._ready:
+            self._sender = self._loop.create_task(self._send_all(), context=self._context)
 
     def run_started(self, flow_name: str, flow_version: str, total_steps: int) -> None:
         self._total = total_steps
@@ -154,24 +179,41 @@ class RunReporter(RunObserver):
     # Sender side (the event loop) -------------------------------------------
 
     async def close(self) -> None:
-        """Send what is queued, then stop (before the call's result goes out)."""
-        self._hand_over()
-        self._queue.put_nowait(None)
-        await self._sender
+        """Send what is left, then stop (before the call's result goes out)."""
+        self._closing = True
+        if self._pending:
+            self._hand_over()
+        sender = self._sender
+        if sender is not None:
+            self._wake()  # idle, it wakes; sending, it drains first: then it sees closing
+            await sender
+            return
+        ready = self._ready
+        while ready:
+            await self._send_one(ready.popleft())
 
     def abandon(self) -> None:
         """Stop at once (the call was cancelled: nothing more reaches the client)."""
-        self._sender.cancel()
+        self._closing = True
+        self._ready.clear()
+        if self._sender is not None:
+            self._sender.cancel()
 
     async def _send_all(self) -> None:
+        ready = self._ready
         while True:
-            item = await self._queue.get()
-            if item is None:
+            while ready:
+                await self._send_one(ready.popleft())
+            if self._closing:
                 return
-            try:
-                await self._send(item)
-            except Exception as error:  # a client that went away must not break the run
-                logger.debug("could not send a run notification: %s", type(error).__name__)
+            self._idle = self._loop.create_future()
+            await self._idle
+
+    async def _send_one(self, item: tuple[Any, ...]) -> None:
+        try:
+            await self._send(item)
+        except Exception as error:  # a client that went away must not break the run
+            logger.debug("could not send a run notification: %s", type(error).__name__)
 
     async def _send(self, item: tuple[Any, ...]) -> None:
         if item[0] == "log":
