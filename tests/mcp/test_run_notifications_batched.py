@@ -22,6 +22,8 @@ class Sent:
     """What a reporter sends through a request's context: logs and progress, in order."""
 
     request_id = "1"
+    request_context = None  # no progress token of its own: report_progress is used
+    is_background_task = False
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []

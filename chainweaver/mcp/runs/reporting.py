@@ -20,6 +20,7 @@ from typing import Any
 import mcp_types
 from fastmcp.server.context import Context
 from mcp.server.connection import allowed_log_levels
+from mcp.server.session import ServerSession
 from mcp_types import LoggingLevel
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -87,6 +88,13 @@ class RunReporter(RunObserver):
         self._show_error_type = show_error_type
         self._total = 0
         self._finished = 0
+        self._session: ServerSession | None = None  # read on the first message sent
+        self._request_id: str | None = None
+        # The client's progress token (None: a background task's context, which
+        # report_progress serves from its own store).
+        rc = ctx.request_context if progress and not ctx.is_background_task else None
+        meta = rc.meta if rc is not None else None
+        self._token = meta.get("progressToken") if meta is not None else None
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._ready: deque[tuple[Any, ...]] = deque()  # on the loop, not yet sent
@@ -226,14 +234,30 @@ class RunReporter(RunObserver):
             "warning" if status == "cancelled" else "info"
         if level in self._levels:
             await self._log(level, f"{message}{self._error(error)}")
-        if self._progress:
+        if not self._progress:
+            return
+        if self._token is None:  # no token of its own to name (ctx knows what to do)
             await self._ctx.report_progress(self._finished, self._total or None, message)
+            return
+        await self._stream().send_progress_notification(
+            self._token, self._finished, self._total or None, message,
+            related_request_id=self._request_id)
 
     async def _log(self, level: LoggingLevel, message: str) -> None:
         # The levels were checked against what the client asked for (log_levels); sent
         # on this request's stream, in the shape ctx.log sends ({"msg", "extra"}).
-        ctx = self._ctx
         notification = mcp_types.LoggingMessageNotification(
             params=mcp_types.LoggingMessageNotificationParams(
                 level=level, logger=LOGGER_NAME, data={"msg": message, "extra": None}))
-        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
+        await self._stream().send_notification(notification,
+                                               related_request_id=self._request_id)
+
+    def _stream(self) -> ServerSession:
+        """The session this request came on and its id (read once: each read of them
+        through the context costs a few context-variable lookups)."""
+        session = self._session
+        if session is None:
+            ctx = self._ctx
+            session = self._session = ctx.session
+            self._request_id = ctx.request_id
+        return session
