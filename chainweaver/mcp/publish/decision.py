@@ -230,7 +230,8 @@ def decide_flow(
     judged = _judged(executor, policy, flow)
     if isinstance(judged, FlowDecision):
         return judged
-    input_model, planned, safety, reason, contract = judged
+    input_model, plan, safety, reason, contract = judged
+    planned = PlanOnce(plan) if plan is not None else PlanOnce(executor=executor, flow=flow)
     forced = reason is not None
     if forced:
         logger.warning("force_expose publishes flow %r despite: %s", flow.name, reason)
@@ -239,7 +240,6 @@ def decide_flow(
                                                   expose_prompts, server_prompt_names,
                                                   None if input_model is None else executor)
     # A flow shown clean without its plan declares no grant (clean_input_model says so).
-    plan = exposed.plan if input_model is None else None
     report = FlowExposure(flow.name, flow.version, True, None, forced, exposed.tool_name,
                           (exposed.schema_uri,) if exposed.schema_uri else (),
                           tuple(exposed.prompt_names), overridden, exposed.needs_approval,
@@ -261,9 +261,11 @@ def judge_flow(executor: FlowExecutor, policy: ExposurePolicy, flow: Flow
 
 
 # What _judged found for a flow it publishes: its plan's input model (None: the plan
-# was compiled), the plan, the effective safety, why policy would exclude it (when
-# force_expose publishes it anyway) and the published contract.
-_Published = tuple[Any, PlanOnce, ToolSafetyContract | None, str | None, PublishedContract]
+# was compiled), the plan it compiled (None: the flow was shown clean without it), the
+# effective safety, why policy would exclude it (when force_expose publishes it anyway)
+# and the published contract.
+_Published = tuple[Any, Plan | None, ToolSafetyContract | None, str | None,
+                   PublishedContract]
 
 
 def _judged(executor: FlowExecutor, policy: ExposurePolicy, flow: Flow
@@ -289,9 +291,9 @@ def _judged(executor: FlowExecutor, policy: ExposurePolicy, flow: Flow
         if problems:
             # A flow that cannot run is never published, forced or not.
             return _excluded(flow, "flow is invalid: " + "; ".join(problems))
-        planned = PlanOnce(executor.plan(flow))
+        plan: Plan | None = executor.plan(flow)
     else:
-        planned = PlanOnce(executor=executor, flow=flow)
+        plan = None
     safety = executor.effective_safety(flow)
     reason = _exclusion_reason(flow, executor, policy, safety)
     if reason is not None and not policy.force_expose:
@@ -307,7 +309,7 @@ def _judged(executor: FlowExecutor, policy: ExposurePolicy, flow: Flow
             f"published tool name {tool_name!r} for flow {name!r} is not a valid MCP tool "
             "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
         )
-    return input_model, planned, safety, reason, contract
+    return input_model, plan, safety, reason, contract
 
 
 def delegated_steps(plan: Plan | None) -> tuple[tuple[str, str], ...]:

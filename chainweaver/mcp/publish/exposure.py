@@ -4,8 +4,10 @@ An :class:`Exposure` answers "is this published, and as what?" for a tool name, 
 resource URI, a prompt name or a flow name by judging just the flow concerned
 (:func:`~.decision.decide_flow`, memoised), so a server starts and looks names up
 without visiting the catalogue. Lists, ``exposure_report()``, the index and the guide
-read the :class:`Catalogue`: every flow decided, once, on first need. Both views come
-from the same memoised decisions, so they always agree.
+read the :class:`Catalogue`: every flow decided, once, on first need. A tools list that
+every caller sees whole reads :meth:`Exposure.published_tools` instead: every flow
+judged, but what each publishes built only when its page reads it. All come from the
+same memoised decisions (and the same checks), so they always agree.
 """
 
 from __future__ import annotations

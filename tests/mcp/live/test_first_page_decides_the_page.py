@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 from fastmcp import Client
+from hypothesis import HealthCheck, given, settings
 from mcp import MCPError
 from pydantic import BaseModel
+from support.generated_flows import tool_executor
 from support.views import answer, renamed
 
 from chainweaver import (
@@ -32,6 +35,8 @@ from chainweaver.mcp import ExposurePolicy, FlowServer, ServingConfig, schema_ur
 from chainweaver.mcp.gate.body_cap import MESSAGE_BUDGET
 from chainweaver.mcp.live.cursors import INVALID_CURSOR, LIST_AGAIN
 from chainweaver.mcp.publish import exposure as exposure_module
+
+from ..test_lazy_plans import registries
 
 pytestmark = pytest.mark.anyio
 MODES = ["legacy", "auto"]
@@ -101,6 +106,18 @@ async def every_page(client: Client) -> list[list[str]]:
         cursor = page.next_cursor
         if cursor is None:
             return found
+
+
+def decided_server(registered: list[Flow], policy: dict[str, Any], *, report_first: bool
+                   ) -> tuple[FlowServer, list[dict[str, Any]]]:
+    """A server over ``registered``; with ``report_first``, every flow decided first."""
+    executor = tool_executor()
+    for flow in registered:
+        executor.registry.register_flow(flow)
+    server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
+                        policy=ExposurePolicy(**policy))
+    report = [line.to_dict() for line in server.exposure_report()] if report_first else []
+    return server, report
 
 
 async def requests_about(client: Client, name: str) -> dict[str, Any]:
@@ -229,3 +246,29 @@ async def test_hostile_cursors_on_the_first_page_are_refused(mode: str) -> None:
         assert message in (LIST_AGAIN, INVALID_CURSOR), cursor
     assert on_other_lists == [(-32602, LIST_AGAIN)] * 2
     assert second.tools and second.tools[0].name > first.tools[-1].name
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(registries())
+def test_a_first_list_lists_exactly_what_the_full_decision_publishes(
+        case: tuple[list[Flow], dict[str, Any]]) -> None:
+    """Over random registries and policies: a first tools/list (every flow judged, only
+    the page's built) lists exactly the flows a server that decided every flow first
+    publishes, item for item, in the same order."""
+    registered, policy = case
+    judged_first, _ = decided_server(registered, policy, report_first=False)
+    decided_first, report = decided_server(registered, policy, report_first=True)
+
+    async def listed(server: FlowServer) -> list[dict[str, Any]]:
+        async with Client(server.fastmcp) as client:
+            result = await client.list_tools_mcp()
+        assert result.next_cursor is None
+        return [renamed(tool.model_dump(exclude_none=True), server._provider.owner, "OWNER")
+                for tool in result.tools]
+
+    judged = anyio.run(listed, judged_first)
+    assert judged == anyio.run(listed, decided_first)
+    assert [tool["name"] for tool in judged] == sorted(
+        line["tool_name"] for line in report if line["exposed"])
+    # And the report made afterwards is the one made first.
+    assert [line.to_dict() for line in judged_first.exposure_report()] == report
