@@ -284,7 +284,7 @@ def bench_lists(sizes: Iterable[int], rounds: int, calls_per_kind: int | None = 
 
 async def first_list_worker(flows: int, page_size: int | None) -> dict[str, float]:
     """One fresh process: build the server, connect, and time the first ``tools/list``
-    (every flow decided), in wall-clock and in this process's CPU time (which other
+    (every flow judged), in wall-clock and in this process's CPU time (which other
     jobs on a shared machine disturb much less)."""
     executor = build_executor(flows)
     gc.collect()

@@ -9,7 +9,7 @@ keeps construction linear and cheap and lookups O(1). Server start builds none:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import mcp_types
@@ -27,6 +27,7 @@ from chainweaver.mcp.components import prompt_render
 from chainweaver.mcp.components.cache import ComponentCache
 from chainweaver.mcp.components.flow_tool import FlowTool
 from chainweaver.mcp.components.prompts import AuthoredPrompt, FlowInvocationPrompt, GuidePrompt
+from chainweaver.mcp.components.published_list import PublishedTools
 from chainweaver.mcp.components.resources import (
     TEMPLATE_URI,
     SchemaTemplate,
@@ -204,12 +205,13 @@ class FlowProvider(Provider):
         held = admission.current()
         return held is not None and held.looks_up(self.owner)
 
-    def _page(self, kind: str, view: View, listed: list[T], key: Callable[[T], str],
-              size: Callable[[T], int]) -> list[T]:
+    def _page(self, kind: str, view: View, listed: Sequence[T],
+              keys: Callable[[], Iterable[str]], size: Callable[[T], int]) -> Sequence[T]:
         """The page of the caller's ``listed`` items a list request asks for (all of
         them when it asks for none, or as many as fit one message when it is cut by its
         size: ``size`` gives an item's bytes as sent; nothing when it lists another
-        kind), noting the list's fingerprint for its cursors."""
+        kind), noting the list's fingerprint (over ``keys``, one per item) for its
+        cursors."""
         held = admission.current()
         page = held.page if held is not None else None
         if page is None or page.owner != self.owner:
@@ -222,8 +224,7 @@ class FlowProvider(Provider):
         # Checked here, while the gate serves the list, so the gate refuses (and
         # audits) a stale or forged cursor like any other refused list. (FastMCP
         # swallows an exception raised by a provider's list: hence the note.)
-        page.fingerprint = view.cached(
-            f"cursor:{kind}", lambda: fingerprint(kind, (key(item) for item in listed)))
+        page.fingerprint = view.cached(f"cursor:{kind}", lambda: fingerprint(kind, keys()))
         if page.issued is not None and page.issued != page.fingerprint:
             page.refused = LIST_AGAIN
             return []
@@ -255,7 +256,12 @@ class FlowProvider(Provider):
     # changes arrived in): its cursors survive every change outside the view, and the
     # server card names exactly what the lists show (:meth:`card_primitives`).
 
-    def _listed_tools(self, view: View) -> list[ExposedFlow]:
+    def _listed_tools(self, view: View) -> Sequence[ExposedFlow | None]:
+        if not view.restricted:
+            # Every published tool: which, and their fingerprint, without building
+            # what each flow publishes; a page decides its own flows in full.
+            snapshot = self.exposure.current
+            return view.cached("listed:tools", lambda: PublishedTools(snapshot))
         return view.cached("listed:tools", lambda: sorted(
             view.select(self.exposure.tools.values(), _itself), key=_tool_name))
 
@@ -283,7 +289,7 @@ class FlowProvider(Provider):
 
         return {
             "tools": [dumped(self._tool(e).to_mcp_tool(name=e.tool_name))
-                      for e in self._listed_tools(view)],
+                      for e in self._listed_tools(view) if e is not None],
             "resources": [dumped((self._index_resource(view) if e is None else
                                   self._schema_resource(e)).to_mcp_resource())
                           for e in self._listed_resources(view)],
@@ -312,9 +318,11 @@ class FlowProvider(Provider):
             return [self._tool(target)] if target is not None else []
         view = self.view()
         listed = self._listed_tools(view)
-        page = self._page("tools", view, listed, lambda e: f"{e.tool_name} {e.flow.version}",
-                          lambda e: self._tool(e).sent_size())
-        return [self._tool(exposed) for exposed in page]
+        keys = listed.keys if isinstance(listed, PublishedTools) else lambda: (
+            f"{e.tool_name} {e.flow.version}" for e in listed if e is not None)
+        page = self._page("tools", view, listed, keys,
+                          lambda e: self._tool(e).sent_size() if e is not None else 0)
+        return [self._tool(exposed) for exposed in page if exposed is not None]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         runner = self.task_runner
@@ -350,8 +358,9 @@ class FlowProvider(Provider):
             return [self._schema_resource(target)] if target is not None else []
         view = self.view()
         listed = self._listed_resources(view)
-        page = self._page("resources", view, listed, lambda e: INDEX_URI if e is None
-                          else f"{e.schema_uri} {e.flow.version}",
+        page = self._page("resources", view, listed, lambda: (
+                          INDEX_URI if e is None else f"{e.schema_uri} {e.flow.version}"
+                          for e in listed),
                           lambda e: sent_size((self._index_resource(view) if e is None
                                                else self._schema_resource(e)
                                                ).to_mcp_resource()))
@@ -417,8 +426,9 @@ class FlowProvider(Provider):
             return [self._prompt(PromptEntry(name, target, target.authored_prompts.get(name)),
                                  view) for name in target.prompt_names] if target else []
         listed = self._listed_prompts(view)
-        page = self._page("prompts", view, listed, lambda entry: (
-            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"),
+        page = self._page("prompts", view, listed, lambda: (
+            f"{entry.name} {entry.exposed_flow.flow.version if entry.exposed_flow else ''}"
+            for entry in listed),
             lambda entry: sent_size(self._prompt(entry, view).to_mcp_prompt()))
         return [self._prompt(entry, view) for entry in page]
 

@@ -227,6 +227,51 @@ def decide_flow(
     Raises :class:`ExposureConfigError` for a flow that would be published under a name
     that is not a valid tool name, or under the reserved guide prompt name.
     """
+    judged = _judged(executor, policy, flow)
+    if isinstance(judged, FlowDecision):
+        return judged
+    input_model, plan, safety, reason, contract = judged
+    planned = PlanOnce(plan) if plan is not None else PlanOnce(executor=executor, flow=flow)
+    forced = reason is not None
+    if forced:
+        logger.warning("force_expose publishes flow %r despite: %s", flow.name, reason)
+    exposed, overridden, withheld = _exposed_flow(policy, flow, safety, forced, contract,
+                                                  planned, expose_schemas,
+                                                  expose_prompts, server_prompt_names,
+                                                  None if input_model is None else executor)
+    # A flow shown clean without its plan declares no grant (clean_input_model says so).
+    report = FlowExposure(flow.name, flow.version, True, None, forced, exposed.tool_name,
+                          (exposed.schema_uri,) if exposed.schema_uri else (),
+                          tuple(exposed.prompt_names), overridden, exposed.needs_approval,
+                          withheld, requires=plan.required if plan is not None else None,
+                          delegations=delegated_steps(plan))
+    return FlowDecision(report, exposed)
+
+
+def judge_flow(executor: FlowExecutor, policy: ExposurePolicy, flow: Flow
+               ) -> FlowDecision | None:
+    """Whether :func:`decide_flow` publishes ``flow``, without building what it
+    publishes: None when it does, else its decision (not published, and why).
+
+    The same judgement as :func:`decide_flow` (it is its first half), for lists that
+    need to know which flows are published before they need any one of them.
+    """
+    judged = _judged(executor, policy, flow)
+    return judged if isinstance(judged, FlowDecision) else None
+
+
+# What _judged found for a flow it publishes: its plan's input model (None: the plan
+# was compiled), the plan it compiled (None: the flow was shown clean without it), the
+# effective safety, why policy would exclude it (when force_expose publishes it anyway)
+# and the published contract.
+_Published = tuple[Any, Plan | None, ToolSafetyContract | None, str | None,
+                   PublishedContract]
+
+
+def _judged(executor: FlowExecutor, policy: ExposurePolicy, flow: Flow
+            ) -> FlowDecision | _Published:
+    """Every check that decides whether ``flow`` is published: its decision when it is
+    not, else what publishing it is built from."""
     name = flow.name
     if flow.governance.withheld is not None:
         # Shared governance withholds it (an entry this process cannot read, say):
@@ -246,33 +291,25 @@ def decide_flow(
         if problems:
             # A flow that cannot run is never published, forced or not.
             return _excluded(flow, "flow is invalid: " + "; ".join(problems))
-        planned = PlanOnce(executor.plan(flow))
+        plan: Plan | None = executor.plan(flow)
     else:
-        planned = PlanOnce(executor=executor, flow=flow)
+        plan = None
     safety = executor.effective_safety(flow)
     reason = _exclusion_reason(flow, executor, policy, safety)
-    forced = reason is not None and policy.force_expose
-    if reason is not None and not forced:
+    if reason is not None and not policy.force_expose:
         return _excluded(flow, reason)
     try:
         contract = build_contract(executor, flow, input_model)
     except ContractError as unpublishable:
         # Publishing it would break tools/list for every flow, so never, forced or not.
         return _excluded(flow, str(unpublishable))
-    if forced:
-        logger.warning("force_expose publishes flow %r despite: %s", name, reason)
-    exposed, overridden, withheld = _exposed_flow(policy, flow, safety, forced, contract,
-                                                  planned, expose_schemas,
-                                                  expose_prompts, server_prompt_names,
-                                                  None if input_model is None else executor)
-    # A flow shown clean without its plan declares no grant (clean_input_model says so).
-    plan = exposed.plan if input_model is None else None
-    report = FlowExposure(name, flow.version, True, None, forced, exposed.tool_name,
-                          (exposed.schema_uri,) if exposed.schema_uri else (),
-                          tuple(exposed.prompt_names), overridden, exposed.needs_approval,
-                          withheld, requires=plan.required if plan is not None else None,
-                          delegations=delegated_steps(plan))
-    return FlowDecision(report, exposed)
+    tool_name = policy.tool_name(name)
+    if not NAME_PATTERN.fullmatch(tool_name):
+        raise ExposureConfigError(
+            f"published tool name {tool_name!r} for flow {name!r} is not a valid MCP tool "
+            "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
+        )
+    return input_model, plan, safety, reason, contract
 
 
 def delegated_steps(plan: Plan | None) -> tuple[tuple[str, str], ...]:
@@ -310,12 +347,7 @@ def _exposed_flow(
     """The exposed flow, its prompt names that server-level prompts take over, and the
     prompts the prompt policy withholds (with why). ``clean_of``: the executor that
     showed the flow clean without its plan (None: the plan was compiled)."""
-    tool_name = policy.tool_name(flow.name)
-    if not NAME_PATTERN.fullmatch(tool_name):
-        raise ExposureConfigError(
-            f"published tool name {tool_name!r} for flow {flow.name!r} is not a valid MCP tool "
-            "name (1-64 of letters, digits, '_', '-', '.'); shorten the prefix or the flow name"
-        )
+    tool_name = policy.tool_name(flow.name)  # a valid tool name (checked by _judged)
     invocation = None
     authored: dict[str, FlowPrompt] = {}
     overridden: list[str] = []

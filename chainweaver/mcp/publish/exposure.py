@@ -4,8 +4,10 @@ An :class:`Exposure` answers "is this published, and as what?" for a tool name, 
 resource URI, a prompt name or a flow name by judging just the flow concerned
 (:func:`~.decision.decide_flow`, memoised), so a server starts and looks names up
 without visiting the catalogue. Lists, ``exposure_report()``, the index and the guide
-read the :class:`Catalogue`: every flow decided, once, on first need. Both views come
-from the same memoised decisions, so they always agree.
+read the :class:`Catalogue`: every flow decided, once, on first need. A tools list that
+every caller sees whole reads :meth:`Exposure.published_tools` instead: every flow
+judged, but what each publishes built only when its page reads it. All come from the
+same memoised decisions (and the same checks), so they always agree.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from chainweaver.mcp.publish.decision import (
     FlowExposure,
     PromptEntry,
     decide_flow,
+    judge_flow,
     schema_uri,
 )
 from chainweaver.prompts import FlowPrompt
@@ -137,6 +140,7 @@ class Exposure:
         # flow name -> (the flow judged, its decision); None: not registered
         self._decisions: dict[str, tuple[Flow, FlowDecision] | None] = {}
         self._catalogue: Catalogue | None = None
+        self._published_tools: list[tuple[str, str, str]] | None = None
         self._lock = threading.Lock()
         self._grant_claims: frozenset[str] | None | bool = False  # False: not known yet
         self._may_collide = self._names_may_collide(previous)
@@ -250,6 +254,39 @@ class Exposure:
         return None
 
     # ---------------------------------------------------------- every flow
+
+    def published_tools(self) -> list[tuple[str, str, str]]:
+        """Each published tool's name, its flow's version and name, sorted: what a
+        view that narrows nothing lists. Worked out once, judging each flow without
+        building what it publishes (:func:`~.decision.judge_flow`), so that a list
+        builds only its page's flows."""
+        if self._published_tools is None:
+            with self._lock:
+                if self._published_tools is None:
+                    self._published_tools = self._judge_all()
+        return self._published_tools
+
+    def _judge_all(self) -> list[tuple[str, str, str]]:
+        if self._catalogue is not None:
+            return sorted((name, exposed.flow.version, exposed.flow.name)
+                          for name, exposed in self._catalogue.tools.items())
+        published = []
+        for name in self._state.flows:
+            flow = self._state.latest(name)
+            if flow is None:
+                continue
+            memo = self._decisions.get(name)
+            if memo is None:
+                # A decision not to publish is memoised (and logged) once, as
+                # decision() would; one to publish is made when the flow is needed.
+                decided = self._carried(flow) or judge_flow(self._executor, self.policy,
+                                                            flow)
+                if decided is not None:
+                    memo = self._decisions.setdefault(name, (flow, decided))
+            if memo is None or memo[1].exposed is not None:
+                published.append((self.policy.tool_name(name), flow.version, name))
+        published.sort()
+        return published
 
     @property
     def catalogue(self) -> Catalogue:
