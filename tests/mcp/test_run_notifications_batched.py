@@ -85,12 +85,16 @@ def step(model: Text) -> dict:
     return {"text": model.text + "."}
 
 
-def server(blocking: bool) -> FlowServer:
+def server(blocking: bool, middle: Tool | None = None) -> FlowServer:
+    """Three steps a, b, c of ``dot`` (``middle``: b runs that tool instead)."""
     executor = FlowExecutor(FlowRegistry())
     executor.register_tool(Tool("dot", "Add a dot.", Text, Text, step, PURE,
                                 blocking=blocking))
+    if middle is not None:
+        executor.register_tool(middle)
     executor.registry.register_flow(Flow("dots", "Three dots.", [
-        FlowStep("dot", id="a"), FlowStep("dot", id="b"), FlowStep("dot", id="c")]))
+        FlowStep("dot", id="a"), FlowStep(middle.name if middle else "dot", id="b"),
+        FlowStep("dot", id="c")]))
     return FlowServer(executor)
 
 
@@ -125,24 +129,18 @@ async def test_every_event_arrives_in_order_before_the_result(mode: str,
 def waiting_server(blocking: bool, seen: Any) -> FlowServer:
     """Step ``b`` finishes only once the client has seen step ``a``'s end: its events
     must go out while the run is still under way (in a worker thread, or awaiting)."""
-    executor = FlowExecutor(FlowRegistry())
-    executor.register_tool(Tool("dot", "Add a dot.", Text, Text, step, PURE))
     if blocking:
         def wait(model: Text) -> dict:
             return {"text": model.text + ("." if seen.wait(10) else "!")}
-        executor.register_tool(Tool("wait", "Wait for the client.", Text, Text, wait, PURE))
-    else:
-        async def wait_async(model: Text) -> dict:
-            try:
-                await asyncio.wait_for(seen.wait(), 10)
-            except TimeoutError:
-                return {"text": model.text + "!"}
-            return {"text": model.text + "."}
-        executor.register_tool(Tool("wait", "Wait for the client.", Text, Text,
-                                    wait_async, PURE))
-    executor.registry.register_flow(Flow("dots", "Three dots.", [
-        FlowStep("dot", id="a"), FlowStep("wait", id="b"), FlowStep("dot", id="c")]))
-    return FlowServer(executor)
+        return server(True, Tool("wait", "Wait for the client.", Text, Text, wait, PURE))
+
+    async def wait_async(model: Text) -> dict:
+        try:
+            await asyncio.wait_for(seen.wait(), 10)
+        except TimeoutError:
+            return {"text": model.text + "!"}
+        return {"text": model.text + "."}
+    return server(True, Tool("wait", "Wait for the client.", Text, Text, wait_async, PURE))
 
 
 @pytest.mark.anyio
