@@ -202,9 +202,13 @@ class Lanes:
                 await cancel.guard(work)
         except TimeoutError:
             abandoned.set()
+            if state.durable is not None:
+                await state.durable.settle()
             return _reported(outcome.timed_out(state, timeout, started), observer)
         except RunCancelled:
             abandoned.set()
+            if state.durable is not None:
+                await state.durable.settle()
             return _reported(outcome.cancelled(state, started), observer)
         except asyncio.CancelledError:
             # The task awaiting the run was cancelled: no result, but the observer
@@ -215,6 +219,8 @@ class Lanes:
             raise
         finally:
             abandoned.set()
+        if state.durable is not None:
+            await state.durable.flush()  # checkpoints written behind the steps
         return _reported(outcome.finish(state, started), observer)
 
     async def _schedule(self, state: RunState, abandoned: Stop,
