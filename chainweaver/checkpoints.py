@@ -225,12 +225,12 @@ class Durable:
         if writing is not None:
             await writing
 
-    async def settle(self) -> None:
-        """Like :meth:`flush` for a run that already ends otherwise (timed out,
-        cancelled): a write that failed only means its step runs again on resume."""
-        writing = self.writing
+    def abandon(self) -> None:
+        """The run ends otherwise (timed out, cancelled): stop the writes still under
+        way (only checkpoints of steps that may run again; on resume they do)."""
+        writing, self.writing = self.writing, None
         if writing is not None:
-            await asyncio.gather(writing, return_exceptions=True)
+            writing.cancel()
 
     async def _save(self, entries: dict[str, bytes]) -> None:
         self._send(entries)

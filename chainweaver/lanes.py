@@ -203,17 +203,19 @@ class Lanes:
         except TimeoutError:
             abandoned.set()
             if state.durable is not None:
-                await state.durable.settle()
+                state.durable.abandon()
             return _reported(outcome.timed_out(state, timeout, started), observer)
         except RunCancelled:
             abandoned.set()
             if state.durable is not None:
-                await state.durable.settle()
+                state.durable.abandon()
             return _reported(outcome.cancelled(state, started), observer)
         except asyncio.CancelledError:
             # The task awaiting the run was cancelled: no result, but the observer
             # still learns which steps were cancelled.
             abandoned.set()
+            if state.durable is not None:
+                state.durable.abandon()
             if observer is not None:
                 outcome.cancelled(state, started)
             raise
