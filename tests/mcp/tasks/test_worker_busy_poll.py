@@ -91,3 +91,28 @@ async def test_a_moved_worker_name_leaves_dockets_pace_and_tasks_run(
             result = await asyncio.wait_for(task.result(), LIMIT)
             assert result.is_error is False
     assert "notices a freed one only after its whole check interval" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_a_running_steps_status_lands_in_dockets_progress_hash() -> None:
+    # The status is written as plain commands, to the hash Docket keeps a task's
+    # progress in (its layout, reached in fastmcp_seams): tasks/get shows it.
+    from docket.execution import ExecutionProgress
+
+    GATE.update(started=asyncio.Event(), release=asyncio.Event())
+    flow_server = build(concurrency=1)
+    async with Client(flow_server.fastmcp) as client:
+        task = await call_tool_task(client, "held_flow", {"n": 3})
+        await asyncio.wait_for(GATE["started"].wait(), LIMIT)
+        docket = fastmcp_seams.running_docket(flow_server.fastmcp)
+        assert fastmcp_seams.progress_key(docket, "k") == \
+            ExecutionProgress(docket, "k")._redis_key
+        for _ in range(200):  # the status write follows the step's start
+            status = await task.status()
+            if status.status_message == "step 1/1 held":
+                break
+            await asyncio.sleep(0.01)
+        assert (status.status, status.status_message) == ("working", "step 1/1 held")
+        GATE["release"].set()
+        result = await asyncio.wait_for(task.result(), LIMIT)
+        assert result.is_error is False
