@@ -275,7 +275,8 @@ class FlowTaskRunner(FastMCPTool):
 
 
 class _StepReports(RunObserver):
-    """Turns each step that starts into the task's status (``ctx.report_progress``).
+    """Turns each step that starts into the task's status (``write``: a task leg's
+    :func:`~.durable.write_status`; by default ``ctx.report_progress``).
 
     Steps start on the event loop or in worker threads; every report is sent from the
     loop, in the run's context (the worker's task context lives there), in order. A
