@@ -18,6 +18,7 @@ in-memory one, :mod:`chainweaver.checkpoints_redis` the Redis one.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -109,7 +110,16 @@ def rerunnable(planned: PlannedStep) -> bool:
 
 class Durable:
     """One run's checkpoints: loaded once (:meth:`open`), restored into the run's state,
-    then written as steps start (only those that must not run twice) and end."""
+    then written as steps start (only those that must not run twice) and end.
+
+    Writes go out one at a time, in order. The checkpoint of a step that may run again
+    (:func:`rerunnable`) is written while the steps after it run; every other write is
+    awaited: a step that must not run twice starts only once every earlier checkpoint
+    and its own marker are stored, and its dependents only once its checkpoint is. So a
+    process that dies before a rerunnable step's checkpoint is stored replays that step
+    (and any step that ran meanwhile), never one that must not run twice. The run
+    awaits every write before it returns (:meth:`flush`).
+    """
 
     def __init__(self, store: CheckpointStore, run_id: str, head: dict[str, str],
                  entries: Mapping[str, bytes],
@@ -121,6 +131,7 @@ class Durable:
         # Written with the first entry of a new run (one round trip fewer).
         self.pending_head: bytes | None = None if entries else json.dumps(head).encode()
         self.restored = 0
+        self.writing: asyncio.Future[None] | None = None  # the last write sent
 
     @classmethod
     async def open(cls, store: CheckpointStore, run_id: str, state: RunState) -> Durable:
@@ -179,7 +190,8 @@ class Durable:
             notify(state.observer.step_finished, record)
 
     async def started(self, planned: PlannedStep) -> None:
-        """Before a step runs: mark it, unless it may simply run again."""
+        """Before a step runs: mark it, unless it may simply run again (then earlier
+        checkpoints may still be on their way)."""
         if not rerunnable(planned):
             await self._save({_RUNNING + planned.id: b"1"})
 
@@ -201,12 +213,39 @@ class Durable:
             record.status, record.error = "failed", info
             state.fail(planned.position, info)
             return
-        await self._save({_DONE + planned.id: data})
+        if rerunnable(planned):
+            self._send({_DONE + planned.id: data})  # stored while its dependents run
+        else:
+            await self._save({_DONE + planned.id: data})
+
+    async def flush(self) -> None:
+        """Wait until every checkpoint sent so far is stored (CheckpointStoreError when
+        one could not be)."""
+        writing = self.writing
+        if writing is not None:
+            await writing
+
+    def abandon(self) -> None:
+        """The run ends otherwise (timed out, cancelled): stop the writes still under
+        way (only checkpoints of steps that may run again; on resume they do)."""
+        writing, self.writing = self.writing, None
+        if writing is not None:
+            writing.cancel()
 
     async def _save(self, entries: dict[str, bytes]) -> None:
+        self._send(entries)
+        await self.flush()
+
+    def _send(self, entries: dict[str, bytes]) -> None:
         if self.pending_head is not None:
             entries[_HEAD] = self.pending_head
             self.pending_head = None
+        self.writing = asyncio.ensure_future(self._write(self.writing, entries))
+
+    async def _write(self, previous: asyncio.Future[None] | None,
+                     entries: dict[str, bytes]) -> None:
+        if previous is not None:
+            await previous  # one write at a time, in order (a failure stops the rest)
         try:
             await self.store.save(self.run_id, entries)
         except Exception as error:

@@ -37,6 +37,7 @@ class RedisCheckpointStore:
         self.prefix = prefix
         self.ttl = max(1, int(ttl))
         self.codec = codec
+        self._kept: dict[str, Mapping[bytes | str, bytes]] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisCheckpointStore:
@@ -51,9 +52,20 @@ class RedisCheckpointStore:
             return lend()
         return _Borrowed(self._redis)
 
+    def key(self, run_id: str) -> str:
+        """The hash holding ``run_id``'s checkpoints."""
+        return self.prefix + run_id
+
+    def keep(self, run_id: str, stored: Mapping[bytes | str, bytes]) -> None:
+        """What ``HGETALL`` of :meth:`key` returned, read by the caller in a round trip
+        of its own: the next :meth:`load` of ``run_id`` returns it without reading."""
+        self._kept[run_id] = stored
+
     async def load(self, run_id: str) -> Mapping[str, bytes]:
-        async with self._client() as redis:
-            stored = await redis.hgetall(self.prefix + run_id)
+        stored = self._kept.pop(run_id, None)
+        if stored is None:
+            async with self._client() as redis:
+                stored = await redis.hgetall(self.prefix + run_id)
         decode = self.codec.decode if self.codec is not None else _same
         return {_text(name): decode(value) for name, value in stored.items()}
 

@@ -202,19 +202,27 @@ class Lanes:
                 await cancel.guard(work)
         except TimeoutError:
             abandoned.set()
+            if state.durable is not None:
+                state.durable.abandon()
             return _reported(outcome.timed_out(state, timeout, started), observer)
         except RunCancelled:
             abandoned.set()
+            if state.durable is not None:
+                state.durable.abandon()
             return _reported(outcome.cancelled(state, started), observer)
         except asyncio.CancelledError:
             # The task awaiting the run was cancelled: no result, but the observer
             # still learns which steps were cancelled.
             abandoned.set()
+            if state.durable is not None:
+                state.durable.abandon()
             if observer is not None:
                 outcome.cancelled(state, started)
             raise
         finally:
             abandoned.set()
+        if state.durable is not None:
+            await state.durable.flush()  # checkpoints written behind the steps
         return _reported(outcome.finish(state, started), observer)
 
     async def _schedule(self, state: RunState, abandoned: Stop,

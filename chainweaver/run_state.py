@@ -23,6 +23,10 @@ class Checkpointing(Protocol):
 
     async def finished(self, state: RunState, planned: PlannedStep) -> None: ...
 
+    async def flush(self) -> None: ...
+
+    def abandon(self) -> None: ...
+
 
 class RunState:
     """One run of a plan: the flow input, each step's context writes, records, failure."""

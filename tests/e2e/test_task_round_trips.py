@@ -1,6 +1,7 @@
 """What a task leg asks of a real Redis, counted with ``MONITOR`` on a private server:
 each checkpoint of a step is one round trip (the entry and its expiry in one
-transaction), the leg's markers start in one, and the run's checkpoints are read once.
+transaction), and everything the leg does before its first step (its delivery count,
+its markers, the status "running" and the one read of the run's checkpoints) is one.
 
 A round trip here is one ``MULTI`` ... ``EXEC`` block, or one command outside a block:
 what one connection sends before it waits for the answer.
@@ -33,6 +34,9 @@ from chainweaver.mcp import ExposurePolicy, FlowServer, TaskSettings
 pytestmark = [pytest.mark.slow, pytest.mark.tasks]
 
 LIMIT = 30.0  # seconds: only stops a hang
+# A leg's start: its delivery count and expiry, heartbeat and leg markers, the status
+# "running" (the progress hash and its event), and the run's checkpoints.
+LEG_START = ["HINCRBY", "EXPIRE", "SET", "SET", "HSET", "PUBLISH", "HGETALL"]
 READ = ToolSafetyContract(SideEffectLevel.READ)
 WRITE = ToolSafetyContract(SideEffectLevel.WRITE, idempotent=False)
 
@@ -134,9 +138,9 @@ def round_trips(seen: list[tuple[str, list[str]]], marker: str) -> list[list[str
 async def test_each_checkpoint_of_a_step_is_one_round_trip(private_redis: str) -> None:
     seen = await monitored(private_redis, "three_reads")
     trips = round_trips(seen, "chainweaver:checkpoints:")
-    # Read once when the run starts; then one transaction per step: the step's entry
+    # Read once, with the leg's start; then one transaction per step: the step's entry
     # (the run's head rides with the first) and the hash's expiry.
-    assert trips == [["HGETALL"]] + [["HSET", "EXPIRE"]] * 3
+    assert trips == [LEG_START] + [["HSET", "EXPIRE"]] * 3
 
 
 @pytest.mark.anyio
@@ -146,7 +150,7 @@ async def test_a_step_that_must_not_run_twice_is_marked_before_it_runs(
     trips = round_trips(seen, "chainweaver:checkpoints:")
     # The marker of the non-idempotent step is its own round trip: it must be stored
     # before the side effect, so a redelivered run knows the step may have run.
-    assert trips == [["HGETALL"], ["HSET", "EXPIRE"], ["HSET", "EXPIRE"],
+    assert trips == [LEG_START, ["HSET", "EXPIRE"], ["HSET", "EXPIRE"],
                      ["HSET", "EXPIRE"]]
 
 
@@ -156,6 +160,18 @@ async def test_a_legs_markers_start_in_one_round_trip(private_redis: str) -> Non
     # (tasks/get reads the heartbeat too: only the leg's writes are counted)
     trips = [trip for trip in round_trips(seen, "chainweaver:task-")
              if trip != ["EXISTS"]]
-    # The run's delivery count, both leg markers at once, and their removal at the
-    # end: the heartbeat renews only after its first interval (a short leg never).
-    assert trips == [["HINCRBY", "EXPIRE"], ["SET", "SET"], ["DEL"]]
+    # The leg's start (its delivery count and both markers, with its status and the
+    # checkpoint read), and the markers' removal at the end: the heartbeat renews only
+    # after its first interval (a short leg never).
+    assert trips == [LEG_START, ["DEL"]]
+
+
+@pytest.mark.anyio
+async def test_a_status_is_one_round_trip_of_plain_commands(private_redis: str) -> None:
+    seen = await monitored(private_redis, "three_reads")
+    writes = [trip for trip in round_trips(seen, ":progress:") if "PUBLISH" in trip]
+    # "running" rides with the leg's start; each later status is its own hash write and
+    # event (no script): steps that start while one is written collapse into the last.
+    assert writes[0] == LEG_START
+    assert all(trip == ["HSET", "PUBLISH"] for trip in writes[1:])
+    assert 1 <= len(writes[1:]) <= 3

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from docket import Docket
@@ -17,12 +19,14 @@ from fastmcp_tasks.keys import build_task_key
 from fastmcp_tasks.models import GetTaskResult
 
 from chainweaver.checkpoints_redis import RedisCheckpointStore
+from chainweaver.mcp.fastmcp_seams import progress_key
 from chainweaver.mcp.publish.exposure import ExposedFlow
 
 # What workers do, task by task: `chainweaver worker` shows it on stderr (INFO).
 logger = logging.getLogger("chainweaver.worker")
 
 QUEUED = "queued: waiting for a worker"
+RUNNING = "running"
 STOPPED = "waiting for redelivery: its worker stopped"
 # A running leg renews its heartbeat every HEARTBEAT_EVERY seconds; one not renewed for
 # HEARTBEAT_TTL seconds is a worker that stopped (tasks/get says so until redelivery).
@@ -42,16 +46,53 @@ return 0
 """
 
 
-async def count_delivery(docket: Docket, run_id: str) -> int:
-    """Count a leg that runs the run's steps: 1 the first time, more on redelivery."""
+async def start_leg(docket: Docket, task_id: str, run_id: str, task_key: str,
+                    store: RedisCheckpointStore | None, *, counts: bool) -> int:
+    """Everything a leg writes and reads before its first step, in one round trip:
+    its delivery count (``counts``: a leg that runs the run's steps; 1 the first time,
+    more on redelivery), its markers (:func:`heartbeat`), the task's status "running",
+    and the run's checkpoints, kept in ``store`` for the run's one read. Returns the
+    delivery count (0 when not counted). The store failing raises: nothing ran yet."""
     ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
-    name = docket.key(f"chainweaver:task-run:{run_id}")
+    leg, alive = _leg_keys(docket, task_id)
+    runs = docket.key(f"chainweaver:task-run:{run_id}")
+    read = store is not None and counts
     async with docket.redis() as redis:
         pipe = cast(Any, redis).pipeline()
-        pipe.hincrby(name, "n", 1)  # a hash: Docket's in-memory backend has no INCR
-        pipe.expire(name, max(ttl, int(CHECKPOINT_TTL)))
-        count, _ = await pipe.execute()
-    return int(count)
+        if counts:
+            pipe.hincrby(runs, "n", 1)  # a hash: Docket's in-memory backend has no INCR
+            pipe.expire(runs, max(ttl, int(CHECKPOINT_TTL)))
+        pipe.set(alive, "1", ex=HEARTBEAT_TTL)
+        pipe.set(leg, "1", ex=ttl)
+        status_commands(pipe, docket, task_key, RUNNING)
+        if read:
+            pipe.hgetall(cast(RedisCheckpointStore, store).key(run_id))
+        answers = await pipe.execute()
+    if read:
+        cast(RedisCheckpointStore, store).keep(run_id, answers[-1])
+    return int(answers[0]) if counts else 0
+
+
+def status_commands(pipe: Any, docket: Docket, task_key: str, message: str) -> None:
+    """Queue the writes that make ``message`` the status of the task Docket knows as
+    ``task_key``: what Docket's progress message write does (the hash's message and
+    time, and the event its subscribers get), as plain commands on ``pipe``."""
+    progress = progress_key(docket, task_key)
+    updated_at = datetime.now(UTC).isoformat()
+    pipe.hset(progress, mapping={"message": message, "updated_at": updated_at})
+    pipe.publish(progress, json.dumps({
+        "type": "progress", "key": task_key, "current": 0, "total": 1,
+        "message": message, "updated_at": updated_at}))
+
+
+async def write_status(docket: Docket, task_key: str, message: str) -> None:
+    """Make ``message`` the task's status (what ``tasks/get`` shows): one round trip of
+    plain commands, where ``ctx.report_progress`` runs Docket's script (its argument
+    handling alone cost about as much as a flow step here)."""
+    async with docket.redis() as redis:
+        pipe = cast(Any, redis).pipeline()
+        status_commands(pipe, docket, task_key, message)
+        await pipe.execute()
 
 
 def checkpoint_store(docket: Docket) -> RedisCheckpointStore:
@@ -98,7 +139,7 @@ def picked_up(exposed: ExposedFlow, task_id: str, run_id: str, deliveries: int) 
                     "come from their checkpoints", task_id, run_id, flow, deliveries)
         return f"resuming after its worker stopped (delivery {deliveries})"
     logger.info("task %s picked up: run %s of flow %s", task_id, run_id, flow)
-    return "running"
+    return RUNNING
 
 
 def ended(exposed: ExposedFlow, task_id: str, run_id: str, outcome: str,
@@ -109,10 +150,12 @@ def ended(exposed: ExposedFlow, task_id: str, run_id: str, outcome: str,
 
 
 @contextlib.asynccontextmanager
-async def heartbeat(docket: Docket, task_id: str) -> AsyncIterator[None]:
+async def heartbeat(docket: Docket, task_id: str, *, begun: bool = False
+                    ) -> AsyncIterator[None]:
     """While a leg runs: a marker that it started (removed when it ends, kept when its
     worker dies) and a heartbeat renewed in the background (gone soon after its worker
-    died). A lost write only makes a status message stale: it never fails the run."""
+    died). A lost write only makes a status message stale: it never fails the run.
+    ``begun``: :func:`start_leg` wrote both already."""
     leg, alive = _leg_keys(docket, task_id)
     ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
 
@@ -126,11 +169,12 @@ async def heartbeat(docket: Docket, task_id: str) -> AsyncIterator[None]:
                 logger.debug("task heartbeat failed: %s", type(error).__name__)
 
     try:
-        async with docket.redis() as redis:
-            pipe = cast(Any, redis).pipeline()  # both markers, one round trip
-            pipe.set(alive, "1", ex=HEARTBEAT_TTL)
-            pipe.set(leg, "1", ex=ttl)
-            await pipe.execute()
+        if not begun:
+            async with docket.redis() as redis:
+                pipe = cast(Any, redis).pipeline()  # both markers, one round trip
+                pipe.set(alive, "1", ex=HEARTBEAT_TTL)
+                pipe.set(leg, "1", ex=ttl)
+                await pipe.execute()
     except Exception as error:
         logger.debug("task heartbeat failed: %s", type(error).__name__)
     beating = asyncio.ensure_future(beat())
@@ -177,6 +221,6 @@ async def mark_queued(docket: Docket, scope: str | None, task_id: str,
     status: only when none was set yet). One round trip: the task's Docket key is the
     one fastmcp-tasks built for it from the scope, the id and the runner's key."""
     ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
-    progress = docket.key(f"progress:{build_task_key(scope, task_id, 'tool', runner_key)}")
+    progress = progress_key(docket, build_task_key(scope, task_id, "tool", runner_key))
     async with docket.redis() as redis:
         await cast(Any, redis).eval(_SET_IF_NEW, 1, progress, QUEUED, str(ttl))

@@ -33,10 +33,11 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from docket import Docket
@@ -58,7 +59,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from chainweaver.mcp.fastmcp_seams import check_task_request, running_docket
+from chainweaver.mcp.fastmcp_seams import (
+    check_task_request,
+    poll_busy_slots,
+    running_docket,
+)
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
@@ -179,6 +184,15 @@ class FlowTasksExtension(TasksExtension):
         await self.audit.record(exposed, created.task_id, "working", caller_id,
                                 phase="decision", reason="created")
         return created
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """fastmcp-tasks' lifespan (Docket and its worker), with the worker noticing a
+        freed slot at once when all of them are busy (:func:`poll_busy_slots`)."""
+        async with super().lifespan():
+            if running_docket(self.server) is not None:
+                poll_busy_slots(self.server)
+            yield
 
     def methods(self) -> Sequence[MethodBinding]:
         """``tasks/get``, ``tasks/update`` and ``tasks/cancel``, answering only the

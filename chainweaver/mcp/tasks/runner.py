@@ -12,7 +12,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from docket import CurrentExecution, Docket
@@ -48,11 +48,13 @@ from chainweaver.mcp.runs.approval import ApprovalInTask
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.recording import run_start
 from chainweaver.mcp.tasks.durable import (
+    RUNNING,
     checkpoint_store,
-    count_delivery,
     ended,
     heartbeat,
     picked_up,
+    start_leg,
+    write_status,
 )
 from chainweaver.results import ExecutionResult, StepRecord
 from chainweaver.run_events import RunObserver, fan_out
@@ -167,12 +169,20 @@ class FlowTaskRunner(FastMCPTool):
         exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
-        reports = _StepReports(ctx, tool.step_names().label)
+
+        async def write(message: str) -> None:
+            await write_status(docket, execution.key, message)
+
+        reports = _StepReports(ctx, tool.step_names().label, write)
         given = arguments.get("run")
         run_id: str = given if isinstance(given, str) else task_id
         # A leg that will only ask for approval runs no step: not a delivery of the run.
         asks_only = exposed.needs_approval and ctx.request_state is None
-        deliveries = 0 if asks_only else await count_delivery(docket, run_id)
+        store = checkpoint_store(docket)
+        # Count the delivery, set the leg's markers, show it running and read the run's
+        # checkpoints: one round trip.
+        deliveries = await start_leg(docket, task_id, run_id, execution.key, store,
+                                     counts=not asks_only)
 
         async def audit_answer(step_id: str, answer: str) -> None:
             await self._audit.record(exposed, task_id, "working", caller_id,
@@ -189,12 +199,13 @@ class FlowTaskRunner(FastMCPTool):
         metrics = self._metrics
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:
-            async with heartbeat(docket, task_id):  # tasks/get tells a dead worker
-                reports.show(picked_up(exposed, task_id, run_id, deliveries))
+            async with heartbeat(docket, task_id, begun=True):  # tasks/get: a dead worker
+                shown = picked_up(exposed, task_id, run_id, deliveries)
+                if shown != RUNNING:  # start_leg showed "running"
+                    reports.show(shown)
                 result = await tool.run_flow(arguments["arguments"], ctx,
                                              status=fan_out(reports, counter),
-                                             in_task=asking, run=run,
-                                             checkpoints=checkpoint_store(docket))
+                                             in_task=asking, run=run, checkpoints=store)
         except CheckpointStoreError as error:
             # The task store failed under the run (its worker shutting down, Redis
             # gone): not a failure of the flow. The run stays unfinished, the leg
@@ -264,7 +275,8 @@ class FlowTaskRunner(FastMCPTool):
 
 
 class _StepReports(RunObserver):
-    """Turns each step that starts into the task's status (``ctx.report_progress``).
+    """Turns each step that starts into the task's status (``write``: a task leg's
+    :func:`~.durable.write_status`; by default ``ctx.report_progress``).
 
     Steps start on the event loop or in worker threads; every report is sent from the
     loop, in the run's context (the worker's task context lives there), in order. A
@@ -273,9 +285,11 @@ class _StepReports(RunObserver):
     backend).
     """
 
-    def __init__(self, ctx: Context, label: Callable[[str], str] | None = None) -> None:
+    def __init__(self, ctx: Context, label: Callable[[str], str] | None = None,
+                 write: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.ctx = ctx
         self.label = label  # a step's id as the task's caller may see it
+        self.write = write  # how a status is written (default: ctx.report_progress)
         self.loop = asyncio.get_running_loop()
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
@@ -333,7 +347,10 @@ class _StepReports(RunObserver):
         try:
             # The message only: tasks/get shows a task's status message, never Docket's
             # progress counters, which would cost three more round trips per status.
-            await self.ctx.report_progress(0, None, message)
+            if self.write is not None:
+                await self.write(message)
+            else:
+                await self.ctx.report_progress(0, None, message)
         except Exception as error:  # a lost status message must not fail the run
             logger.debug("task status report failed: %s", type(error).__name__)
 
