@@ -9,6 +9,7 @@ the flow's full decision, made when a page first reads it: a page of 100 tools b
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
@@ -24,8 +25,15 @@ class PublishedTools(Sequence[ExposedFlow | None]):
     """
 
     def __init__(self, exposure: Exposure) -> None:
-        self._exposure = exposure
+        # Weakly: this list is cached in a view kept per snapshot in a weak-keyed map,
+        # and a strong reference back to the snapshot would keep both alive for ever.
+        # A request serving the list pins its snapshot, so it is alive while read.
+        self._exposure = weakref.ref(exposure)
         self._names = exposure.published_tools()
+
+    def _flow(self, name: str) -> ExposedFlow | None:
+        exposure = self._exposure()
+        return exposure.flow(name) if exposure is not None else None
 
     def __len__(self) -> int:
         return len(self._names)
@@ -38,11 +46,11 @@ class PublishedTools(Sequence[ExposedFlow | None]):
 
     def __getitem__(self, index: int | slice) -> ExposedFlow | None | list[ExposedFlow | None]:
         if isinstance(index, slice):
-            return [self._exposure.flow(flow) for _, _, flow in self._names[index]]
-        return self._exposure.flow(self._names[index][2])
+            return [self._flow(flow) for _, _, flow in self._names[index]]
+        return self._flow(self._names[index][2])
 
     def __iter__(self) -> Iterator[ExposedFlow | None]:
-        return (self._exposure.flow(flow) for _, _, flow in self._names)
+        return (self._flow(flow) for _, _, flow in self._names)
 
     def keys(self) -> Iterable[str]:
         """Each item's name and version, as the cursor fingerprint reads them."""

@@ -11,6 +11,8 @@ real MCP client, on both protocol eras.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import anyio
@@ -272,3 +274,28 @@ def test_a_first_list_lists_exactly_what_the_full_decision_publishes(
         line["tool_name"] for line in report if line["exposed"])
     # And the report made afterwards is the one made first.
     assert [line.to_dict() for line in judged_first.exposure_report()] == report
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_listed_snapshot_is_freed_once_a_change_replaces_it(mode: str) -> None:
+    """The page's list is kept in the caller's view of its snapshot, and views are
+    kept per snapshot only while it lives: the list must not keep its snapshot (and so
+    itself, and every decision in it) alive after a change replaces it."""
+    server = catalogue()
+    registry = server.executor.registry
+    live = server._provider.exposure  # which snapshot is current is not public API
+    async with Client(server.fastmcp, mode=mode) as client:
+        await client.list_tools_mcp()
+        listed = weakref.ref(live.latest)
+        registry.set_lifecycle("flow_0001", "archived")
+        second = await every_page(client)
+        assert "flow_0001" not in [name for page in second for name in page]
+        assert live.latest is not listed()
+    # The change notifier holds the old snapshot while it works out what changed (in
+    # its worker thread); once it is done, nothing may.
+    for _ in range(100):  # a bound that only stops a hang
+        gc.collect()
+        if listed() is None:
+            break
+        await anyio.sleep(0.05)
+    assert listed() is None
