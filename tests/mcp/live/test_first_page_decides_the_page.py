@@ -291,11 +291,11 @@ async def test_a_listed_snapshot_is_freed_once_a_change_replaces_it(mode: str) -
         second = await every_page(client)
         assert "flow_0001" not in [name for page in second for name in page]
         assert live.latest is not listed()
-    # The change notifier holds the old snapshot while it works out what changed (in
-    # its worker thread); once it is done, nothing may.
-    for _ in range(100):  # a bound that only stops a hang
-        gc.collect()
-        if listed() is None:
-            break
-        await anyio.sleep(0.05)
+        # The change notifier holds the old snapshot while it works out what changed
+        # (in its worker thread, while the server runs); once it is done, nothing may.
+        for _ in range(100):  # a bound that only stops a hang
+            gc.collect()
+            if listed() is None:
+                break
+            await anyio.sleep(0.05)
     assert listed() is None
