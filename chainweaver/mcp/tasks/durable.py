@@ -50,9 +50,10 @@ async def start_leg(docket: Docket, task_id: str, run_id: str, task_key: str,
                     store: RedisCheckpointStore | None, *, counts: bool) -> int:
     """Everything a leg writes and reads before its first step, in one round trip:
     its delivery count (``counts``: a leg that runs the run's steps; 1 the first time,
-    more on redelivery), its markers (:func:`heartbeat`), the task's status "running",
-    and the run's checkpoints, kept in ``store`` for the run's one read. Returns the
-    delivery count (0 when not counted). The store failing raises: nothing ran yet."""
+    more on redelivery), its markers (that the leg started, and its first heartbeat:
+    :func:`heartbeat`), the task's status "running", and the run's checkpoints, kept in
+    ``store`` for the run's one read. Returns the delivery count (0 when not counted).
+    The store failing raises: nothing ran yet."""
     ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
     leg, alive = _leg_keys(docket, task_id)
     runs = docket.key(f"chainweaver:task-run:{run_id}")
@@ -150,14 +151,12 @@ def ended(exposed: ExposedFlow, task_id: str, run_id: str, outcome: str,
 
 
 @contextlib.asynccontextmanager
-async def heartbeat(docket: Docket, task_id: str, *, begun: bool = False
-                    ) -> AsyncIterator[None]:
-    """While a leg runs: a marker that it started (removed when it ends, kept when its
-    worker dies) and a heartbeat renewed in the background (gone soon after its worker
-    died). A lost write only makes a status message stale: it never fails the run.
-    ``begun``: :func:`start_leg` wrote both already."""
+async def heartbeat(docket: Docket, task_id: str) -> AsyncIterator[None]:
+    """While a leg runs: its heartbeat renewed in the background (gone soon after its
+    worker died), then, when it ends, its markers removed (kept when its worker dies).
+    :func:`start_leg` wrote both markers. A lost write only makes a status message
+    stale: it never fails the run."""
     leg, alive = _leg_keys(docket, task_id)
-    ttl = int(docket.execution_ttl.total_seconds()) + TASK_MAPPING_TTL_BUFFER_SECONDS
 
     async def beat() -> None:
         while True:
@@ -168,15 +167,6 @@ async def heartbeat(docket: Docket, task_id: str, *, begun: bool = False
             except Exception as error:
                 logger.debug("task heartbeat failed: %s", type(error).__name__)
 
-    try:
-        if not begun:
-            async with docket.redis() as redis:
-                pipe = cast(Any, redis).pipeline()  # both markers, one round trip
-                pipe.set(alive, "1", ex=HEARTBEAT_TTL)
-                pipe.set(leg, "1", ex=ttl)
-                await pipe.execute()
-    except Exception as error:
-        logger.debug("task heartbeat failed: %s", type(error).__name__)
     beating = asyncio.ensure_future(beat())
     try:
         yield

@@ -199,7 +199,7 @@ class FlowTaskRunner(FastMCPTool):
         metrics = self._metrics
         counter = StepCounter(metrics, exposed.tool_name) if metrics is not None else None
         try:
-            async with heartbeat(docket, task_id, begun=True):  # tasks/get: a dead worker
+            async with heartbeat(docket, task_id):  # tasks/get tells a dead worker
                 shown = picked_up(exposed, task_id, run_id, deliveries)
                 if shown != RUNNING:  # start_leg showed "running"
                     reports.show(shown)
