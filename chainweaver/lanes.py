@@ -201,21 +201,15 @@ class Lanes:
             else:
                 await cancel.guard(work)
         except TimeoutError:
-            abandoned.set()
-            if state.durable is not None:
-                state.durable.abandon()
+            _abandon(state, abandoned)
             return _reported(outcome.timed_out(state, timeout, started), observer)
         except RunCancelled:
-            abandoned.set()
-            if state.durable is not None:
-                state.durable.abandon()
+            _abandon(state, abandoned)
             return _reported(outcome.cancelled(state, started), observer)
         except asyncio.CancelledError:
             # The task awaiting the run was cancelled: no result, but the observer
             # still learns which steps were cancelled.
-            abandoned.set()
-            if state.durable is not None:
-                state.durable.abandon()
+            _abandon(state, abandoned)
             if observer is not None:
                 outcome.cancelled(state, started)
             raise
@@ -442,6 +436,14 @@ async def _entry_refused_async(plan: Plan, guard: StepGuard) -> ErrorInfo | None
 def _flow_refused(plan: Plan, reason: str) -> ErrorInfo:
     return ErrorInfo("StepRefused", f"flow {plan.flow.name!r} {plan.flow.version} was "
                      f"refused for this caller ({reason}); no step ran", detail=reason)
+
+
+def _abandon(state: RunState, abandoned: Stop) -> None:
+    """The run ends before its work did (timed out, cancelled): steps still in worker
+    threads make no further request, and checkpoint writes still under way stop."""
+    abandoned.set()
+    if state.durable is not None:
+        state.durable.abandon()
 
 
 def _observe(state: RunState, observer: RunObserver) -> None:
