@@ -126,7 +126,7 @@ class RunReporter(RunObserver):
             if self._pending:
                 self._hand_over()  # a worker thread's events came first
             self._ready.append(item)
-            if self._idle is not None or self._sender is not None:
+            if self._sender is not None:  # running or idle: it takes this one too
                 self._wake()
             elif not self._start_asked:
                 # Not now: a run that never yields is over before the loop turns, and
