@@ -30,11 +30,20 @@ because FastMCP moved a private name.
   (without it a worker whose slots are all busy notices a freed one only after its
   whole check interval, 50 ms) and :func:`progress_key` (Docket's progress hash, where
   a task's status is written; without it the status is not shown).
+- :func:`otel_global_unset`: OpenTelemetry (which FastMCP uses for its own spans) has no
+  public way to ask whether an application set a global tracer or meter provider
+  without looking the provider's environment variable up in ``os.environ`` on every
+  call while none is set, which raises and catches a ``KeyError`` inside it (about a
+  third of what a call cost ChainWeaver over a bare tool). Without it: the public call,
+  as slow as that.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -62,15 +71,21 @@ TASK_REQUEST_CHECK = "_check_task_request"
 CONNECTION = "_connection"
 SDK_MIDDLEWARE = "middleware"  # public on the SDK's Server
 INPUT_SCHEMA_LOOKUP = "get_tool_input_schema"  # public name, but no public setter
+# OpenTelemetry's global providers: None until an application sets one (never replaced),
+# and the variables that name one to load when first asked.
+OTEL_GLOBALS = {"tracer": ("opentelemetry.trace", "_TRACER_PROVIDER",
+                           "OTEL_PYTHON_TRACER_PROVIDER"),
+                "meter": ("opentelemetry.metrics._internal", "_METER_PROVIDER",
+                          "OTEL_PYTHON_METER_PROVIDER")}
 
 
-def warn_once(seam: str, degraded: str) -> None:
+def warn_once(seam: str, degraded: str, library: str = "FastMCP") -> None:
     """Say once per process that a seam moved and what no longer works because of it."""
     if seam in _warned:
         return
     _warned.add(seam)
-    logger.warning("the installed FastMCP has no %s where ChainWeaver reaches for it: %s",
-                   seam, degraded)
+    logger.warning("the installed %s has no %s where ChainWeaver reaches for it: %s",
+                   library, seam, degraded)
 
 
 def low_level_server(server: FastMCP) -> Any:
@@ -215,3 +230,33 @@ def check_task_request(extension: Any, ctx: Any, task_id: str) -> None:
                   "without the tasks capability is checked after the task's owner")
         return
     check(ctx, task_id)
+
+
+_otel_named: dict[str, bool] = {}  # kind -> the environment names a provider
+
+
+def otel_global_unset(kind: str) -> bool:
+    """Whether OpenTelemetry's global ``kind`` ("tracer" or "meter") provider is
+    certainly not set: none set in code, none named by the environment. False means
+    "ask the public API" (``get_tracer_provider()``, ``get_meter_provider()``), which
+    loads a provider the environment names. The environment is read once per process,
+    when first asked: set OpenTelemetry's variables before serving."""
+    module_name, attribute, variable = OTEL_GLOBALS[kind]
+    try:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    provider = getattr(module, attribute, _MOVED)
+    if provider is not None:
+        if provider is _MOVED:
+            warn_once(f"{module_name}.{attribute}", "each request asks its public API "
+                      "whether a provider is set (slower, same answer)",
+                      library="OpenTelemetry")
+        return False
+    named = _otel_named.get(kind)
+    if named is None:
+        named = _otel_named[kind] = variable in os.environ
+    return not named
+
+
+_MOVED = object()

@@ -227,6 +227,100 @@ def test_a_moved_docket_or_lifespan_fails_only_tasks(
         fastmcp_seams.lifespan_manager(server)
 
 
+# ------------------------------------------------- OpenTelemetry's global providers
+
+
+def test_the_opentelemetry_globals_are_where_the_seam_reads_them() -> None:
+    import importlib
+
+    for module_name, attribute, _variable in fastmcp_seams.OTEL_GLOBALS.values():
+        assert hasattr(importlib.import_module(module_name), attribute)
+
+
+@pytest.mark.parametrize("kind", ["tracer", "meter"])
+def test_an_unset_provider_is_told_without_the_environment(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module_name, attribute, variable = fastmcp_seams.OTEL_GLOBALS[kind]
+    monkeypatch.setattr(f"{module_name}.{attribute}", None)
+    monkeypatch.setattr(fastmcp_seams, "_otel_named", {})
+    monkeypatch.delenv(variable, raising=False)
+    assert fastmcp_seams.otel_global_unset(kind)
+    # The environment is read once: a variable naming a provider, seen first, sends
+    # every later question to OpenTelemetry's public API (which loads it).
+    monkeypatch.setattr(fastmcp_seams, "_otel_named", {})
+    monkeypatch.setenv(variable, "some_provider")
+    assert not fastmcp_seams.otel_global_unset(kind)
+    monkeypatch.setattr(f"{module_name}.{attribute}", object())  # set in code
+    monkeypatch.delenv(variable)
+    monkeypatch.setattr(fastmcp_seams, "_otel_named", {})
+    assert not fastmcp_seams.otel_global_unset(kind)
+
+
+def test_a_provider_set_after_the_server_is_built_is_seen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from chainweaver.mcp.runs.metrics import ServerMetrics
+    from chainweaver.mcp.runs.telemetry import tracing
+
+    monkeypatch.setattr("opentelemetry.trace._TRACER_PROVIDER", None)
+    monkeypatch.setattr("opentelemetry.metrics._internal._METER_PROVIDER", None)
+    metrics = ServerMetrics()
+    assert not tracing() and not metrics.recording()
+    tracer, meter = TracerProvider(), MeterProvider()
+    # What set_tracer_provider / set_meter_provider store (those run once per process).
+    monkeypatch.setattr("opentelemetry.trace._TRACER_PROVIDER", tracer)
+    monkeypatch.setattr("opentelemetry.metrics._internal._METER_PROVIDER", meter)
+    assert trace.get_tracer_provider() is tracer
+    assert otel_metrics.get_meter_provider() is meter
+    assert tracing() and metrics.recording()
+
+
+async def test_moved_opentelemetry_globals_ask_the_public_api(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from chainweaver.mcp.runs.metrics import ServerMetrics
+    from chainweaver.mcp.runs.telemetry import tracing
+
+    caplog.set_level(logging.WARNING, logger=SEAM_LOGGER)
+    monkeypatch.setattr(fastmcp_seams, "OTEL_GLOBALS", {
+        kind: (module, "_moved_in_a_new_release", variable)
+        for kind, (module, _, variable) in fastmcp_seams.OTEL_GLOBALS.items()})
+    asked: list[str] = []
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader])
+
+    def meter_provider() -> Any:
+        asked.append("meter")
+        return meter
+
+    def tracer_provider() -> Any:
+        asked.append("tracer")
+        return trace.NoOpTracerProvider()
+
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", meter_provider)
+    monkeypatch.setattr(trace, "get_tracer_provider", tracer_provider)
+    metrics = ServerMetrics()
+    asked.clear()
+    assert metrics.recording() and not tracing()  # the public API's answers
+    assert asked == ["meter", "tracer"]
+    server = flow_server(meter_provider=None)
+    async with Client(server.fastmcp) as client:
+        result = await client.call_tool("quote", {"order_id": "A-1"})
+    assert result.structured_content == {"order_id": "A-1", "cents": 120}
+    counted = reader.get_metrics_data()  # the global provider the public API gave
+    assert counted is not None and counted.resource_metrics
+    warned = seam_warnings(caplog)
+    assert len(warned) == 2 and all("OpenTelemetry" in line for line in warned)
+
+
 # ------------------------------------------------ the client's log level (public API)
 
 

@@ -97,6 +97,12 @@ _OUTPUT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 
 def _sendable(arguments: dict[str, Any]) -> bool:
+    """Whether ``arguments`` hold only text UTF-8 can carry (no lone surrogate)."""
+    try:
+        pydantic_core.to_json(arguments)  # in C: the common case, answered at once
+        return True
+    except pydantic_core.PydanticSerializationError:
+        pass  # a lone surrogate, or something else JSON cannot carry: tell which
     try:
         _ARGUMENTS_JSON.encode(arguments).encode("utf-8")
     except UnicodeEncodeError:
@@ -296,7 +302,8 @@ class FlowTool(PlainSlots, FastMCPTool):
         recorder = call.recorder = RunRecorder(self._run_log, self._exposed,
                                                run or self._run_start(ctx), names,
                                                self._outputs)
-        await recorder.begin()
+        if recorder.log is not None:  # no run history: nothing to save yet
+            await recorder.begin()
         call.part = "checking the arguments"
         if not _sendable(arguments):
             # A lone surrogate ("\ud800" in the request's JSON): the reply could not echo
@@ -308,7 +315,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         call.part = "run reporting"
         reporter = None
         if ctx is not None and status is None and self._runs.notifications:
-            reporter = call.reporter = await RunReporter.wanted(
+            reporter = call.reporter = RunReporter.wanted(
                 ctx, self.name, show_error_type=self._error_detail != "generic",
                 label=names.label)
         call.part = "approval"

@@ -42,6 +42,7 @@ from opentelemetry import metrics as otel_metrics
 
 from chainweaver import __version__
 from chainweaver.executor import StepRecord
+from chainweaver.mcp.fastmcp_seams import otel_global_unset
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.gate.rate_limit import UNPUBLISHED, budget_name, budget_name_of
 from chainweaver.mcp.hooks import GATE_REFUSED, GateContext
@@ -97,8 +98,10 @@ class ServerMetrics:
         """Whether anything records these instruments: a provider the server was given,
         or a global one an application set (asked each time: it may be set after the
         server is built). Off, a request builds no counter, label or timer."""
-        return not _unset(self.provider if self.provider is not None
-                          else otel_metrics.get_meter_provider())
+        if self.provider is not None:
+            return not _unset(self.provider)
+        return not otel_global_unset("meter") \
+            and not _unset(otel_metrics.get_meter_provider())
 
     def refused(self, gate: GateContext, exposure: Exposure, runs_root: str = RUNS_URI
                 ) -> None:

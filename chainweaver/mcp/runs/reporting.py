@@ -46,7 +46,7 @@ def wants_progress(ctx: Context) -> bool:
     return meta is not None and meta.get("progressToken") is not None
 
 
-async def log_levels(ctx: Context) -> frozenset[str]:
+def log_levels(ctx: Context) -> frozenset[str]:
     """The levels of a run's log messages that may reach the client of this request."""
     rc = ctx.request_context
     if rc is None or ctx.is_background_task:
@@ -110,10 +110,10 @@ class RunReporter(RunObserver):
         self._closing = False
 
     @classmethod
-    async def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool,
+    def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool,
                      label: Callable[[str], str] | None = None) -> RunReporter | None:
         """A reporter for this request, or None when the client asked for nothing."""
-        progress, levels = wants_progress(ctx), await log_levels(ctx)
+        progress, levels = wants_progress(ctx), log_levels(ctx)
         if not (progress or levels):
             return None
         return cls(ctx, tool_name, progress=progress, levels=levels,
@@ -129,10 +129,7 @@ class RunReporter(RunObserver):
             if self._sender is not None:  # running or idle: it takes this one too
                 self._wake()
             elif not self._start_asked:
-                # Not now: a run that never yields is over before the loop turns, and
-                # close() then sends its events without a task.
-                self._start_asked = True
-                self._loop.call_soon(self._wake)
+                self._start_soon()
             return
         with self._pending_lock:
             self._pending.append(item)
@@ -145,7 +142,23 @@ class RunReporter(RunObserver):
         with self._pending_lock:
             items, self._pending = self._pending, []
         self._ready.extend(items)
-        self._wake()
+        if self._sender is not None:
+            self._wake()
+        else:
+            self._start_soon()
+
+    def _start_soon(self) -> None:
+        """Start the sender two turns of the loop from now (asked once per run).
+
+        Not at once: a run that never yields is over before the loop turns, and a worker
+        thread's hop that ran its steps quickly usually ends in the turn that hands its
+        events over, the run's task resuming in the next. Either run may be over by the
+        second turn, and close() then sends the events without a task. A run still
+        under way (a step awaiting, a worker thread running) lets the loop turn at once.
+        """
+        if not self._start_asked:
+            self._start_asked = True
+            self._loop.call_soon(self._loop.call_soon, self._wake)
 
     def _wake(self) -> None:
         """Have the sender send what is ready (on the loop): wake it, or start it."""
@@ -196,9 +209,7 @@ class RunReporter(RunObserver):
             self._wake()  # idle, it wakes; sending, it drains first: then it sees closing
             await sender
             return
-        ready = self._ready
-        while ready:
-            await self._send_one(ready.popleft())
+        await self._send_ready()
 
     def abandon(self) -> None:
         """Stop at once (the call was cancelled: nothing more reaches the client)."""
@@ -208,26 +219,27 @@ class RunReporter(RunObserver):
             self._sender.cancel()
 
     async def _send_all(self) -> None:
-        ready = self._ready
         while True:
-            while ready:
-                await self._send_one(ready.popleft())
+            await self._send_ready()
             if self._closing:
                 return
             self._idle = self._loop.create_future()
             await self._idle
 
-    async def _send_one(self, item: tuple[Any, ...]) -> None:
-        try:
-            await self._send(item)
-        except Exception as error:  # a client that went away must not break the run
-            logger.debug("could not send a run notification: %s", type(error).__name__)
+    async def _send_ready(self) -> None:
+        """Send every event that is ready, in order."""
+        ready = self._ready
+        while ready:
+            item = ready.popleft()
+            try:
+                if item[0] == "log":
+                    await self._log(item[1], item[2])
+                else:
+                    await self._step_ended(*item[1:])
+            except Exception as error:  # a client that went away must not break the run
+                logger.debug("could not send a run notification: %s", type(error).__name__)
 
-    async def _send(self, item: tuple[Any, ...]) -> None:
-        if item[0] == "log":
-            await self._log(item[1], item[2])
-            return
-        _, step_id, status, error = item
+    async def _step_ended(self, step_id: str, status: str, error: ErrorInfo | None) -> None:
         self._finished += 1
         message = f"step {step_id!r} {status}"
         level: LoggingLevel = "error" if status == "failed" else \
@@ -239,7 +251,7 @@ class RunReporter(RunObserver):
         if self._token is None:  # no token of its own to name (ctx knows what to do)
             await self._ctx.report_progress(self._finished, self._total or None, message)
             return
-        await self._stream().send_progress_notification(
+        await (self._session or self._stream()).send_progress_notification(
             self._token, self._finished, self._total or None, message,
             related_request_id=self._request_id)
 
@@ -249,8 +261,8 @@ class RunReporter(RunObserver):
         notification = mcp_types.LoggingMessageNotification(
             params=mcp_types.LoggingMessageNotificationParams(
                 level=level, logger=LOGGER_NAME, data={"msg": message, "extra": None}))
-        await self._stream().send_notification(notification,
-                                               related_request_id=self._request_id)
+        await (self._session or self._stream()).send_notification(
+            notification, related_request_id=self._request_id)
 
     def _stream(self) -> ServerSession:
         """The session this request came on and its id (read once: each read of them

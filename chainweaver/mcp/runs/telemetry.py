@@ -28,6 +28,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from chainweaver import __version__
 from chainweaver.executor import StepRecord
+from chainweaver.mcp.fastmcp_seams import otel_global_unset
 from chainweaver.mcp.gate.admission import Admission
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
@@ -118,8 +119,8 @@ class RunWatch:
 def tracing() -> bool:
     """Whether an OpenTelemetry SDK records spans: without one (the API's placeholder or
     no-op provider) a run opens none (asked per call: an application may set it later)."""
-    return not isinstance(trace.get_tracer_provider(),
-                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return not otel_global_unset("tracer") and not isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 class StepSpans(RunObserver):
