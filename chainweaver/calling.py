@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .runner import StepTimeout
+from .step_failures import StepTimeout
 from .tools import Tool
 
 _MAKING_EVENTS = threading.Lock()

@@ -44,11 +44,11 @@ from .runner import (
     SLEEP,
     LaneRequest,
     RunState,
-    StepFailed,
     run_plain_chain,
     run_plain_step,
     run_step,
 )
+from .step_failures import StepFailed
 
 logger = logging.getLogger("chainweaver.executor")
 

@@ -13,7 +13,8 @@ from .flows import Flow
 from .plan import Plan
 from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import notify
-from .runner import RunState, StepFailed, describe, first_error_field, raised
+from .runner import RunState
+from .step_failures import StepFailed, describe, first_error_field, raised
 
 
 def start(plan: Plan, input: Mapping[str, Any] | BaseModel,

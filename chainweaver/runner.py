@@ -16,7 +16,7 @@ from collections.abc import Generator, Mapping
 from time import perf_counter
 from typing import Any, Final, Literal, Protocol, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .approved import RENEWAL_DENIED
 from .conditions import ConditionError
@@ -27,6 +27,15 @@ from .plan import FieldSource, Plan, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import RunObserver, notify
 from .run_state import RunState
+from .step_failures import (
+    StepFailed,
+    SubFlowFailed,
+    call_failed,
+    input_failed,
+    output_failed,
+    what,
+    where,
+)
 from .tools import Keyed, Tool, step_key
 
 
@@ -56,57 +65,6 @@ FlowRequest = tuple[Literal["flow"], Plan, "dict[str, Any]", "float | None", str
 # (CHECK, guard, request): may this attempt run? The reply is None or why not.
 CheckRequest = tuple[Literal["check"], StepGuard, StepRequest]
 LaneRequest = CallRequest | SleepRequest | FlowRequest | CheckRequest
-
-
-class StepFailed(Exception):
-    """Internal: carries the ErrorInfo of a failure (and the exception behind it)."""
-
-    def __init__(self, info: ErrorInfo, cause: BaseException | None = None) -> None:
-        super().__init__(info.message)
-        self.info = info
-        self.cause = cause
-
-
-class StepTimeout(TimeoutError):
-    """Raised into a step by its lane when one attempt ran out of time."""
-
-
-class SubFlowFailed(Exception):
-    """The cause of a failed sub-flow attempt: ``retry_on`` may name it or the error
-    type its run ended with (``error_type``)."""
-
-    def __init__(self, error_type: str) -> None:
-        super().__init__(error_type)
-        self.error_type = error_type
-
-
-def first_error_field(error: ValidationError) -> str | None:
-    errors = error.errors()
-    if not errors or not errors[0].get("loc"):
-        return None
-    return ".".join(str(part) for part in errors[0]["loc"])
-
-
-def describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(p) for p in item.get("loc", ())) or "(root)"
-        parts.append(f"{where}: {item.get('msg')}")
-    return "; ".join(parts)
-
-
-def raised(what: str, error: BaseException, **where: Any) -> StepFailed:
-    """A failure raised by code the executor calls (a tool, a validator, a serializer).
-
-    The message may carry the exception's text; servers decide how much of it to show.
-    """
-    logger.debug("%s raised", what, exc_info=error)
-    try:
-        text = str(error)
-    except Exception:  # an exception whose __str__ itself fails
-        text = "(message unavailable)"
-    name = type(error).__name__
-    return StepFailed(ErrorInfo(name, f"{what} raised {name}: {text}", **where), error)
 
 
 # ------------------------------------------------------------------ the step runner
@@ -146,7 +104,7 @@ def run_plain_step(state: RunState, planned: PlannedStep, stop: Stop | None = No
         try:
             raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
         except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
-            raise _call_failed(planned, tool, error) from None
+            raise call_failed(planned, tool, error) from None
         complete(state, planned, record, _output(planned, tool, raw))
     except StepFailed as failure:
         record.error = failure.info
@@ -183,7 +141,7 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
                 try:
                     model = planned.validate_input(arguments)
                 except Exception as error:
-                    raise _input_failed(planned, tool, error) from None
+                    raise input_failed(planned, tool, error) from None
             else:
                 state.validated_input = None
             if stop is not None and stop.is_set():
@@ -193,7 +151,7 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
             try:
                 raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
             except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
-                raise _call_failed(planned, tool, error) from None
+                raise call_failed(planned, tool, error) from None
             check_output = planned.check_output
             if check_output is not None and type(raw) is dict:
                 # _output's commonest case, with the validator and serializer the plan
@@ -201,7 +159,7 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
                 try:
                     outputs = planned.dump_output(check_output(raw))
                 except Exception as error:
-                    raise _output_failed(planned, tool, error) from None
+                    raise output_failed(planned, tool, error) from None
             else:
                 outputs = _output(planned, tool, raw)
         except StepFailed as failure:
@@ -244,7 +202,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
             try:
                 raw = yield (CALL, tool, model, step.timeout)
             except (Exception, asyncio.CancelledError) as error:  # the lane decides
-                raise _call_failed(planned, tool, error) from None
+                raise call_failed(planned, tool, error) from None
             outputs = _output(planned, tool, raw)
         else:
             outputs = yield from _attempts(state, planned, arguments, record, observer)
@@ -315,13 +273,13 @@ def _refused(state: RunState, planned: PlannedStep, record: StepRecord,
         why = approved.denial if approved is not None and approved.denial else \
             "its step-grant decision changed after the run was approved"
         record.error = ErrorInfo("ApprovalDenied", f"{planned.label}{inner}: {why}, so "
-                                 "it did not run", **_where(planned), detail=RENEWAL_DENIED)
+                                 "it did not run", **where(planned), detail=RENEWAL_DENIED)
         record.status = "failed"
         state.fail(planned.position, record.error)
         return
     record.error = ErrorInfo(
         "StepRefused", f"{planned.label}{inner} was refused for this caller "
-        f"({refused.reason}); it did not run", **_where(planned),
+        f"({refused.reason}); it did not run", **where(planned),
         detail=refused.reason)
     record.status = "failed"
     state.fail(planned.position, record.error)
@@ -336,11 +294,6 @@ def complete(state: RunState, planned: PlannedStep, record: StepRecord,
         outputs = {key: outputs[name] for key, name in planned.output_mapping
                    if name in outputs}
     state.writes[planned.position] = outputs
-
-
-def _where(planned: PlannedStep, tool_name: str | None = None, **extra: Any) -> dict:
-    return {"step_index": planned.index, "tool_name": tool_name or planned.name,
-            "step_id": planned.id, **extra}
 
 
 def _lookup(state: RunState, source: FieldSource) -> tuple[bool, Any]:
@@ -375,19 +328,19 @@ def _gather(state: RunState, planned: PlannedStep,
                     "MissingContextKeyError",
                     f"{planned.label}: field {source.field!r} is mapped to context key "
                     f"{key!r}, which does not exist{_skipped(state, source)}",
-                    **_where(planned, field=source.field)))
+                    **where(planned, field=source.field)))
             elif source.required and source.candidates:
                 # Only steps that were skipped (or failed and were skipped) could provide it.
                 raise StepFailed(ErrorInfo(
                     "MissingContextKeyError",
                     f"{planned.label}: required field {source.field!r} has no value"
-                    f"{_skipped(state, source)}", **_where(planned, field=source.field)))
+                    f"{_skipped(state, source)}", **where(planned, field=source.field)))
     if planned.computed:  # fields fed by constants and JSON pointers
         try:
             gather_computed(planned.computed, writes, flow_input, arguments)
         except MappingMiss as miss:
             raise StepFailed(ErrorInfo("MissingContextKeyError", f"{planned.label}: {miss}",
-                                       **_where(planned, field=miss.field))) from None
+                                       **where(planned, field=miss.field))) from None
     return arguments
 
 
@@ -409,7 +362,7 @@ def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
         return planned.condition.evaluate(values)  # type: ignore[union-attr]
     except ConditionError as error:
         raise StepFailed(ErrorInfo("ConditionError", f"{planned.label}: {error}",
-                                   **_where(planned))) from None
+                                   **where(planned))) from None
 
 
 def _attempts(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
@@ -468,7 +421,7 @@ def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
     try:
         raw = yield (CALL, tool, model, planned.step.timeout)
     except (Exception, asyncio.CancelledError) as error:  # the lane decides
-        raise _call_failed(planned, tool, error) from None
+        raise call_failed(planned, tool, error) from None
     return _output(planned, tool, raw)
 
 
@@ -493,32 +446,7 @@ def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any])
         # The validator itself: model_validate only wraps it.
         return tool.input_schema.__pydantic_validator__.validate_python(arguments)
     except Exception as error:
-        raise _input_failed(planned, tool, error) from None
-
-
-def _input_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
-    """The failure of a step whose input did not validate (or whose validator raised)."""
-    if isinstance(error, ValidationError):
-        return StepFailed(ErrorInfo(
-            "StepInputError", f"{_what(planned, tool)} input is invalid: {describe(error)}",
-            **_where(planned, tool.name), field=first_error_field(error)))
-    return raised(f"{_what(planned, tool)} input validation", error,
-                  **_where(planned, tool.name))
-
-
-def _call_failed(planned: PlannedStep, tool: Tool, error: BaseException) -> StepFailed:
-    """A tool call that raised (its failure is data, not a crash) or timed out."""
-    if isinstance(error, StepTimeout):
-        return StepFailed(ErrorInfo(
-            "TimeoutError", f"{_what(planned, tool)} did not finish within "
-            f"{planned.step.timeout} s", **_where(planned, tool.name)), error)
-    return raised(_what(planned, tool), error, **_where(planned, tool.name))
-
-
-def _what(planned: PlannedStep, tool: Tool) -> str:
-    if tool is planned.tool:
-        return planned.label
-    return f"{planned.label} fallback {tool.name!r}"
+        raise input_failed(planned, tool, error) from None
 
 
 def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
@@ -537,23 +465,12 @@ def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
         if type(raw) is not dict and isinstance(raw, BaseModel):
             return raw.model_dump()
     except Exception as error:
-        raise _output_failed(planned, tool, error) from None
+        raise output_failed(planned, tool, error) from None
     if type(raw) is dict or isinstance(raw, Mapping):
         return dict(raw)
     raise StepFailed(ErrorInfo(
-        "StepOutputError", f"{_what(planned, tool)} returned {type(raw).__name__}; a tool "
-        "must return a dict or a pydantic model", **_where(planned, tool.name)))
-
-
-def _output_failed(planned: PlannedStep, tool: Tool, error: Exception) -> StepFailed:
-    """The failure of a step whose output did not validate (or whose validator or
-    serializer raised, e.g. on an unconvertible value)."""
-    if isinstance(error, ValidationError):
-        return StepFailed(ErrorInfo(
-            "StepOutputError", f"{_what(planned, tool)} output is invalid: {describe(error)}",
-            **_where(planned, tool.name), field=first_error_field(error)))
-    return raised(f"{_what(planned, tool)} output validation", error,
-                  **_where(planned, tool.name))
+        "StepOutputError", f"{what(planned, tool)} returned {type(raw).__name__}; a tool "
+        "must return a dict or a pydantic model", **where(planned, tool.name)))
 
 
 def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
@@ -582,7 +499,7 @@ def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],
     kind = "StepInputError" if inner.type == "InputValidationError" else inner.type
     raise StepFailed(ErrorInfo(
         kind, f"{planned.label}: sub-flow {planned.step.flow!r} failed: {inner.message}",
-        **_where(planned, field=inner.field), detail=inner.detail), SubFlowFailed(kind))
+        **where(planned, field=inner.field), detail=inner.detail), SubFlowFailed(kind))
 
 
 def _inner_path(guard: Any, result: Any) -> str:

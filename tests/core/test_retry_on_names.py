@@ -22,7 +22,7 @@ from chainweaver import DefinitionError, FlowFileError, load_flows
 from chainweaver.files import flow_from_data
 from chainweaver.flow_format import CLASS_NAME_PATTERN, flow_file_schema
 from chainweaver.flows import RetryPolicy, exception_class
-from chainweaver.runner import SubFlowFailed
+from chainweaver.step_failures import SubFlowFailed
 
 BUILTIN_EXCEPTIONS = sorted(
     name for name, value in vars(builtins).items()

@@ -65,6 +65,11 @@ async def test_a_worker_polls_fast_only_while_every_slot_is_busy() -> None:
         GATE["release"].set()
         result = await asyncio.wait_for(task.result(), LIMIT)
         assert result.is_error is False
+        # The worker frees its slot just after the result is stored: wait for it (bounded).
+        for _ in range(int(LIMIT / 0.01)):
+            if interval(flow_server) == CONFIGURED:
+                break
+            await asyncio.sleep(0.01)
         assert interval(flow_server) == CONFIGURED  # the slot is free again
 
 
