@@ -165,7 +165,7 @@ def graph(args: argparse.Namespace) -> str:
     """The latest version of flow ``args.graph`` in the flow files, as Mermaid, or as
     JSON with ``--json`` (no server is built: only tools and flow files are loaded and
     checked)."""
-    from ..plan import mermaid
+    from .mermaid import mermaid
 
     executor, loaded = load_executor(args.paths, args.tools)
     flows = [flow for flow in loaded.values() if flow.name == args.graph]

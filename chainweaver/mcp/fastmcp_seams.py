@@ -1,4 +1,5 @@
-"""The places ChainWeaver reaches past FastMCP's and the MCP SDK's public API.
+"""The places ChainWeaver reaches past the public API of FastMCP, the MCP SDK and
+OpenTelemetry.
 
 Each reach is here, is exercised by tests/mcp/test_seams.py (which fails loudly when the
 installed FastMCP moves it, and drives the degraded path), and fails soft: one warning

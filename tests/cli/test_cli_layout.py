@@ -15,7 +15,8 @@ from chainweaver.cli.commands import COMMANDS, build_parser
 
 PACKAGE = Path(chainweaver.__file__).parent
 CLI = PACKAGE / "cli"
-MAX_TOP_LEVEL_MODULES = 34
+# 35: step_failures.py split from runner.py, which had grown past 600 lines.
+MAX_TOP_LEVEL_MODULES = 35
 
 
 def module_name(path: Path) -> str:

@@ -17,8 +17,8 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
+from chainweaver.cli.mermaid import mermaid
 from chainweaver.conditions import Condition
-from chainweaver.plan import mermaid
 
 
 @pytest.mark.parametrize(("text", "context", "expected"), [
