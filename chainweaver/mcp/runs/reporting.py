@@ -71,9 +71,10 @@ class RunReporter(RunObserver):
     asks the loop to wake up once, which takes every event that arrived meanwhile, in
     order. A step's events are handed over before its worker thread can report the
     step's end, since the loop runs its callbacks in the order they were asked for.
-    One sender task sends them while the run is under way; it starts only when the run
-    first lets the loop turn (a worker-thread hop, an awaiting step), so a run that
-    never yields (non-blocking tools) starts none, and :meth:`close` sends its events.
+    One sender task sends them while the run is under way; it starts two turns of the
+    loop after the first event (:meth:`_start_soon`), so a run over by then (one that
+    never yields, or whose worker thread's quick hop ended as its events were handed
+    over) starts none, and :meth:`close` sends its events.
     """
 
     def __init__(self, ctx: Context, tool_name: str, *, progress: bool,
@@ -111,7 +112,7 @@ class RunReporter(RunObserver):
 
     @classmethod
     def wanted(cls, ctx: Context, tool_name: str, *, show_error_type: bool,
-                     label: Callable[[str], str] | None = None) -> RunReporter | None:
+               label: Callable[[str], str] | None = None) -> RunReporter | None:
         """A reporter for this request, or None when the client asked for nothing."""
         progress, levels = wants_progress(ctx), log_levels(ctx)
         if not (progress or levels):
