@@ -25,7 +25,10 @@ and prints the count. Compare two copies of the package by ``PYTHONPATH``
     PYTHONHASHSEED=0 PYTHONPATH=DIR valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         python benchmarks/request_instructions.py read --number 400
 
-and read valgrind's ``I refs`` line, or pass ``--callgrind``. See benchmarks/README.md.
+and read valgrind's ``I refs`` line, or pass ``--callgrind``. Put the copies you compare
+at paths of the same length (``/tmp/before``, ``/tmp/after_``): a path of another length
+shifts a count by 10-40 k, since dictionary layouts follow the paths' hashes. See
+benchmarks/README.md.
 
 ``--grants`` measures step grants (docs/step-grants.md): ``none`` (default: no
 declaration, no hook: the plain path), ``hook`` (a step authorizer answering yes to every
