@@ -26,7 +26,7 @@ and prints the count. Compare two copies of the package by ``PYTHONPATH``
         python benchmarks/request_instructions.py read --number 400
 
 and read valgrind's ``I refs`` line, or pass ``--callgrind``. Put the copies you compare
-at paths of the same length (``/tmp/before``, ``/tmp/after_``): a path of another length
+at paths of the same length (``/tmp/cw-a``, ``/tmp/cw-b``): a path of another length
 shifts a count by 10-40 k, since dictionary layouts follow the paths' hashes. See
 benchmarks/README.md.
 
