@@ -173,7 +173,7 @@ class FlowTaskRunner(FastMCPTool):
         async def write(message: str) -> None:
             await write_status(docket, execution.key, message)
 
-        reports = _StepReports(ctx, tool.step_names().label, write)
+        reports = _StepReports(write, tool.step_names().label)
         given = arguments.get("run")
         run_id: str = given if isinstance(given, str) else task_id
         # A leg that will only ask for approval runs no step: not a delivery of the run.
@@ -276,7 +276,7 @@ class FlowTaskRunner(FastMCPTool):
 
 class _StepReports(RunObserver):
     """Turns each step that starts into the task's status (``write``: a task leg's
-    :func:`~.durable.write_status`; by default ``ctx.report_progress``).
+    :func:`~.durable.write_status`).
 
     Steps start on the event loop or in worker threads; every report is sent from the
     loop, in the run's context (the worker's task context lives there), in order. A
@@ -285,11 +285,10 @@ class _StepReports(RunObserver):
     backend).
     """
 
-    def __init__(self, ctx: Context, label: Callable[[str], str] | None = None,
-                 write: Callable[[str], Awaitable[None]] | None = None) -> None:
-        self.ctx = ctx
+    def __init__(self, write: Callable[[str], Awaitable[None]],
+                 label: Callable[[str], str] | None = None) -> None:
+        self.write = write  # how a status is written
         self.label = label  # a step's id as the task's caller may see it
-        self.write = write  # how a status is written (default: ctx.report_progress)
         self.loop = asyncio.get_running_loop()
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
@@ -347,10 +346,7 @@ class _StepReports(RunObserver):
         try:
             # The message only: tasks/get shows a task's status message, never Docket's
             # progress counters, which would cost three more round trips per status.
-            if self.write is not None:
-                await self.write(message)
-            else:
-                await self.ctx.report_progress(0, None, message)
+            await self.write(message)
         except Exception as error:  # a lost status message must not fail the run
             logger.debug("task status report failed: %s", type(error).__name__)
 
