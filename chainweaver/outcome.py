@@ -13,7 +13,7 @@ from .flows import Flow
 from .plan import Plan
 from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import notify
-from .runner import RunState
+from .run_state import RunState
 from .step_failures import StepFailed, describe, first_error_field, raised
 
 

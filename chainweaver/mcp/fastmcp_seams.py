@@ -34,9 +34,9 @@ because FastMCP moved a private name.
 - :func:`otel_global_unset`: OpenTelemetry (which FastMCP uses for its own spans) has no
   public way to ask whether an application set a global tracer or meter provider
   without looking the provider's environment variable up in ``os.environ`` on every
-  call while none is set, which raises and catches a ``KeyError`` inside it (about a
-  third of what a call cost ChainWeaver over a bare tool). Without it: the public call,
-  as slow as that.
+  call while none is set, which raises and catches a ``KeyError`` inside it (measured:
+  about 36,000 instructions a call, three asks). Without it: the public call, as slow
+  as that.
 """
 
 from __future__ import annotations
@@ -234,6 +234,7 @@ def check_task_request(extension: Any, ctx: Any, task_id: str) -> None:
 
 
 _otel_named: dict[str, bool] = {}  # kind -> the environment names a provider
+_MOVED = object()  # what a global OpenTelemetry no longer has reads as
 
 
 def otel_global_unset(kind: str) -> bool:
@@ -258,6 +259,3 @@ def otel_global_unset(kind: str) -> bool:
     if named is None:
         named = _otel_named[kind] = variable in os.environ
     return not named
-
-
-_MOVED = object()
