@@ -90,12 +90,17 @@ def build(first_safety: ToolSafetyContract, second_safety: ToolSafetyContract
     return executor, calls, events
 
 
+def start(executor: FlowExecutor, store: MemoryCheckpointStore) -> asyncio.Future[object]:
+    """The run (always the same one: a new delivery of it resumes it), under way."""
+    return asyncio.ensure_future(executor.execute_flow_async(
+        "pair", {"n": 1}, run_id="run-1", checkpoints=store))
+
+
 async def resumed(executor: FlowExecutor, store: MemoryCheckpointStore) -> object:
-    return await asyncio.wait_for(executor.execute_flow_async(
-        "pair", {"n": 1}, run_id="run-1", checkpoints=store), LIMIT)
+    return await asyncio.wait_for(start(executor, store), LIMIT)
 
 
-async def die(run: asyncio.Task[object]) -> None:
+async def die(run: asyncio.Future[object]) -> None:
     run.cancel()
     await asyncio.gather(run, return_exceptions=True)
 
@@ -104,8 +109,7 @@ async def die(run: asyncio.Task[object]) -> None:
 async def test_a_rerunnable_steps_checkpoint_is_written_while_the_next_step_runs() -> None:
     executor, calls, events = build(READ, READ)
     store = HeldStore(held="first")
-    run = asyncio.ensure_future(executor.execute_flow_async(
-        "pair", {"n": 1}, run_id="run-1", checkpoints=store))
+    run = start(executor, store)
     # The second step starts while the first one's checkpoint is not stored yet.
     await asyncio.wait_for(events["second"].wait(), LIMIT)
     assert store.waiting.is_set() and not store.release.is_set()
@@ -125,8 +129,7 @@ async def test_a_run_returns_only_once_its_checkpoints_are_stored() -> None:
     executor, calls, events = build(READ, READ)
     events["go"].set()
     store = HeldStore(held="second")  # the last step's checkpoint
-    run = asyncio.ensure_future(executor.execute_flow_async(
-        "pair", {"n": 1}, run_id="run-1", checkpoints=store))
+    run = start(executor, store)
     await asyncio.wait_for(store.waiting.wait(), LIMIT)
     await asyncio.sleep(0.05)
     assert not run.done()  # the run waits for its last checkpoint
@@ -143,8 +146,7 @@ async def test_a_step_that_must_not_run_twice_waits_for_every_earlier_checkpoint
         ) -> None:
     executor, calls, events = build(READ, WRITE)
     store = HeldStore(held="first")
-    run = asyncio.ensure_future(executor.execute_flow_async(
-        "pair", {"n": 1}, run_id="run-1", checkpoints=store))
+    run = start(executor, store)
     await asyncio.wait_for(store.waiting.wait(), LIMIT)
     await asyncio.sleep(0.05)
     assert not events["second"].is_set()  # not before the first one's checkpoint
@@ -162,8 +164,7 @@ async def test_a_non_rerunnable_steps_checkpoint_is_stored_before_its_dependents
         ) -> None:
     executor, calls, events = build(WRITE, READ)
     store = HeldStore(held="first")
-    run = asyncio.ensure_future(executor.execute_flow_async(
-        "pair", {"n": 1}, run_id="run-1", checkpoints=store))
+    run = start(executor, store)
     await asyncio.wait_for(store.waiting.wait(), LIMIT)
     await asyncio.sleep(0.05)
     assert not events["second"].is_set()
@@ -181,8 +182,7 @@ async def test_a_write_that_fails_behind_a_later_step_stops_the_run_as_the_store
         ) -> None:
     executor, calls, events = build(READ, READ)
     store = HeldStore(held="first", fail=True)
-    run = asyncio.ensure_future(executor.execute_flow_async(
-        "pair", {"n": 1}, run_id="run-1", checkpoints=store))
+    run = start(executor, store)
     await asyncio.wait_for(events["second"].wait(), LIMIT)
     store.release.set()
     events["go"].set()
