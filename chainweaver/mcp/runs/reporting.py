@@ -129,7 +129,7 @@ class RunReporter(RunObserver):
             self._ready.append(item)
             if self._sender is not None:  # running or idle: it takes this one too
                 self._wake()
-            elif not self._start_asked:
+            else:
                 self._start_soon()
             return
         with self._pending_lock:
