@@ -290,6 +290,7 @@ class _StepReports(RunObserver):
         self.write = write  # how a status is written
         self.label = label  # a step's id as the task's caller may see it
         self.loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()  # the loop's
         self.context = contextvars.copy_context()
         self.last: asyncio.Future[None] | None = None
         self.queued = 0  # status reports queued so far (the latest one is written)
@@ -326,8 +327,10 @@ class _StepReports(RunObserver):
                 self.restored += 1
                 return  # not running: its status would flash past
         step_id = self.label(record.step_id) if self.label is not None else record.step_id
-        self.loop.call_soon_threadsafe(self.show, f"step {number}/{self.total} {step_id}",
-                                       context=self.context)
+        # From the loop itself, no wake-up of the loop (a write to its self-pipe).
+        schedule = self.loop.call_soon if threading.get_ident() == self.thread \
+            else self.loop.call_soon_threadsafe
+        schedule(self.show, f"step {number}/{self.total} {step_id}", context=self.context)
 
     def show(self, message: str) -> None:
         """Show ``message`` as the task's status (called on the event loop), in order
