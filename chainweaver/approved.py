@@ -1,4 +1,10 @@
-"""What an approval covers of a run's step grants, and asking again when that changes.
+"""A run's approval: whether it is asked before the first step, what it covers of the
+run's step grants, and asking again when that changes.
+
+Before its first step a run of a plan that has steps needing approval asks its
+approval hook once (:func:`approval_gate`): refused at once without a hook, not asked
+with :data:`~chainweaver.run_events.ALWAYS_APPROVE` or for a sub-flow (its parent run
+asked: :data:`PARENT_DECIDED`).
 
 A run's approval is asked once, before its first step, under the step-grant decisions
 of that moment: who the caller is and, for every grant check on the way to a step the
@@ -26,12 +32,28 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final, TypeVar
 
+from .calling import run_coroutine_blocking
 from .grants import StepGuard, StepRequest, _blocking
 from .plan import GrantNeed, Plan
-from .run_events import ApprovalRequest, CoveredStep
+from .results import ErrorInfo
+from .run_events import (
+    ALWAYS_APPROVE,
+    ApprovalHook,
+    ApprovalRequest,
+    CoveredStep,
+    approval_request,
+    approval_verdict,
+    ask_approval,
+    hook_raised,
+)
+
+logger = logging.getLogger("chainweaver.executor")
+
+T = TypeVar("T")
 
 # The refusal reason of a step whose approval was asked again and not given.
 RENEWAL_DENIED = "approval_not_renewed"
@@ -223,3 +245,98 @@ class ApprovedGrants:
             question = self.question(request.path, caller, key)
             return self._settled(key, what, caller, await self.ask_async(question))
 
+
+# ------------------------------------------------- before a run's first step
+
+
+class _ParentDecided:
+    """The type of :data:`PARENT_DECIDED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PARENT_DECIDED"
+
+
+# ``approve=`` of a sub-flow's run: the run that started it asked (or was told not to
+# ask) for every step of it already. Only the lanes pass it; every other caller passes a
+# hook, ALWAYS_APPROVE or None (then a plan that needs approval does not run).
+PARENT_DECIDED: Final = _ParentDecided()
+Approve = ApprovalHook | _ParentDecided | None
+NO_APPROVAL: Final = (None,)  # Plan.approval once no step of it needs approval
+
+
+def approval_gate(plan: Plan, approve: Approve
+                  ) -> ErrorInfo | tuple[ApprovalRequest, ApprovalHook] | None:
+    """What a run of ``plan`` must do about approval before its first step.
+
+    None: run (no step needs approval, ``approve`` is :data:`ALWAYS_APPROVE`, or it is
+    :data:`PARENT_DECIDED`: a sub-flow). An ``ApprovalRequired`` error: refuse at once
+    (steps need approval and ``approve`` is None). (request, hook): ask ``hook`` once
+    ``request``, after the input is valid; only ``True`` lets the run start.
+    """
+    if isinstance(approve, _ParentDecided):
+        return None
+    request = approval_request(plan)  # worked out once per plan
+    if request is None:
+        return None
+    if approve is None:
+        return _located(
+            plan, request, "ApprovalRequired",
+            f"flow {plan.flow.name!r} {plan.flow.version} has steps that need approval: "
+            f"{request.describe()}. No approval hook was given, so no step ran: pass "
+            "approve= a hook that asks someone, or approve=ALWAYS_APPROVE to run it "
+            "without asking")
+    if approve is ALWAYS_APPROVE:
+        logger.debug("flow %r %s runs without asking for approval (ALWAYS_APPROVE): %s",
+                     plan.flow.name, plan.flow.version, request.describe())
+        return None
+    return request, approve
+
+
+def under_grants(plan: Plan, gate: tuple[ApprovalRequest, ApprovalHook],
+                  guard: StepGuard | None, caller: Any,
+                  loop: asyncio.AbstractEventLoop | None
+                  ) -> tuple[ApprovalRequest, ApprovedGrants | None]:
+    """The approval question of a run (with a guard: under its step-grant decisions
+    for ``caller`` now) and, with a guard, what the approval will cover."""
+    request, hook = gate
+    if guard is None:
+        return request, None
+    approved = ApprovedGrants(plan, request, caller, guard.authorizer is not None,
+                              lambda asked: ask_blocking(hook, asked),
+                              lambda asked: ask_approval(hook, asked), loop)
+    return approved.question(), approved
+
+
+def ask_blocking(approve: ApprovalHook, request: ApprovalRequest) -> str | None:
+    """:func:`~chainweaver.run_events.ask_approval` from sync code (an async hook's
+    answer is awaited on a private loop)."""
+    try:
+        answer = approve(request)
+        if inspect.isawaitable(answer):
+            answer = run_coroutine_blocking(_awaited(answer))
+    except Exception as error:
+        return hook_raised(error)
+    return approval_verdict(answer)
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def denied(plan: Plan, request: ApprovalRequest, refused: str | None) -> ErrorInfo | None:
+    """The ``ApprovalDenied`` error when the hook did not approve (None: it did)."""
+    if refused is None:
+        return None
+    return _located(
+        plan, request, "ApprovalDenied",
+        f"flow {plan.flow.name!r} {plan.flow.version}: approval of {request.describe()} "
+        f"was asked and {refused}, so no step ran")
+
+
+def _located(plan: Plan, request: ApprovalRequest, kind: str, message: str) -> ErrorInfo:
+    """An error at the first covered step (its top-level step: a sub-flow's step)."""
+    index = request.step_index
+    return ErrorInfo(kind, message, step_index=index, tool_name=plan.flow.steps[index].name,
+                     step_id=plan.flow.step_ids[index])

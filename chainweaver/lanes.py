@@ -9,32 +9,34 @@ threads. Both report to the run's observer, and give the same result whatever th
 from __future__ import annotations
 
 import asyncio
-import inspect
-import logging
 import time
-from collections.abc import Awaitable, Generator, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Generator, Mapping
+from typing import Any
 
 from pydantic import BaseModel
 
 from . import outcome
-from .approved import ApprovedGrants, caller_now, caller_now_async
+from .approved import (
+    NO_APPROVAL,
+    PARENT_DECIDED,
+    Approve,
+    approval_gate,
+    ask_blocking,
+    caller_now,
+    caller_now_async,
+    denied,
+    under_grants,
+)
 from .calling import Stop, WorkerThreads, call_blocking, run_coroutine_blocking, with_timeout
 from .checkpoints import CheckpointStore, Durable
 from .grants import StepGuard
 from .plan import Plan
 from .results import ErrorInfo, ExecutionResult
 from .run_events import (
-    ALWAYS_APPROVE,
-    ApprovalHook,
-    ApprovalRequest,
     Cancellation,
     RunCancelled,
     RunObserver,
-    approval_request,
-    approval_verdict,
     ask_approval,
-    hook_raised,
     notify,
 )
 from .runner import (
@@ -49,27 +51,6 @@ from .runner import (
     run_step,
 )
 from .step_failures import StepFailed
-
-logger = logging.getLogger("chainweaver.executor")
-
-T = TypeVar("T")
-
-
-class _ParentDecided:
-    """The type of :data:`PARENT_DECIDED`."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "PARENT_DECIDED"
-
-
-# ``approve=`` of a sub-flow's run: the run that started it asked (or was told not to
-# ask) for every step of it already. Only the lanes pass it; every other caller passes a
-# hook, ALWAYS_APPROVE or None (then a plan that needs approval does not run).
-PARENT_DECIDED: Final = _ParentDecided()
-Approve = ApprovalHook | _ParentDecided | None
-NO_APPROVAL: Final = (None,)  # Plan.approval once no step of it needs approval
 
 
 class Lanes:
@@ -104,8 +85,8 @@ class Lanes:
         state.run_id = run_id
         if gate is not None:
             caller = caller_now(guard) if guard is not None else None
-            request, approved = _under_grants(plan, gate, guard, caller, None)
-            refused = _denied(plan, request, _ask_blocking(gate[1], request))
+            request, approved = under_grants(plan, gate, guard, caller, None)
+            refused = denied(plan, request, ask_blocking(gate[1], request))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
             if guard is not None:
@@ -170,9 +151,9 @@ class Lanes:
             state.durable = await Durable.open(checkpoints, run_id, state)
         if gate is not None:
             caller = await caller_now_async(guard) if guard is not None else None
-            request, approved = _under_grants(plan, gate, guard, caller,
+            request, approved = under_grants(plan, gate, guard, caller,
                                               asyncio.get_running_loop())
-            refused = _denied(plan, request, await ask_approval(gate[1], request))
+            refused = denied(plan, request, await ask_approval(gate[1], request))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
             if guard is not None:
@@ -456,79 +437,3 @@ def _reported(result: ExecutionResult, observer: RunObserver | None) -> Executio
     if observer is not None:
         notify(observer.run_finished, result)
     return result
-
-
-def approval_gate(plan: Plan, approve: Approve
-                  ) -> ErrorInfo | tuple[ApprovalRequest, ApprovalHook] | None:
-    """What a run of ``plan`` must do about approval before its first step.
-
-    None: run (no step needs approval, ``approve`` is :data:`ALWAYS_APPROVE`, or it is
-    :data:`PARENT_DECIDED`: a sub-flow). An ``ApprovalRequired`` error: refuse at once
-    (steps need approval and ``approve`` is None). (request, hook): ask ``hook`` once
-    ``request``, after the input is valid; only ``True`` lets the run start.
-    """
-    if isinstance(approve, _ParentDecided):
-        return None
-    request = approval_request(plan)  # worked out once per plan
-    if request is None:
-        return None
-    if approve is None:
-        return _located(
-            plan, request, "ApprovalRequired",
-            f"flow {plan.flow.name!r} {plan.flow.version} has steps that need approval: "
-            f"{request.describe()}. No approval hook was given, so no step ran: pass "
-            "approve= a hook that asks someone, or approve=ALWAYS_APPROVE to run it "
-            "without asking")
-    if approve is ALWAYS_APPROVE:
-        logger.debug("flow %r %s runs without asking for approval (ALWAYS_APPROVE): %s",
-                     plan.flow.name, plan.flow.version, request.describe())
-        return None
-    return request, approve
-
-
-def _under_grants(plan: Plan, gate: tuple[ApprovalRequest, ApprovalHook],
-                  guard: StepGuard | None, caller: Any,
-                  loop: asyncio.AbstractEventLoop | None
-                  ) -> tuple[ApprovalRequest, ApprovedGrants | None]:
-    """The approval question of a run (with a guard: under its step-grant decisions
-    for ``caller`` now) and, with a guard, what the approval will cover."""
-    request, hook = gate
-    if guard is None:
-        return request, None
-    approved = ApprovedGrants(plan, request, caller, guard.authorizer is not None,
-                              lambda asked: _ask_blocking(hook, asked),
-                              lambda asked: ask_approval(hook, asked), loop)
-    return approved.question(), approved
-
-
-def _ask_blocking(approve: ApprovalHook, request: ApprovalRequest) -> str | None:
-    """:func:`~chainweaver.run_events.ask_approval` from sync code (an async hook's
-    answer is awaited on a private loop)."""
-    try:
-        answer = approve(request)
-        if inspect.isawaitable(answer):
-            answer = run_coroutine_blocking(_awaited(answer))
-    except Exception as error:
-        return hook_raised(error)
-    return approval_verdict(answer)
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
-def _denied(plan: Plan, request: ApprovalRequest, refused: str | None) -> ErrorInfo | None:
-    """The ``ApprovalDenied`` error when the hook did not approve (None: it did)."""
-    if refused is None:
-        return None
-    return _located(
-        plan, request, "ApprovalDenied",
-        f"flow {plan.flow.name!r} {plan.flow.version}: approval of {request.describe()} "
-        f"was asked and {refused}, so no step ran")
-
-
-def _located(plan: Plan, request: ApprovalRequest, kind: str, message: str) -> ErrorInfo:
-    """An error at the first covered step (its top-level step: a sub-flow's step)."""
-    index = request.step_index
-    return ErrorInfo(kind, message, step_index=index, tool_name=plan.flow.steps[index].name,
-                     step_id=plan.flow.step_ids[index])
