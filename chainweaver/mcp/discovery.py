@@ -43,7 +43,7 @@ from chainweaver.mcp.publish.card import (
     registry_entry,
     server_card,
 )
-from chainweaver.mcp.publish.exposure import LiveExposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 logger = logging.getLogger("chainweaver.mcp.discovery")
 

@@ -46,7 +46,8 @@ from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
 from chainweaver.mcp.moved_keywords import moved_keywords, moved_settings
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.card import ServerIdentity
-from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure, LiveExposure
+from chainweaver.mcp.publish.exposure import INDEX_URI, Exposure, FlowExposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.metrics import RequestMetrics, ServerMetrics
 from chainweaver.mcp.runs.recording import RunLog

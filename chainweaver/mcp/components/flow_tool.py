@@ -40,7 +40,8 @@ from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.live.cursors import sent_size
-from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
+from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.mcp.runs.approval import Approval, ApprovalInTask, RunSettings
 from chainweaver.mcp.runs.recording import (
     RunLog,

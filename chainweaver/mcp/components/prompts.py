@@ -20,8 +20,8 @@ from chainweaver.mcp.publish.exposure import (
     GUIDE_PROMPT_NAME,
     ExposedFlow,
     Exposure,
-    LiveExposure,
 )
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.prompts import FlowPrompt, PromptMessage
 
 logger = logging.getLogger("chainweaver.mcp.components.prompts")

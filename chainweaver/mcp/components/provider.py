@@ -51,9 +51,9 @@ from chainweaver.mcp.live.cursors import (
 from chainweaver.mcp.publish.exposure import (
     INDEX_URI,
     ExposedFlow,
-    LiveExposure,
     PromptEntry,
 )
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.mcp.publish.run_uris import is_run_uri
 from chainweaver.mcp.runs.approval import RunSettings
 from chainweaver.mcp.runs.recording import RunLog

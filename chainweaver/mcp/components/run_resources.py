@@ -30,7 +30,8 @@ from chainweaver.mcp.components.resources import _json
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, too_large_to_send
 from chainweaver.mcp.gate.views import View
-from chainweaver.mcp.publish.exposure import ExposedFlow, LiveExposure
+from chainweaver.mcp.publish.exposure import ExposedFlow
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.recording import OUTPUT_MIME, RunLog
 from chainweaver.mcp.runs.records import (

@@ -25,7 +25,8 @@ from mcp_types import INVALID_PARAMS
 
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity, RequestKind
-from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure, LiveExposure
+from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.run_events import RunObserver
 

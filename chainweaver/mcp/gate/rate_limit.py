@@ -23,7 +23,8 @@ from chainweaver.mcp.publish.decision import INDEX_URI
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
 
 if TYPE_CHECKING:
-    from chainweaver.mcp.publish.exposure import Exposure, LiveExposure
+    from chainweaver.mcp.publish.exposure import Exposure
+    from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 # The one budget name of every request for a name the caller's view does not publish
 # (an unknown, excluded or hidden flow, a mistyped URI): never the name itself. No

@@ -29,7 +29,7 @@ from chainweaver.errors import ExposureConfigError
 from chainweaver.flows import Flow
 from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity
 from chainweaver.mcp.publish.decision import ExposedFlow
-from chainweaver.mcp.publish.exposure import LiveExposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 logger = logging.getLogger("chainweaver.mcp.gate.views")
 

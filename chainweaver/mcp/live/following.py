@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from chainweaver.executor import FlowExecutor
 from chainweaver.mcp.config import ExposurePolicy
 from chainweaver.mcp.live.notifications import ChangeNotifier
-from chainweaver.mcp.publish.exposure import Exposure, LiveExposure
+from chainweaver.mcp.publish.exposure import Exposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.prompts import FlowPrompt
 from chainweaver.registry import RegistryState
 

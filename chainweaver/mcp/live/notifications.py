@@ -58,7 +58,8 @@ from chainweaver.mcp.gate.admission import Admission, caller_from_token, pinned
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity
 from chainweaver.mcp.live.cursors import paged_by_view
-from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure, LiveExposure
+from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 logger = logging.getLogger("chainweaver.mcp.live.notifications")
 

@@ -43,7 +43,8 @@ from chainweaver.mcp.fastmcp_seams import (
     on_connection_close,
 )
 from chainweaver.mcp.live.cursors import LIST_AGAIN
-from chainweaver.mcp.publish.exposure import Exposure, LiveExposure
+from chainweaver.mcp.publish.exposure import Exposure
+from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 pytestmark = [pytest.mark.anyio,
               # 2025-11-25 clients subscribe the old way, on purpose.
