@@ -295,9 +295,9 @@ def approval_gate(plan: Plan, approve: Approve
 
 
 def under_grants(plan: Plan, gate: tuple[ApprovalRequest, ApprovalHook],
-                  guard: StepGuard | None, caller: Any,
-                  loop: asyncio.AbstractEventLoop | None
-                  ) -> tuple[ApprovalRequest, ApprovedGrants | None]:
+                 guard: StepGuard | None, caller: Any,
+                 loop: asyncio.AbstractEventLoop | None
+                 ) -> tuple[ApprovalRequest, ApprovedGrants | None]:
     """The approval question of a run (with a guard: under its step-grant decisions
     for ``caller`` now) and, with a guard, what the approval will cover."""
     request, hook = gate
