@@ -152,7 +152,7 @@ class Lanes:
         if gate is not None:
             caller = await caller_now_async(guard) if guard is not None else None
             request, approved = under_grants(plan, gate, guard, caller,
-                                              asyncio.get_running_loop())
+                                             asyncio.get_running_loop())
             refused = denied(plan, request, await ask_approval(gate[1], request))
             if refused is not None:
                 return _reported(outcome.failed(plan.flow, refused, [], started), observer)
