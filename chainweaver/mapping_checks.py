@@ -8,7 +8,9 @@
   input fields; fields that step feeds with a constant, a pointer or another context
   key are not asked of the caller; the keys it reads instead are (a renamed key typed
   like its field; a pointer's top-level key as an object holding the pointed-to path,
-  typed like the field it feeds).
+  typed like the field it feeds). Derived models are named after the flow that takes
+  them: a flow starting with a sub-flow derives the sub-flow's model again under its
+  own name, so its published schema never names a sub-flow (one its callers may not see).
 - :func:`clean_input_model` (and :func:`clean_needs_approval`): showing, without
   compiling it, that :func:`~chainweaver.plan.compile_plan` would find no problem in a
   flow (see "Clean without a plan", below).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Protocol
 
@@ -176,24 +179,53 @@ def derived_input_model(flow: Flow, base: type[BaseModel]) -> type[BaseModel]:
     """``base`` (the first step's input model) as the flow's input: see the module doc.
 
     Returns ``base`` itself when the first step maps no constant or pointer, so flows
-    that use neither keep publishing exactly what they did.
+    that use neither keep publishing exactly what they did; a model derived for a
+    sub-flow the flow starts with is derived again under the flow's own name (see
+    :func:`_named_for`).
     """
+    base = _named_for(flow.name, base)
     mapping = flow.steps[flow.order[0]].input_mapping
     special = {name: source for name, source in mapping.items()
                if name in base.model_fields and source != name
                and (not isinstance(source, str) or _identifier(source))}
     if not special:
         return base
+    return _derived(flow.name, base, special)
+
+
+def _derived(flow_name: str, base: type[BaseModel],
+             special: dict[str, str | Const | Pointer]) -> type[BaseModel]:
     signature = json.dumps([(name, source if isinstance(source, str) else
                              source.path if isinstance(source, Pointer) else None)
                             for name, source in sorted(special.items())])
-    key = (flow.name, base, signature)
+    key = (flow_name, base, signature)
     model = _DERIVED.get(key)
     if model is None:
         if len(_DERIVED) >= _MAX_DERIVED:
             _DERIVED.clear()
-        model = _DERIVED[key] = _derive(flow.name, base, special)
+        model = _DERIVED[key] = _derive(flow_name, base, special)
+        _ORIGIN[model] = (base, special)
     return model
+
+
+# A derived model -> what it was derived from (the base and the fields fed specially),
+# for as long as the model lives: how to derive it again under another flow's name.
+_ORIGIN: weakref.WeakKeyDictionary[type[BaseModel], tuple[type[BaseModel], dict[str, Any]]] \
+    = weakref.WeakKeyDictionary()
+
+
+def _named_for(flow_name: str, model: type[BaseModel]) -> type[BaseModel]:
+    """``model`` as ``flow_name``'s input. A flow that starts with a sub-flow takes the
+    sub-flow's input model; one derived for the sub-flow is named after it (its title,
+    and its nested models' names, are in the published schema), and the sub-flow may
+    be one the flow's callers cannot see. So it is derived again, nested models and
+    all, under this flow's name: what a flow publishes never names a sub-flow it runs.
+    """
+    origin = _ORIGIN.get(model)
+    if origin is None or model.__name__ == _model_name(flow_name):
+        return model
+    base, special = origin
+    return _derived(flow_name, _named_for(flow_name, base), special)
 
 
 def _model_name(flow_name: str) -> str:
