@@ -28,11 +28,12 @@ from .errors import (
 )
 from .executor import ALWAYS_APPROVE, ErrorInfo, ExecutionResult, FlowExecutor, StepRecord
 from .files import load_flows
-from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep, RetryPolicy
+from .flows import Flow, FlowGovernance, FlowLifecycle, FlowStep
 from .grants import Caller, Delegation, Grants, StepDecision, StepRequest
 from .mappings import Const, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage
 from .registry import FlowRegistry, RegistryChange, RegistryState
+from .retry import RetryPolicy
 from .safety import SideEffectLevel, ToolSafetyContract, merge_safety_contracts
 from .tools import IdempotencyKey, Tool, tool
 

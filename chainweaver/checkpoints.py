@@ -27,12 +27,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import pydantic_core
 
+from .engine.run_state import RunState
+from .engine.step_data import complete
 from .errors import ChainWeaverError
 from .plan import Plan, PlannedStep
 from .results import ErrorInfo, StepRecord
 from .run_events import notify
-from .run_state import RunState
-from .runner import complete
 
 INTERRUPTED = "InterruptedStepError"
 _HEAD = "head"

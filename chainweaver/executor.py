@@ -11,7 +11,8 @@ client's user), or ``approve=ALWAYS_APPROVE`` to run it without asking. Without 
 the run fails with ``ApprovalRequired`` and no step runs; a sub-flow runs under the
 decision of the run that started it.
 
-Both lanes (:mod:`chainweaver.lanes`) run the same step runner (:mod:`chainweaver.runner`):
+Both lanes (:mod:`chainweaver.engine.lanes`) run the same step runner
+(:mod:`chainweaver.engine.runner`):
 ``execute_flow`` runs the steps one at a time in plan order; ``execute_flow_async`` runs
 every ready step at once (up to ``max_concurrent_steps``), awaiting async tools and running
 sync tools in worker threads. Results (failures included) never depend on timing.
@@ -25,10 +26,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from .checkpoints import CheckpointStore
+from .engine.lanes import Lanes
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
 from .grants import StepAuthorizer, StepGuard, fixed_caller
-from .lanes import Lanes
 from .mapping_checks import clean_input_model, clean_needs_approval
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry

@@ -41,13 +41,12 @@ from .flows import (
     FlowGovernance,
     FlowLifecycle,
     FlowStep,
-    RetryPolicy,
-    exception_class,
 )
 from .grants import Delegation, Grants
 from .inline_schema import InlineSchemaError, model_from_json_schema
 from .mappings import Const, MappingSource, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
+from .retry import RetryPolicy, exception_class
 from .safety import SideEffectLevel, ToolSafetyContract
 from .tools import check_model, check_name
 from .versions import version_key

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from .flows import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS, MAX_TIMEOUT_SECONDS
+from .flows import MAX_TIMEOUT_SECONDS
+from .retry import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 from .versions import MAX_VERSION_LENGTH
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"

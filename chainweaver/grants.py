@@ -350,13 +350,13 @@ class StepGuard:
         self.prefix = prefix
         self.delegations = delegations
         self.decisions = decisions if decisions is not None else Decisions()
-        # What the run's approval covers (chainweaver.approved.ApprovedGrants), set
+        # What the run's approval covers (chainweaver.engine.approved.ApprovedGrants), set
         # once it is approved; None: nothing to compare.
         self.approved = approved
 
     def keep_approval(self, approved: Any) -> None:
         """From now on, compare every covered check with what the run's approval
-        covers (:class:`chainweaver.approved.ApprovedGrants`)."""
+        covers (:class:`chainweaver.engine.approved.ApprovedGrants`)."""
         self.approved = approved
 
     def path(self, step_id: str) -> str:

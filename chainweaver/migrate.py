@@ -17,8 +17,8 @@ from typing import Any
 
 from .conditions import Condition
 from .errors import DefinitionError
-from .flows import MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 from .mappings import Const, Pointer, source_data
+from .retry import MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 
 FORMAT_MAJOR = "1"  # the reference serializer's format_version
 FLOW_KEYS = frozenset({

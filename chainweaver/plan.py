@@ -1,4 +1,4 @@
-"""Compiling a flow into an executable plan, and the static checks that come with it.
+"""Compiling a flow into an executable plan (its static checks: :mod:`chainweaver.plan_checks`).
 
 A :class:`Plan` holds the flow's steps in topological order (ties by declaration) with
 everything a run needs resolved once: each step's tool (or sub-flow), the candidate
@@ -24,25 +24,23 @@ from typing import Any
 from pydantic import BaseModel
 
 from .conditions import Condition
+from .flow_input import derived_input_model
 from .flows import Flow, FlowStep
 from .grants import Grants, union
-from .mapping_checks import check_computed, derived_input_model
+from .mapping_checks import check_computed
 from .mappings import ComputedSource, Const, Pointer
+from .plan_checks import (
+    Problem,
+    check_conflicts,
+    check_output,
+    check_retry,
+    check_sink_fallback,
+    check_sources,
+)
 from .safety import ToolSafetyContract
 from .tools import Tool
 
 MAX_SUBFLOW_DEPTH = 32  # sub-flows within sub-flows: deeper is a mistake (and a deep stack)
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Why a flow cannot run (``fatal``) or cannot succeed for some input."""
-
-    kind: str
-    message: str
-    step_id: str | None = None
-    field: str | None = None
-    fatal: bool = False
 
 
 # The plan's parts are never changed after compile_plan builds them. They are not
@@ -228,10 +226,10 @@ def compile_plan(flow: Flow, resolver: Resolver,
         if step.condition is not None:
             condition_sources = tuple(FieldSource(name, name, False, False, candidates(name))
                                       for name in step.condition.names)
-        _check_sources(label, step_id, sources, input_keys, problems)
+        check_sources(label, step_id, sources, input_keys, problems)
         problems.extend(Problem(kind, message, step_id, field) for kind, message, field
                         in check_computed(label, model, computed, planned, input_model))
-        _check_retry(label, step_id, step, tool, subflow, resolver, problems)
+        check_retry(label, step_id, step, tool, subflow, resolver.safety, problems)
         planned.append(PlannedStep(
             position, index, step_id, label, step, tool, subflow, subplan, model, output_model,
             fallback, tuple(sources), step.condition, condition_sources,
@@ -255,10 +253,10 @@ def compile_plan(flow: Flow, resolver: Resolver,
             *_output_checks(tool),
         ))
 
-    _check_conflicts(planned, ancestors, problems)
-    _check_output(flow, input_keys, writes, problems)
+    check_conflicts(planned, ancestors, problems)
+    check_output(flow, input_keys, writes, problems)
     if flow.sink is not None and flow.output_schema is None:
-        _check_sink_fallback(planned[position_of[flow.sink]], problems)
+        check_sink_fallback(planned[position_of[flow.sink]], problems)
     needs = _grant_needs(flow, planned, problems)
     sink = flow.sink
     plan = Plan(flow, tuple(planned), None if sink is None else position_of[sink],
@@ -349,7 +347,7 @@ def _plain_chain(steps: list[PlannedStep]) -> bool:
 def _input_model(flow: Flow, resolver: Resolver, first_subplan: Plan | None
                  ) -> type[BaseModel] | None:
     """The flow's own input model, else its first step's (a sub-flow's as planned),
-    less what that step feeds with constants and pointers (mapping_checks)."""
+    less what that step feeds with constants and pointers (:mod:`chainweaver.flow_input`)."""
     if flow.input_schema is not None:
         return flow.input_schema
     base = first_subplan.input_model if first_subplan is not None \
@@ -455,90 +453,6 @@ def _writes(flow: Flow, index: int, tool: Tool | None, subflow: Flow | None,
     return frozenset(step.output_mapping)
 
 
-def _check_sources(label: str, step_id: str, sources: list[FieldSource],
-                   input_keys: set[str] | None, problems: list[Problem]) -> None:
-    if input_keys is None:
-        return  # the flow input is unknown (its first tool is missing): reported already
-    for source in sources:
-        if source.candidates or source.key in input_keys:
-            continue
-        if source.mapped:
-            problems.append(Problem(
-                "MissingContextKeyError", f"{label} maps field {source.field!r} to context "
-                f"key {source.key!r}, which neither the flow input nor an earlier step "
-                "provides", step_id, source.field))
-        elif source.required:
-            problems.append(Problem(
-                "MissingContextKeyError", f"{label} needs input field {source.field!r}, "
-                "which neither the flow input, an earlier step, a mapping nor a default "
-                "provides", step_id, source.field))
-
-
-def _check_retry(label: str, step_id: str, step: FlowStep, tool: Tool | None,
-                 subflow: Flow | None, resolver: Resolver, problems: list[Problem]) -> None:
-    if step.retry is None or (tool is None and subflow is None):
-        return
-    # A sub-flow's own safety= is a claim for its callers; whether repeating it is safe
-    # depends on what its tools really do.
-    safety = tool.safety if tool is not None else resolver.safety(subflow)  # type: ignore[arg-type]
-    if safety is None or not safety.idempotent:
-        what = "unknown" if safety is None else "not idempotent"
-        whose = ("its tool is {} by its safety contract" if tool else "its sub-flow's "
-                 "tools and fallbacks are {} by their safety contracts, whatever the "
-                 "sub-flow declares")
-        problems.append(Problem(
-            "RetryNotAllowedError", f"{label} has a retry policy, but {whose.format(what)} "
-            "(a retried side effect could happen twice)", step_id, fatal=True))
-
-
-def _check_conflicts(planned: list[PlannedStep], ancestors: list[int],
-                     problems: list[Problem]) -> None:
-    """Two steps that may run at the same time must not write the same context key."""
-    for later in planned:
-        if later.writes is None:
-            continue
-        for earlier in planned[:later.position]:
-            if earlier.writes is None or ancestors[later.position] >> earlier.position & 1:
-                continue
-            shared = sorted(earlier.writes & later.writes)
-            if shared:
-                problems.append(Problem(
-                    "ConflictingWritesError",
-                    f"steps {earlier.id!r} and {later.id!r} may run at the same time and "
-                    f"both write context key {shared[0]!r}; make one run after the other "
-                    "or rename with output_mapping", later.id, shared[0], fatal=True))
-
-
 def _may_write(keys: frozenset[str] | None, key: str) -> bool:
     """Whether a step writing ``keys`` (None: undeclared, anything) may write ``key``."""
     return keys is None or key in keys
-
-
-def _check_output(flow: Flow, input_keys: set[str] | None,
-                  writes: list[frozenset[str] | None], problems: list[Problem]) -> None:
-    if flow.output_schema is None or input_keys is None or any(w is None for w in writes):
-        return
-    available = set(input_keys).union(*(w for w in writes if w is not None))
-    for name, info in flow.output_schema.model_fields.items():
-        if info.is_required() and name not in available:
-            problems.append(Problem(
-                "OutputValidationError", f"output_schema field {name!r} can be filled by "
-                "neither the flow input nor any step's output", None, name))
-
-
-def _check_sink_fallback(sink: PlannedStep, problems: list[Problem]) -> None:
-    """The last step's output is the flow's: a fallback there must return the same model,
-    or the flow's advertised output would not hold when the fallback runs."""
-    fallback = sink.fallback
-    if fallback is None or sink.output_model is None \
-            or fallback.output_schema is sink.output_model:
-        return
-    problems.append(Problem(
-        "FallbackOutputError", f"{sink.label} ends the flow, and its fallback "
-        f"{fallback.name!r} returns {_model_name(fallback.output_schema)}, not "
-        f"{_model_name(sink.output_model)} like the step: give the flow an output_schema "
-        "both fit, or a fallback returning the same model", sink.id))
-
-
-def _model_name(model: type[BaseModel] | None) -> str:
-    return "undeclared output" if model is None else model.__name__

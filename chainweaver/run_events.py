@@ -195,7 +195,7 @@ class ApprovalRequest:
     those of the first covered step (what a request held before it listed them all).
 
     A run with a caller whose flow declares step grants (or has a step authorizer)
-    also says what the approval is asked under (:mod:`chainweaver.approved`):
+    also says what the approval is asked under (:mod:`chainweaver.engine.approved`):
     ``caller_id``, and ``grants``, one ``(path, kind, basis)`` per grant check on the
     way to a covered step (``basis``: ``"caller"``, ``"delegation"``,
     ``"authorizer"``, ``"open"`` or ``"refused"``). ``changed`` is set when the

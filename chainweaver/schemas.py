@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel
 
@@ -109,3 +109,12 @@ def example_arguments(schema: dict[str, Any], root: dict[str, Any] | None = None
         for name in schema.get("required", [])
         if name in properties
     }
+
+
+def field_annotation(model: type[BaseModel], name: str) -> Any:
+    """The field's type with its constraints (pydantic keeps them as metadata)."""
+    info = model.model_fields[name]
+    if info.metadata:
+        parts = (info.annotation, *info.metadata)
+        return Annotated[parts]
+    return info.annotation

@@ -296,7 +296,7 @@ def test_approve_must_be_a_hook(executor: FlowExecutor, approve: Any) -> None:
 
 def test_the_lanes_refuse_by_default(executor: FlowExecutor) -> None:
     """Below the executor too: a new entry point that forgets approve= refuses."""
-    from chainweaver.lanes import Lanes
+    from chainweaver.engine.lanes import Lanes
 
     plan = executor.plan(executor.registry.get_flow("tool"))
     lanes = Lanes(2, 2)

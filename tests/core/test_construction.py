@@ -26,12 +26,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "chainweaver"
 # fills in as it goes, by design, and the modules besides their own that write them.
 RECORD_WRITERS: dict[str, tuple[frozenset[str], str]] = {
     "chainweaver.results.StepRecord": (
-        frozenset({"chainweaver.runner", "chainweaver.checkpoints", "chainweaver.outcome"}),
+        frozenset({"chainweaver.engine.runner", "chainweaver.engine.step_data",
+                   "chainweaver.checkpoints", "chainweaver.engine.outcome"}),
         "a step's record: the runner fills it in as the step runs, a checkpoint restores "
         "it, a run that ends early settles copies of the running ones"),
-    "chainweaver.run_state.RunState": (
-        frozenset({"chainweaver.runner", "chainweaver.lanes", "chainweaver.checkpoints",
-                   "chainweaver.outcome"}),
+    "chainweaver.engine.run_state.RunState": (
+        frozenset({"chainweaver.engine.runner", "chainweaver.engine.step_data",
+                   "chainweaver.engine.lanes", "chainweaver.checkpoints",
+                   "chainweaver.engine.outcome"}),
         "a run's working state, shared by the parts of the engine that run it (the "
         "outcome hands the validated flow input to a first step that takes it)"),
     "chainweaver.plan.Plan": (

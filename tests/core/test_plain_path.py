@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, field_serializer, field_validator
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, Tool
-from chainweaver.calling import Stop
+from chainweaver.engine.calling import Stop
 from chainweaver.run_events import RunObserver
 
 

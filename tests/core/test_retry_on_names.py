@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainweaver import DefinitionError, FlowFileError, load_flows
+from chainweaver.engine.step_failures import SubFlowFailed
 from chainweaver.files import flow_from_data
 from chainweaver.flow_format import CLASS_NAME_PATTERN, flow_file_schema
-from chainweaver.flows import RetryPolicy, exception_class
-from chainweaver.step_failures import SubFlowFailed
+from chainweaver.retry import RetryPolicy, exception_class
 
 BUILTIN_EXCEPTIONS = sorted(
     name for name, value in vars(builtins).items()

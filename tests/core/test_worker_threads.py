@@ -1,4 +1,4 @@
-"""The async lane's worker threads (chainweaver.calling.WorkerThreads): sync tools hop
+"""The async lane's worker threads (chainweaver.engine.calling.WorkerThreads): sync tools hop
 to them and back; at most ``max_threads`` exist; a call cancelled before a thread took
 it is never made; a loop that closed before a call ended does not cost the thread."""
 
@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, Tool, ToolSafetyContract
-from chainweaver.calling import WorkerThreads
+from chainweaver.engine.calling import WorkerThreads
 
 PURE = ToolSafetyContract("none")
 

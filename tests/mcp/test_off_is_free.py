@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.watched import Watched, count, observers
 
-import chainweaver.lanes
+import chainweaver.engine.lanes
 import chainweaver.mcp.runs.metrics
 import chainweaver.mcp.runs.recording
 import chainweaver.mcp.runs.telemetry
@@ -51,7 +51,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     record_class = chainweaver.mcp.runs.recording.RunRecord
     budget_name_of = chainweaver.mcp.runs.metrics.budget_name_of
     tracer = chainweaver.mcp.runs.telemetry.TRACER
-    approval_gate = chainweaver.lanes.approval_gate
+    approval_gate = chainweaver.engine.lanes.approval_gate
 
     def counted(key: str, function: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -64,7 +64,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setattr(chainweaver.mcp.runs.metrics, "budget_name_of",
                         counted("labels", budget_name_of))
     monkeypatch.setattr(tracer, "start_span", counted("spans", tracer.start_span))
-    monkeypatch.setattr(chainweaver.lanes, "approval_gate",
+    monkeypatch.setattr(chainweaver.engine.lanes, "approval_gate",
                         counted("gates", approval_gate))
     return counts
 

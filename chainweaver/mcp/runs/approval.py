@@ -7,7 +7,7 @@ caller, the flow, its version, the covered steps and the arguments, and to the
 step-grant decisions it was asked under). Every answer is audited.
 
 A run whose step-grant decision changes after it was approved asks again
-(:mod:`chainweaver.approved`): by elicitation on 2025-11-25; a call that can only be
+(:mod:`chainweaver.engine.approved`): by elicitation on 2025-11-25; a call that can only be
 answered by retrying it (2026-07-28) or a background task's leg cannot hold its run
 open for the answer, so the run stops before that step. A state whose decisions
 changed before its answer arrived asks again, with a fresh state.

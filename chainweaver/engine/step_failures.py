@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .plan import PlannedStep
-from .results import ErrorInfo
-from .tools import Tool
+from ..plan import PlannedStep
+from ..results import ErrorInfo
+from ..tools import Tool
 
 logger = logging.getLogger("chainweaver.executor")
 

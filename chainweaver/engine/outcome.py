@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .flows import Flow
-from .plan import Plan
-from .results import ErrorInfo, ExecutionResult, StepRecord
-from .run_events import notify
+from ..flows import Flow
+from ..plan import Plan
+from ..results import ErrorInfo, ExecutionResult, StepRecord
+from ..run_events import notify
 from .run_state import RunState
 from .step_failures import StepFailed, describe, first_error_field, raised
 

@@ -36,11 +36,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-from .calling import run_coroutine_blocking
-from .grants import StepGuard, StepRequest, _blocking
-from .plan import GrantNeed, Plan
-from .results import ErrorInfo
-from .run_events import (
+from ..grants import StepGuard, StepRequest, _blocking
+from ..plan import GrantNeed, Plan
+from ..results import ErrorInfo
+from ..run_events import (
     ALWAYS_APPROVE,
     ApprovalHook,
     ApprovalRequest,
@@ -50,6 +49,7 @@ from .run_events import (
     ask_approval,
     hook_raised,
 )
+from .calling import run_coroutine_blocking
 
 logger = logging.getLogger("chainweaver.executor")
 

@@ -5,42 +5,42 @@ validation, retries, fallback, records, writing its outputs) and *yields* the fe
 things that differ between the lanes as requests: call a tool, sleep before a retry,
 run a sub-flow. The sync lane answers them by calling directly; the async lane by
 awaiting (async tools, sub-flows) or in a worker thread (sync tools). So the rules
-live in one place and both lanes produce the same records.
+live in one place and both lanes produce the same records. A step's data (its arguments,
+input and output) is :mod:`.step_data`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from time import perf_counter
 from typing import Any, Final, Literal, Protocol, cast
 
 from pydantic import BaseModel
 
+from ..conditions import ConditionError
+from ..grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
+from ..plan import Plan, PlannedStep
+from ..results import ErrorInfo, StepRecord
+from ..retry import MAX_BACKOFF_SECONDS
+from ..run_events import RunObserver, notify
+from ..tools import Tool
 from .approved import RENEWAL_DENIED
-from .conditions import ConditionError
-from .flows import MAX_BACKOFF_SECONDS
-from .grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
-from .mappings import MappingMiss, gather_computed
-from .plan import FieldSource, Plan, PlannedStep
-from .results import ErrorInfo, StepRecord
-from .run_events import RunObserver, notify
 from .run_state import RunState
+from .step_data import complete, gather, keyed, lookup, step_input, step_output
 from .step_failures import (
     StepFailed,
     SubFlowFailed,
     call_failed,
     input_failed,
     output_failed,
-    what,
     where,
 )
-from .tools import Keyed, Tool, step_key
 
 
 class Stop(Protocol):
-    """What a step needs of its run's stop signal (:class:`chainweaver.calling.Stop`;
+    """What a step needs of its run's stop signal (:class:`chainweaver.engine.calling.Stop`;
     named here so the runner stays below the calling module)."""
 
     def is_set(self) -> bool: ...
@@ -95,9 +95,9 @@ def run_plain_step(state: RunState, planned: PlannedStep, stop: Stop | None = No
     record, started = _begin(state, planned)
     observer = state.observer
     try:
-        arguments = _gather(state, planned, planned.sources)
+        arguments = gather(state, planned, planned.sources)
         record.inputs = arguments
-        model = _step_input(state, planned, tool, arguments)
+        model = step_input(state, planned, tool, arguments)
         if stop is not None and stop.is_set():
             return
         record.attempts = 1
@@ -105,7 +105,7 @@ def run_plain_step(state: RunState, planned: PlannedStep, stop: Stop | None = No
             raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
         except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
             raise call_failed(planned, tool, error) from None
-        complete(state, planned, record, _output(planned, tool, raw))
+        complete(state, planned, record, step_output(planned, tool, raw))
     except StepFailed as failure:
         record.error = failure.info
         record.status = "failed"
@@ -134,7 +134,7 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
         state.started += 1
         started = now
         try:
-            arguments = _gather(state, planned, planned.sources)
+            arguments = gather(state, planned, planned.sources)
             record.inputs = arguments
             model = state.validated_input
             if model is None or not planned.reuses_input:
@@ -154,14 +154,14 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
                 raise call_failed(planned, tool, error) from None
             check_output = planned.check_output
             if check_output is not None and type(raw) is dict:
-                # _output's commonest case, with the validator and serializer the plan
+                # step_output's commonest case, with the validator and serializer the plan
                 # prepared (the same work, without the call).
                 try:
                     outputs = planned.dump_output(check_output(raw))
                 except Exception as error:
                     raise output_failed(planned, tool, error) from None
             else:
-                outputs = _output(planned, tool, raw)
+                outputs = step_output(planned, tool, raw)
         except StepFailed as failure:
             record.error = failure.info
             record.status = "failed"
@@ -187,7 +187,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
         if planned.condition is not None and not _condition_holds(state, planned):
             record.status = "skipped"
             return
-        arguments = _gather(state, planned, planned.sources)
+        arguments = gather(state, planned, planned.sources)
         record.inputs = arguments
         if step.retry is None and planned.tool is not None:
             # The common case, without a nested generator: one call of one tool.
@@ -195,7 +195,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
             if state.guard is not None:
                 yield from _checked(state, planned, "tool", tool.name, tool, arguments,
                                     planned.grants, 1)
-            model = _step_input(state, planned, tool, arguments)
+            model = step_input(state, planned, tool, arguments)
             if tool.takes_key:
                 model = keyed(state, planned, tool, model)
             record.attempts = 1
@@ -203,7 +203,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
                 raw = yield (CALL, tool, model, step.timeout)
             except (Exception, asyncio.CancelledError) as error:  # the lane decides
                 raise call_failed(planned, tool, error) from None
-            outputs = _output(planned, tool, raw)
+            outputs = step_output(planned, tool, raw)
         else:
             outputs = yield from _attempts(state, planned, arguments, record, observer)
         complete(state, planned, record, outputs)
@@ -285,77 +285,10 @@ def _refused(state: RunState, planned: PlannedStep, record: StepRecord,
     state.fail(planned.position, record.error)
 
 
-def complete(state: RunState, planned: PlannedStep, record: StepRecord,
-              outputs: dict[str, Any]) -> None:
-    record.outputs = outputs
-    record.status = "completed"
-    if planned.output_mapping:
-        # Only the mapped keys reach the context; a field the output lacks is left out.
-        outputs = {key: outputs[name] for key, name in planned.output_mapping
-                   if name in outputs}
-    state.writes[planned.position] = outputs
-
-
-def _lookup(state: RunState, source: FieldSource) -> tuple[bool, Any]:
-    writes = state.writes
-    for position in source.candidates:
-        written = writes[position]
-        if written is not None and source.key in written:
-            return True, written[source.key]
-    if source.key in state.flow_input:
-        return True, state.flow_input[source.key]
-    return False, None
-
-
-def _gather(state: RunState, planned: PlannedStep,
-            sources: tuple[FieldSource, ...]) -> dict[str, Any]:
-    arguments = {}
-    writes = state.writes
-    flow_input = state.flow_input
-    for source in sources:
-        key = source.key
-        # _lookup, inlined: this loop is the executor's hottest path.
-        for position in source.candidates:
-            written = writes[position]
-            if written is not None and key in written:
-                arguments[source.field] = written[key]
-                break
-        else:
-            if key in flow_input:
-                arguments[source.field] = flow_input[key]
-            elif source.mapped:
-                raise StepFailed(ErrorInfo(
-                    "MissingContextKeyError",
-                    f"{planned.label}: field {source.field!r} is mapped to context key "
-                    f"{key!r}, which does not exist{_skipped(state, source)}",
-                    **where(planned, field=source.field)))
-            elif source.required and source.candidates:
-                # Only steps that were skipped (or failed and were skipped) could provide it.
-                raise StepFailed(ErrorInfo(
-                    "MissingContextKeyError",
-                    f"{planned.label}: required field {source.field!r} has no value"
-                    f"{_skipped(state, source)}", **where(planned, field=source.field)))
-    if planned.computed:  # fields fed by constants and JSON pointers
-        try:
-            gather_computed(planned.computed, writes, flow_input, arguments)
-        except MappingMiss as miss:
-            raise StepFailed(ErrorInfo("MissingContextKeyError", f"{planned.label}: {miss}",
-                                       **where(planned, field=miss.field))) from None
-    return arguments
-
-
-def _skipped(state: RunState, source: FieldSource) -> str:
-    skipped = [state.plan.steps[p].id for p in source.candidates
-               if (record := state.records[p]) is not None and record.status == "skipped"]
-    if not skipped:
-        return ""
-    return f" (only step(s) {', '.join(map(repr, skipped))} could provide it, and were skipped)"
-
-
 def _condition_holds(state: RunState, planned: PlannedStep) -> bool:
     values = {}
     for source in planned.condition_sources:
-        found, value = _lookup(state, source)
+        found, value = lookup(state, source)
         if found:
             values[source.key] = value
     try:
@@ -414,7 +347,7 @@ def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
                             tool, arguments,
                             planned.fallback_grants if fallback else planned.grants,
                             record.attempts + 1)
-    model = _step_input(state, planned, tool, arguments)
+    model = step_input(state, planned, tool, arguments)
     if tool.takes_key:
         model = keyed(state, planned, tool, model)
     record.attempts += 1
@@ -422,55 +355,7 @@ def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
         raw = yield (CALL, tool, model, planned.step.timeout)
     except (Exception, asyncio.CancelledError) as error:  # the lane decides
         raise call_failed(planned, tool, error) from None
-    return _output(planned, tool, raw)
-
-
-def keyed(state: RunState, planned: PlannedStep, tool: Tool, model: Any) -> Keyed:
-    """A keyed tool's call: its input and the key of this step (a fallback's own)."""
-    path = planned.id if tool is not planned.fallback else f"{planned.id}#fallback"
-    return Keyed(model, step_key(state.scope(), path))
-
-
-def _step_input(state: RunState, planned: PlannedStep, tool: Tool,
-                arguments: dict[str, Any]) -> Any:
-    """The model ``tool`` is called with: the flow input's own validated model for a first
-    step that takes exactly it (once: a retry validates afresh), else validated here."""
-    if planned.reuses_input and tool is planned.tool and state.validated_input is not None:
-        model, state.validated_input = state.validated_input, None
-        return model
-    return _validate_input(planned, tool, arguments)
-
-
-def _validate_input(planned: PlannedStep, tool: Tool, arguments: dict[str, Any]) -> Any:
-    try:
-        # The validator itself: model_validate only wraps it.
-        return tool.input_schema.__pydantic_validator__.validate_python(arguments)
-    except Exception as error:
-        raise input_failed(planned, tool, error) from None
-
-
-def _output(planned: PlannedStep, tool: Tool, raw: Any) -> dict[str, Any]:
-    schema = tool.output_schema
-    # ``type(raw) is not dict`` first: isinstance against a pydantic model class goes
-    # through its metaclass's __instancecheck__, which costs more than a tool call.
-    try:
-        if schema is not None:
-            if type(raw) is schema:
-                return schema.__pydantic_serializer__.to_python(raw)
-            if type(raw) is not dict and isinstance(raw, BaseModel):
-                # Another model (or a subclass with extra fields): validate its data.
-                raw = raw.model_dump()
-            return schema.__pydantic_serializer__.to_python(
-                schema.__pydantic_validator__.validate_python(raw))
-        if type(raw) is not dict and isinstance(raw, BaseModel):
-            return raw.model_dump()
-    except Exception as error:
-        raise output_failed(planned, tool, error) from None
-    if type(raw) is dict or isinstance(raw, Mapping):
-        return dict(raw)
-    raise StepFailed(ErrorInfo(
-        "StepOutputError", f"{what(planned, tool)} returned {type(raw).__name__}; a tool "
-        "must return a dict or a pydantic model", **where(planned, tool.name)))
+    return step_output(planned, tool, raw)
 
 
 def _call_flow(state: RunState, planned: PlannedStep, arguments: dict[str, Any],

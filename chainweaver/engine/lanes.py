@@ -1,4 +1,4 @@
-"""The two lanes that drive a plan's steps through the step runner (:mod:`chainweaver.runner`).
+"""The two lanes that drive a plan's steps through the step runner (:mod:`.runner`).
 
 The sync lane runs the steps one at a time in plan order and answers each step's requests
 by calling directly. The async lane starts every ready step at once (up to
@@ -15,6 +15,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..checkpoints import CheckpointStore, Durable
+from ..grants import StepGuard
+from ..plan import Plan
+from ..results import ErrorInfo, ExecutionResult
+from ..run_events import (
+    Cancellation,
+    RunCancelled,
+    RunObserver,
+    ask_approval,
+    notify,
+)
 from . import outcome
 from .approved import (
     NO_APPROVAL,
@@ -28,17 +39,6 @@ from .approved import (
     under_grants,
 )
 from .calling import Stop, WorkerThreads, call_blocking, run_coroutine_blocking, with_timeout
-from .checkpoints import CheckpointStore, Durable
-from .grants import StepGuard
-from .plan import Plan
-from .results import ErrorInfo, ExecutionResult
-from .run_events import (
-    Cancellation,
-    RunCancelled,
-    RunObserver,
-    ask_approval,
-    notify,
-)
 from .runner import (
     CALL,
     CHECK,
@@ -211,7 +211,7 @@ class Lanes:
         steps = state.plan.steps
         running: dict[asyncio.Future, int] = {}
         stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
-        # A step asked about again (chainweaver.approved) waits for this loop: it never
+        # A step asked about again (chainweaver.engine.approved) waits for this loop: it never
         # runs on the loop itself.
         on_loop = state.guard is None or state.guard.approved is None
         try:

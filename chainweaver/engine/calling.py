@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..tools import Tool
 from .step_failures import StepTimeout
-from .tools import Tool
 
 _MAKING_EVENTS = threading.Lock()
 
