@@ -45,6 +45,15 @@ ALLOWED_TRANSITIONS: Mapping[FlowLifecycle, frozenset[FlowLifecycle]] = MappingP
 })
 
 
+def lifecycle_of(value: FlowLifecycle | str) -> FlowLifecycle:
+    """``value`` as a lifecycle, else a :class:`DefinitionError` listing them."""
+    try:
+        return FlowLifecycle(value)
+    except ValueError:
+        names = ", ".join(lifecycle.value for lifecycle in FlowLifecycle)
+        raise DefinitionError(f"lifecycle must be one of {names}, got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class FlowGovernance:
     """Who owns a flow, where it is in its lifecycle, and whether it may be published.
@@ -65,7 +74,7 @@ class FlowGovernance:
     withheld: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lifecycle", FlowLifecycle(self.lifecycle))
+        object.__setattr__(self, "lifecycle", lifecycle_of(self.lifecycle))
         if not isinstance(self.publish, bool):
             raise DefinitionError(f"governance publish must be True or False, got "
                                   f"{self.publish!r}")
@@ -76,7 +85,7 @@ class FlowGovernance:
 
     def transition(self, target: FlowLifecycle | str) -> FlowGovernance:
         """Return a new governance value in ``target``, if the move is allowed."""
-        target = FlowLifecycle(target)
+        target = lifecycle_of(target)
         if target not in ALLOWED_TRANSITIONS[self.lifecycle]:
             allowed = ", ".join(sorted(t.value for t in ALLOWED_TRANSITIONS[self.lifecycle]))
             raise LifecycleTransitionError(
@@ -239,8 +248,12 @@ class Flow:
         steps = tuple(self.steps)
         if not steps:
             raise DefinitionError(f"flow {self.name!r} needs at least one step")
-        if not all(isinstance(step, FlowStep) for step in steps):
-            raise DefinitionError(f"flow {self.name!r}: steps must be FlowStep values")
+        for index, step in enumerate(steps):
+            if not isinstance(step, FlowStep):
+                got = type(step).__name__
+                hint = f" {step!r} (write FlowStep({step!r}))" if isinstance(step, str) else ""
+                raise DefinitionError(f"flow {self.name!r}: steps[{index}] must be a FlowStep, "
+                                      f"got {got}{hint}")
         object.__setattr__(self, "steps", steps)
         _set_graph(self, steps)
         check_model(f"flow {self.name!r}", "input_schema", self.input_schema, optional=True)

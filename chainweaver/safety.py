@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache, total_ordering
 
+from .errors import DefinitionError
+
 
 @total_ordering
 class SideEffectLevel(Enum):
@@ -34,6 +36,15 @@ class SideEffectLevel(Enum):
 _RANKS = {level: index for index, level in enumerate(SideEffectLevel)}
 
 
+def side_effect_level(value: SideEffectLevel | str) -> SideEffectLevel:
+    """``value`` as a level, else a :class:`DefinitionError` listing the levels."""
+    try:
+        return SideEffectLevel(value)
+    except ValueError:
+        levels = ", ".join(level.value for level in SideEffectLevel)
+        raise DefinitionError(f"side_effects must be one of {levels}, got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class ToolSafetyContract:
     """What a tool (or a whole flow) may do.
@@ -51,7 +62,18 @@ class ToolSafetyContract:
 
     def __post_init__(self) -> None:
         # Accept plain strings ("read") so contracts read naturally in flow files.
-        object.__setattr__(self, "side_effects", SideEffectLevel(self.side_effects))
+        object.__setattr__(self, "side_effects", side_effect_level(self.side_effects))
+        # Checked, not coerced: a truthy "no" would otherwise require approval.
+        if self.idempotent is not None and not isinstance(self.idempotent, bool):
+            raise DefinitionError(f"idempotent must be True, False or None, got "
+                                  f"{self.idempotent!r}")
+        for flag in ("requires_approval", "open_world"):
+            if not isinstance(getattr(self, flag), bool):
+                raise DefinitionError(f"{flag} must be True or False, got "
+                                      f"{getattr(self, flag)!r}")
+        if self.approval_reason is not None and not isinstance(self.approval_reason, str):
+            raise DefinitionError(f"approval_reason must be a string or None, got "
+                                  f"{self.approval_reason!r}")
         if self.idempotent is None:
             object.__setattr__(
                 self, "idempotent", self.side_effects <= SideEffectLevel.READ
