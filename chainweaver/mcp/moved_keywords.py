@@ -10,7 +10,14 @@ import warnings
 from typing import Any
 
 from chainweaver.errors import ExposureConfigError
-from chainweaver.mcp.config import MOVED_SETTINGS, ExposurePolicy, SecurityConfig, ServingConfig
+from chainweaver.mcp.config import (
+    MOVED_SETTINGS,
+    Discovery,
+    ExposurePolicy,
+    RunHistory,
+    SecurityConfig,
+    ServingConfig,
+)
 from chainweaver.mcp.tasks.setup import TaskSettings, check_tasks
 
 # The keywords FlowServer took before they moved into the configuration objects (one
@@ -36,7 +43,7 @@ def moved_keywords(given: dict[str, Any], policy: ExposurePolicy,
     unknown = sorted(set(given) - set(MOVED_KEYWORDS))
     if unknown:
         raise TypeError(f"FlowServer() got unexpected keyword argument(s): "
-                        f"{', '.join(unknown)}")
+                        f"{', '.join(unknown)}{_where_they_live(unknown)}")
     configs: dict[str, Any] = {"policy": policy, "security": security, "serving": serving}
     for keyword, value in given.items():
         where, field = MOVED_KEYWORDS[keyword]
@@ -78,3 +85,24 @@ def moved_settings(serving: ServingConfig, security: SecurityConfig,
 
 
 _DEFAULT_SECURITY = {field.name: field.default for field in dataclasses.fields(SecurityConfig)}
+
+
+# The settings objects a keyword FlowServer does not take may belong to, with the
+# FlowServer keyword each is given as.
+_SETTINGS_OBJECTS = (("policy", ExposurePolicy), ("security", SecurityConfig),
+                     ("serving", ServingConfig), ("tasks", TaskSettings),
+                     ("run_history", RunHistory), ("discovery", Discovery))
+
+
+def _where_they_live(unknown: list[str]) -> str:
+    """A hint for each unknown keyword that is a field of a settings object (say,
+    ``server_prefix``, an ``ExposurePolicy`` setting), so the error says where it goes."""
+    hints = []
+    for keyword in unknown:
+        for where, settings in _SETTINGS_OBJECTS:
+            if keyword in {f.name for f in dataclasses.fields(settings)}:
+                hints.append(f"{keyword} is a setting of {settings.__name__}: "
+                             f"FlowServer(executor, {where}={settings.__name__}"
+                             f"({keyword}=...))")
+                break
+    return f" ({'; '.join(hints)})" if hints else ""

@@ -135,6 +135,24 @@ def test_a_moved_task_keyword_is_still_checked(options: dict[str, Any], message:
         FlowServer(build_catalogue(), **settings)
 
 
+@pytest.mark.parametrize("keyword, hint", [
+    ("server_prefix", "server_prefix is a setting of ExposurePolicy: "
+                      "FlowServer(executor, policy=ExposurePolicy(server_prefix=...))"),
+    ("error_detail", "error_detail is a setting of SecurityConfig: "
+                     "FlowServer(executor, security=SecurityConfig(error_detail=...))"),
+    ("flow_timeout", "flow_timeout is a setting of ServingConfig: "
+                     "FlowServer(executor, serving=ServingConfig(flow_timeout=...))"),
+    ("concurrency", "concurrency is a setting of TaskSettings: "
+                    "FlowServer(executor, tasks=TaskSettings(concurrency=...))"),
+])
+def test_an_unknown_keyword_that_is_a_setting_says_where_it_lives(keyword: str,
+                                                                  hint: str) -> None:
+    with pytest.raises(TypeError) as caught:
+        FlowServer(build_catalogue(), **{keyword: 1})
+    assert str(caught.value) == (f"FlowServer() got unexpected keyword argument(s): "
+                                 f"{keyword} ({hint})")
+
+
 def test_an_unknown_keyword_is_a_type_error_and_auth_twice_is_refused() -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument.*flavour"):
         FlowServer(build_catalogue(), flavour="vanilla")
