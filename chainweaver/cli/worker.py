@@ -2,13 +2,15 @@
 background tasks that server replicas put on a shared Redis queue (docs/tasks.md).
 
 A worker loads tools and flow files and takes the options ``serve`` takes, but serves
-no MCP transport: it runs tasks until interrupted, logging each one on stderr.
+no MCP transport: it runs tasks until interrupted (Ctrl-C or SIGTERM: it finishes
+the runs it holds first), logging each one on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -60,8 +62,22 @@ def run_worker(server: Any, args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     worker_log.addHandler(handler)
     worker_log.setLevel((args.log_level or "info").upper())
+    previous = signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
     try:
         server.run_worker()
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
+
+
+def _stop_as_on_ctrl_c(signum: int, frame: Any) -> None:
+    """SIGTERM, which service and container managers stop a process with, does what
+    Ctrl-C does: the worker finishes the runs it holds and exits with 0, instead of
+    dying mid-run and leaving its tasks to wait for redelivery."""
+    on_ctrl_c = signal.getsignal(signal.SIGINT)
+    if callable(on_ctrl_c):  # the event loop's own handler: it stops the worker cleanly
+        on_ctrl_c(signal.SIGINT, frame)
+    else:  # Ctrl-C ignored (started with nohup or in the background): stop anyway
+        raise KeyboardInterrupt

@@ -348,3 +348,23 @@ async def test_a_worker_that_would_not_ask_for_approval_does_not_run_the_task(
         "flow 'refund_order' asks for approval where the task was created, but not on "
         "this worker (start it with --approval elicit); the task did not run")
     assert count(queue, "refund:W-1") == 0
+
+
+@pytest.mark.anyio
+async def test_a_worker_stopped_with_sigterm_finishes_its_run_and_exits_0(
+        replicas: list[int], workers: Workers, queue: str) -> None:
+    # Service and container managers stop a worker with SIGTERM: like Ctrl-C, it
+    # finishes the run it holds (no other worker is started to take the task over).
+    stopping = workers.start(sleep=2.0)
+    async with client(replicas[0]) as on_a:
+        charge = await call_tool_task(on_a, "charge_order", {"order": "T-1"})
+        for _ in range(int(LIMIT / 0.05)):  # the run has started its side effect
+            if count(queue, "charge:T-1"):
+                break
+            await asyncio.sleep(0.05)
+        stopping.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(stopping.wait, LIMIT)
+        done = await final(charge)
+    assert code == 0
+    assert done.status == "completed"
+    assert count(queue, "charge:T-1") == 1
