@@ -110,7 +110,7 @@ def timed_out(state: RunState, timeout: float | None, started: float) -> Executi
         step_index=blamed.index if blamed else None,
         tool_name=blamed.tool_name if blamed else None,
         step_id=blamed.step_id if blamed else None)
-    return failed(flow, info, _settled(records, info), started)
+    return failed(flow, info, _settled(records, info, state.begun), started)
 
 
 def cancelled(state: RunState, started: float) -> ExecutionResult:
@@ -125,7 +125,7 @@ def cancelled(state: RunState, started: float) -> ExecutionResult:
         step_index=blamed.index if blamed else None,
         tool_name=blamed.tool_name if blamed else None,
         step_id=blamed.step_id if blamed else None)
-    settled = _settled(records, info, "cancelled")
+    settled = _settled(records, info, state.begun, "cancelled")
     if state.observer is not None:
         for record in settled:
             if record.status == "cancelled":
@@ -133,17 +133,19 @@ def cancelled(state: RunState, started: float) -> ExecutionResult:
     return failed(flow, info, settled, started)
 
 
-def _settled(records: list[StepRecord], info: ErrorInfo, status: str = "failed"
-             ) -> list[StepRecord]:
+def _settled(records: list[StepRecord], info: ErrorInfo, begun: float,
+             status: str = "failed") -> list[StepRecord]:
     """Copies (a stuck worker thread may still write to the originals); a step still
-    running when the run timed out (or was cancelled) gets ``status`` and the run's
-    error."""
+    running when the run timed out (or was cancelled) gets ``status``, the run's error
+    and how long it ran until then (the run began at ``begun``, ``perf_counter``)."""
     settled = []
+    now_ms = (time.perf_counter() - begun) * 1000
     for record in records:
         copy = replace(record)
         if copy.status == "running":
             copy.status = status
             copy.error = info
+            copy.duration_ms = max(0.0, now_ms - copy.started_ms)
         settled.append(copy)
     return settled
 

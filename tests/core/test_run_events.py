@@ -208,6 +208,34 @@ def test_cancellation_stops_an_async_run_at_once(executor: FlowExecutor) -> None
     assert ("finished", "wait_forever", "cancelled") in observer.events
 
 
+def test_a_step_cancelled_or_timed_out_records_how_long_it_ran(
+        executor: FlowExecutor) -> None:
+    # A step stopped while running keeps the time it ran, not 0 ms: a run record that
+    # says "cancelled after 0 ms" hides a step that held its resource for seconds.
+    async def scenario() -> tuple[Any, Any]:
+        started = asyncio.Event()
+        cancel_flow(executor, started, [])
+        cancel = Cancellation()
+        run = asyncio.ensure_future(executor.execute_flow_async(
+            "stoppable", {"n": 1}, cancel=cancel))
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.3)  # the step has been running at least this long
+        cancel.cancel()
+        cancelled = await asyncio.wait_for(run, 10)
+        timed_out = await executor.execute_flow_async("stoppable", {"n": 1}, timeout=0.3)
+        return cancelled, timed_out
+
+    cancelled, timed_out = asyncio.run(scenario())
+    stopped = cancelled.steps[-1]
+    assert (stopped.step_id, stopped.status) == ("wait_forever", "cancelled")
+    assert stopped.duration_ms >= 300
+    assert timed_out.error.type == "TimeoutError"
+    stuck = timed_out.steps[-1]
+    assert (stuck.step_id, stuck.status) == ("wait_forever", "failed")
+    # It ran from its start until the run's 0.3 s ran out (a margin for the clocks).
+    assert stuck.started_ms + stuck.duration_ms >= 250
+
+
 def test_cancelled_before_the_start_runs_nothing(executor: FlowExecutor) -> None:
     cancel = Cancellation()
     cancel.cancel()
