@@ -16,6 +16,7 @@ from fastmcp import Client
 from pydantic import BaseModel
 
 from chainweaver import (
+    DefinitionError,
     ExposureConfigError,
     Flow,
     FlowExecutor,
@@ -144,7 +145,12 @@ def test_flows_with_the_same_tools_share_one_merged_safety_contract() -> None:
 
 
 def test_a_contract_that_cannot_be_hashed_still_merges() -> None:
-    odd = ToolSafetyContract(SideEffectLevel.READ, idempotent=[True])  # type: ignore[arg-type]
+    # The constructor refuses such a field (tests/core/test_definition_messages.py);
+    # a contract changed past it (a subclass, a frozen field forced) still merges.
+    with pytest.raises(DefinitionError):
+        ToolSafetyContract(SideEffectLevel.READ, idempotent=[True])  # type: ignore[arg-type]
+    odd = ToolSafetyContract(SideEffectLevel.READ)
+    object.__setattr__(odd, "idempotent", [True])
     merged = merge_safety_contracts([odd, ToolSafetyContract(SideEffectLevel.NONE)])
     assert merged == ToolSafetyContract(SideEffectLevel.READ, idempotent=True)
 
