@@ -29,7 +29,6 @@ from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.body_cap import MAX_RANGE_BYTES, MESSAGE_BUDGET, sent_size
 from chainweaver.mcp.publish.run_uris import RUNS_URI, output_uri, run_uri
 from chainweaver.mcp.runs.records import (
-    FINISHED,
     MemoryRunStore,
     RunRecord,
     RunStatus,
@@ -137,18 +136,22 @@ class RunLog:
 
     async def cancelled(self, run_id: str) -> None:
         """Mark a run cancelled (a background task's ``tasks/cancel``, which a store
-        that fails never fails: it logged why)."""
+        that fails never fails: it logged why). Only a run not yet finished: the
+        record its own run saves as it ends (its steps, where it stopped) wins."""
         try:
-            record = await self.store.get(run_id)
+            record = await self.store.cancel(run_id, time.time())
         except RunStoreError:
             logger.warning("run %s: its record could not be marked cancelled "
                            "(RunStoreError)", run_id)
             return
-        if record is None or record.status in FINISHED:
+        if record is None:
             return
-        record.status, record.ended_at = "cancelled", time.time()
-        log_unsuccessful(record)
-        await self.save(record)
+        # The run's own end says how it went (and is logged where it ran); this is the
+        # record's word until then, or for good if its worker is gone.
+        logger.info("run %s of flow %r version %s: cancelled by its caller", run_id,
+                    record.flow, record.version)
+        if self.updated is not None:
+            await self.updated(record.caller, record.flow, [run_uri(run_id), RUNS_URI])
 
 
 def open_store(settings: RunHistory) -> RunStore:
@@ -161,12 +164,20 @@ def open_store(settings: RunHistory) -> RunStore:
                          prefix=settings.prefix)
 
 
+# Failures that are the caller's mistake, not the server's: logged at info, so that
+# a client sending bad arguments cannot fill the operator's log with warnings.
+CALLER_ERRORS = frozenset({"InputValidationError"})
+
+
 def log_unsuccessful(record: RunRecord) -> None:
     """The operator's line for a failed, cancelled or refused run."""
-    logger.warning("run %s of flow %r version %s %s at step %s: %s", record.run_id,
-                   record.flow, record.version, record.status,
-                   repr(record.error_step) if record.error_step else "(none)",
-                   record.error_type or "(no error type)")
+    if record.error_step:
+        where = f" at step {record.error_step!r}"
+    else:
+        where = "" if record.steps else " before any step"
+    level = logging.INFO if record.error_type in CALLER_ERRORS else logging.WARNING
+    logger.log(level, "run %s of flow %r version %s %s%s: %s", record.run_id, record.flow,
+               record.version, record.status, where, record.error_type or "(no error type)")
 
 
 class RunRecorder(RunObserver):
@@ -321,6 +332,9 @@ class RunRecorder(RunObserver):
         record = self.record
         record.status, record.ended_at = "cancelled", time.time()
         record.error_type = "CancelledError"
+        # Where it stopped: the step (as the caller may see it) cancelled while running.
+        record.error_step = next((entry["id"] for entry in record.steps
+                                  if entry.get("status") == "cancelled"), None)
         log_unsuccessful(record)
         if self.log is not None:
             await self.log.save(record)

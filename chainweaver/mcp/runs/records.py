@@ -17,6 +17,7 @@ encrypted under the tasks' encryption setting (``FASTMCP_TASKS_ENCRYPTION_KEY`` 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import os
 import re
@@ -220,6 +221,19 @@ class RunStore(ABC):
     @abstractmethod
     async def delete(self, run_id: str) -> None:
         """Forget a record (a call that only asked for approval is re-filed)."""
+
+    async def cancel(self, run_id: str, ended_at: float) -> RunRecord | None:
+        """Mark the record of ``run_id`` cancelled, unless its run finished, with no save
+        of the run's own between the read and the write (the run's record, with its
+        steps and where it stopped, is never overwritten by an older one). Returns the
+        record marked (None: none, or finished). Atomic here for stores whose calls
+        never wait (in this process); a shared store overrides it."""
+        record = await self.get(run_id)
+        if record is None or record.status in FINISHED:
+            return None
+        marked = dataclasses.replace(record, status="cancelled", ended_at=ended_at)
+        await self.save(marked)
+        return marked
 
     @abstractmethod
     async def page(self, query: RunQuery) -> tuple[list[RunRecord], str | None]:

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from chainweaver.mcp.runs.records import (
+    FINISHED,
     RUN_ID,
     RunQuery,
     RunRecord,
@@ -37,6 +38,9 @@ from chainweaver.mcp.runs.records import (
 )
 
 logger = logging.getLogger("chainweaver.mcp.runs")
+
+# Transactions a cancel tries before leaving the record to its run (saving it meanwhile).
+CANCEL_TRIES = 5
 
 
 def key_part(text: str) -> str:
@@ -199,6 +203,33 @@ class RedisRunStore(RunStore):
         if record is None or record.started_at < time.time() - self.max_age:
             return None
         return record
+
+    async def cancel(self, run_id: str, ended_at: float) -> RunRecord | None:
+        """:meth:`RunStore.cancel` as one transaction: written only if the record is
+        still the one read (its run saving meanwhile starts it again; a run that keeps
+        saving has the last word)."""
+        from redis.exceptions import WatchError
+
+        if not RUN_ID.fullmatch(run_id):
+            return None
+        key = self._key("run", run_id)
+        with self._failing("cancel"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for _ in range(CANCEL_TRIES):
+                    try:
+                        await pipe.watch(key)
+                        record = self._decoded(await pipe.get(key), None, run_id)
+                        if record is None or record.status in FINISHED:
+                            return None
+                        record.status, record.ended_at = "cancelled", ended_at
+                        pipe.multi()
+                        pipe.set(key, json.dumps(record.to_dict(), separators=(",", ":")),
+                                 keepttl=True, xx=True)
+                        await pipe.execute()
+                        return record
+                    except WatchError:
+                        continue
+        return None
 
     async def delete(self, run_id: str) -> None:
         if not RUN_ID.fullmatch(run_id):
