@@ -47,6 +47,10 @@ class JsonlAuditLog:
     or by :meth:`close`. So refused requests add at most
     :attr:`max_refusal_bytes_per_window` bytes per window, however many there are.
     Every other event is one line.
+
+    A file the log creates (the first, and each after a rotation) is readable by its
+    owner only (mode 0600: it holds caller ids and what they asked for); a file that
+    exists keeps its mode.
     """
 
     def __init__(
@@ -83,7 +87,7 @@ class JsonlAuditLog:
         # (caller, kind, reason) -> [count, first timestamp, the last event]
         self._folded: dict[tuple[Any, Any, Any], list[Any]] = {}
         self._lock = threading.Lock()
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held open until close()
+        self._file = _open_private(self.path)  # held open until close()
         self._size = self._file.tell()
         self._unsynced = 0
         self._synced_at = clock()
@@ -156,7 +160,7 @@ class JsonlAuditLog:
                 if older.exists():
                     os.replace(older, self.path.with_name(f"{self.path.name}.{number + 1}"))
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._file = open(self.path, "ab")  # noqa: SIM115
+        self._file = _open_private(self.path)
         self._size = 0
         self._unsynced = 0
 
@@ -169,6 +173,12 @@ class JsonlAuditLog:
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
+
+
+def _open_private(path: Path) -> Any:
+    """``path`` opened for appending; created readable and writable by its owner only."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    return os.fdopen(descriptor, "ab")
 
 
 # A line's bound: the event's, and a summary line's few more keys.

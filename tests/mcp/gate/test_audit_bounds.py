@@ -126,3 +126,30 @@ def test_the_default_refusal_budget_is_what_the_docs_state(tmp_path: Path) -> No
         assert hours > 2.3  # docs/security.md: "more than 2 hours"
     finally:
         log.close()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "getuid"), reason="POSIX file modes")
+def test_the_files_the_log_creates_are_its_owners_only(tmp_path: Path) -> None:
+    """Audit lines hold caller ids and what they asked for: a file the log creates, and
+    each one after a rotation, is mode 0600 whatever the umask; one that exists keeps its
+    mode (the operator's choice)."""
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        path = tmp_path / "audit.jsonl"
+        log = JsonlAuditLog(path, max_bytes=100, backups=2)
+        for _ in range(3):  # each line after the first passes the bound: a rotation
+            log(event(decision="allowed", reason=None))
+        log.close()
+        rotated = sorted(tmp_path.iterdir())
+        assert [p.name for p in rotated] == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
+        assert {stat.S_IMODE(p.stat().st_mode) for p in rotated} == {0o600}
+        shared = tmp_path / "shared.jsonl"
+        shared.touch(mode=0o640)
+        shared.chmod(0o640)
+        JsonlAuditLog(shared).close()
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o640
+    finally:
+        os.umask(previous)
