@@ -23,7 +23,7 @@ from chainweaver.grants import MAX_KEPT_DECISIONS, PATH_LIMIT
 # they show or tell.
 # "task": a background task's creation and state changes (chainweaver.mcp.tasks.extension).
 RequestKind = Literal["tool", "resource", "prompt", "list", "completion", "subscription",
-                      "task"]
+                      "task", "http"]
 # JSON-RPC leaves -32000..-32099 to servers; one code for every gate refusal.
 GATE_REFUSED = -32001
 # A refusal carries only a reason code, never free text that could leak details.

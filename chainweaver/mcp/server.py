@@ -358,13 +358,16 @@ class FlowServer:
         self._cards.install(self._fastmcp, path)
         return self._fastmcp.http_app(
             path=path, transport="streamable-http", stateless_http=stateless,
-            host_origin_protection=False, middleware=[self._guard(host, port).middleware()])
+            host_origin_protection=False, middleware=[self._http_guard(host, port)])
 
-    def _guard(self, host: str, port: int) -> HostOriginRules:
+    def _http_guard(self, host: str, port: int) -> Middleware:
+        """The middleware in front of the HTTP endpoint: this bind's Host/Origin rules,
+        and the audit of what is refused before an MCP request is read."""
         # SecurityConfig normalised both to tuples (or None) when it was built.
         hosts = cast("tuple[str, ...] | None", self.security.allowed_hosts)
         origins = cast("tuple[str, ...] | None", self.security.allowed_origins)
-        return HostOriginRules.for_bind(host, port, hosts, origins)
+        return HostOriginRules.for_bind(host, port, hosts, origins).middleware(
+            self.security.audit_hook, self.security.hook_timeout)
 
     def exposure_report(self) -> list[FlowExposure]:
         """One entry per registered flow name: exposed or not, and why (and, under a
@@ -427,7 +430,7 @@ class FlowServer:
             finally:
                 flush_stray_stdout()
         elif transport == "streamable-http":
-            guard = self._guard(host, port)
+            guard = self._http_guard(host, port)
             self._cards.install(self._fastmcp, path)
             if stateless:
                 self._notifier.without_back_channel(self._fastmcp)
@@ -437,7 +440,7 @@ class FlowServer:
                 stateless_http=stateless, log_level=log_level,
                 # One Host/Origin check, ours: FastMCP's (off by default, or switched on
                 # by its environment settings) would apply a second, looser list.
-                host_origin_protection=False, middleware=[guard.middleware()],
+                host_origin_protection=False, middleware=[guard],
             )
         else:
             raise ExposureConfigError(

@@ -11,23 +11,33 @@ every loopback Origin on a loopback bind (so a page served by another local prog
 another port gets through), and FastMCP switches the SDK's check off inside its
 transport. Hence this small middleware, put in front of the MCP endpoint by
 ``FlowServer.serve_async``.
+
+It also audits what is refused before any MCP request is read, so a failed login is on
+the audit trail like every other refusal: its own refusals (``invalid_host``,
+``invalid_origin``) and the token check's (401: ``unauthenticated``; 403:
+``insufficient_scope``), as ``kind="http"`` events naming the request's path.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from chainweaver.mcp.hooks import AuditEvent, AuditHook, deliver_audit
 
 logger = logging.getLogger("chainweaver.mcp.http")
 
 ANY = "*"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+# What the token check in front of the MCP endpoint refuses with, as audit reasons.
+REFUSED_BY_AUTH = {401: "unauthenticated", 403: "insufficient_scope"}
 
 
 def is_loopback(host: str) -> bool:
@@ -76,9 +86,12 @@ class HostOriginRules:
             hosts = None  # a non-loopback bind with no list: clients use any name
         return cls(hosts, origins)
 
-    def middleware(self) -> Middleware:
-        """The Starlette middleware that enforces these rules."""
-        return Middleware(HostOriginGuard, rules=self)
+    def middleware(self, audit_hook: AuditHook | None = None,
+                   hook_timeout: float = 5.0) -> Middleware:
+        """The Starlette middleware that enforces these rules (and, with ``audit_hook``,
+        audits the HTTP requests refused before the MCP endpoint reads them)."""
+        return Middleware(HostOriginGuard, rules=self, audit_hook=audit_hook,
+                          hook_timeout=hook_timeout)
 
 
 def _as_host_header(host: str) -> str:
@@ -99,30 +112,57 @@ class HostOriginGuard:
 
     Host first (421 Misdirected Request), then Origin (403 Forbidden), the codes the
     MCP SDK's own check and the MCP specification use. A request without an Origin
-    header is not a browser's cross-site request and passes that check.
+    header is not a browser's cross-site request and passes that check. With an
+    ``audit_hook``, each refusal, its own and the token check's behind it, is audited.
     """
 
-    def __init__(self, app: ASGIApp, rules: HostOriginRules) -> None:
+    def __init__(self, app: ASGIApp, rules: HostOriginRules,
+                 audit_hook: AuditHook | None = None, hook_timeout: float = 5.0) -> None:
         self.app = app
         self.rules = rules
+        self.audit_hook = audit_hook
+        self.hook_timeout = hook_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            refusal = self._refusal(Headers(scope=scope))
-            if refusal is not None:
-                logger.info("refused an HTTP request: %s", bytes(refusal.body).decode())
-                await refusal(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(Headers(scope=scope))
+        if refusal is not None:
+            response, reason = refusal
+            logger.info("refused an HTTP request: %s", bytes(response.body).decode())
+            await self._audit(scope, reason)
+            await response(scope, receive, send)
+            return
+        if self.audit_hook is None:
+            await self.app(scope, receive, send)
+            return
 
-    def _refusal(self, headers: Headers) -> Response | None:
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                reason = REFUSED_BY_AUTH.get(message["status"])
+                if reason is not None:
+                    await self._audit(scope, reason)
+            await send(message)
+
+        await self.app(scope, receive, watched)
+
+    def _refusal(self, headers: Headers) -> tuple[Response, str] | None:
         hosts, origins = self.rules.hosts, self.rules.origins
         if hosts is not None and not matches(headers.get("host", ""), hosts):
-            return Response("Invalid Host header", status_code=421)
+            return Response("Invalid Host header", status_code=421), "invalid_host"
         origin = headers.get("origin")
         if origin is not None and origins is not None and not matches(origin, origins):
-            return Response("Invalid Origin header", status_code=403)
+            return Response("Invalid Origin header", status_code=403), "invalid_origin"
         return None
+
+    async def _audit(self, scope: Scope, reason: str) -> None:
+        if self.audit_hook is None:
+            return
+        event = AuditEvent(timestamp=time.time(), phase="decision", kind="http",
+                           name=scope.get("path", ""), flow_name=None, flow_version=None,
+                           caller_id=None, decision="denied", reason=reason)
+        await deliver_audit(self.audit_hook, event, self.hook_timeout)
 
 
 def matches(value: str, accepted: tuple[str, ...]) -> bool:
