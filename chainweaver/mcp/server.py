@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, cast
 import anyio
 from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateSecurity
+from starlette.middleware import Middleware
 
 from chainweaver import __version__
 from chainweaver.errors import ExposureConfigError
