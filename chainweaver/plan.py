@@ -17,6 +17,7 @@ run (and fail at run time), but an MCP server does not publish it.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -413,14 +414,23 @@ def _resolve(flow: Flow, index: int, resolver: Resolver, stack: tuple[str, ...],
         tool = resolver.tools.get(step.tool_name)  # type: ignore[arg-type]
         if tool is None:
             problems.append(Problem("ToolNotFoundError", f"step {index} uses unregistered "
-                                    f"tool {step.tool_name!r}", step_id, fatal=True))
+                                    f"tool {step.tool_name!r}"
+                                    f"{_did_you_mean(step.tool_name, resolver.tools)}",
+                                    step_id, fatal=True))
     if step.fallback is not None:
         fallback = resolver.tools.get(step.fallback)
         if fallback is None:
             problems.append(Problem("ToolNotFoundError", f"{step_label(flow, index)} falls "
-                                    f"back to unregistered tool {step.fallback!r}", step_id,
-                                    fatal=True))
+                                    f"back to unregistered tool {step.fallback!r}"
+                                    f"{_did_you_mean(step.fallback, resolver.tools)}",
+                                    step_id, fatal=True))
     return tool, subflow, fallback, subplan
+
+
+def _did_you_mean(name: str | None, known: Mapping[str, Tool]) -> str:
+    """`` (did you mean 'x'?)`` for the registered tool closest to a misspelt ``name``."""
+    close = difflib.get_close_matches(name or "", list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _model_keys(model: type[BaseModel] | None) -> frozenset[str] | None:

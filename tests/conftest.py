@@ -27,6 +27,7 @@ TASK_TEST_FILES = [
     "mcp/tasks/test_task_security.py", "mcp/tasks/test_tasks.py",
     "mcp/gate/test_rate_limit_redis.py", "e2e/test_durable_visibility.py",
     "e2e/test_shared_governance_tasks.py", "e2e/test_large_outputs_tasks.py",
+    "mcp/runs/test_run_cancel_records.py",
     "mcp/runs/test_run_store_failures.py", "mcp/runs/test_run_store_hostile.py",
     "cli/test_cli_hostile_state.py", "e2e/test_task_store_closes.py",
     "mcp/test_step_grants_tasks.py", "e2e/test_step_grants_redis.py",

@@ -5,14 +5,17 @@ flags, and which step of a list is not a ``FlowStep``."""
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel
 
 from chainweaver import (
     DefinitionError,
     Flow,
+    FlowExecutor,
     FlowGovernance,
     FlowRegistry,
     FlowStep,
     ToolSafetyContract,
+    tool,
 )
 
 
@@ -58,3 +61,35 @@ def test_a_step_that_is_not_a_flowstep_is_named_with_what_to_write() -> None:
     with pytest.raises(DefinitionError, match=r"^flow 'f': steps\[0\] must be a FlowStep, "
                                               r"got dict$"):
         Flow("f", "d", [{"tool": "a"}])  # type: ignore[list-item]
+
+
+class City(BaseModel):
+    city: str
+
+
+class Forecast(BaseModel):
+    high: float
+
+
+@tool
+def get_forecast(query: City) -> Forecast:
+    """Forecast."""
+    return Forecast(high=20.0)
+
+
+def test_a_misspelt_tool_or_fallback_says_which_registered_one_was_meant() -> None:
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(get_forecast)
+    typo = Flow("typo", "d", [FlowStep("get_forcast")])
+    fallback = Flow("fallback", "d", [
+        FlowStep("get_forecast", on_error="fallback", fallback="get_forecats")])
+    far = Flow("far", "d", [FlowStep("unrelated_name")])
+    assert executor.check_flow(typo) == [
+        "step 0 uses unregistered tool 'get_forcast' (did you mean 'get_forecast'?)"]
+    (fallen,) = executor.check_flow(fallback)
+    assert fallen.endswith("falls back to unregistered tool 'get_forecats' "
+                           "(did you mean 'get_forecast'?)")
+    assert executor.check_flow(far) == ["step 0 uses unregistered tool 'unrelated_name'"]
+    executor.registry.register_flow(typo)
+    failed = executor.execute_flow("typo", {"city": "Oslo"}).error
+    assert failed is not None and failed.message == executor.check_flow(typo)[0]

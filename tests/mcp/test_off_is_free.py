@@ -10,6 +10,7 @@ and nothing else. Nothing here is timed.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -95,6 +96,8 @@ async def test_a_failed_run_without_history_still_builds_the_record_its_warning_
         built: dict[str, int], caplog: pytest.LogCaptureFixture) -> None:
     executor = Watched()
     server = FlowServer(executor, serving=ServingConfig(run_notifications=False))
+    # Bad arguments are the caller's mistake: their line is at info (docs/run-history.md).
+    caplog.set_level(logging.INFO, logger="chainweaver.mcp.runs")
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("count_words", {"text": 5}, raise_on_error=False)
     assert result.is_error

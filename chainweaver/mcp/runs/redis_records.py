@@ -17,6 +17,7 @@ text fixed) and is logged with its detail, any password in the URL masked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -218,15 +219,16 @@ class RedisRunStore(RunStore):
                 for _ in range(CANCEL_TRIES):
                     try:
                         await pipe.watch(key)
-                        record = self._decoded(await pipe.get(key), None, run_id)
-                        if record is None or record.status in FINISHED:
+                        known = self._decoded(await pipe.get(key), None, run_id)
+                        if known is None or known.status in FINISHED:
                             return None
-                        record.status, record.ended_at = "cancelled", ended_at
+                        marked = dataclasses.replace(known, status="cancelled",
+                                                     ended_at=ended_at)
                         pipe.multi()
-                        pipe.set(key, json.dumps(record.to_dict(), separators=(",", ":")),
+                        pipe.set(key, json.dumps(marked.to_dict(), separators=(",", ":")),
                                  keepttl=True, xx=True)
                         await pipe.execute()
-                        return record
+                        return marked
                     except WatchError:
                         continue
         return None
