@@ -137,8 +137,14 @@ async def test_a_public_key_and_a_visible_claim_give_each_token_its_own_flows(
             stop(process)
     assert seen == {"sam": ["order_status"], "bea": ["help_search", "order_total"]}
     assert refused.status_code == 401
-    callers = {json.loads(line)["caller_id"] for line in audit.read_text().splitlines()}
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    callers = {event["caller_id"] for event in events if event["kind"] != "http"}
     assert callers == {"client-sam|sam", "client-bea|bea"}
+    # The token signed by another key never reached the gate: the token check refused it,
+    # and that refusal is on the audit trail too, with no caller.
+    refusals = [(e["kind"], e["reason"], e["caller_id"]) for e in events
+                if e["decision"] == "denied"]
+    assert refusals == [("http", "unauthenticated", None)]
 
 
 def test_a_visible_claim_without_tokens_warns_that_nobody_sees_a_flow(
