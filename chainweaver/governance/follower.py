@@ -133,11 +133,16 @@ class SharedGovernance:
 
     async def _sync(self, store: GovernanceStore, confirmed_version: int | None) -> None:
         """Read and apply the state, unless ``confirmed_version`` is the one applied
-        (and applied completely: what could not be applied is tried again)."""
+        (and applied completely: what could not be applied is tried again). A state
+        read is applied when its version or its decisions differ from those applied."""
         complete = self.overlay.complete
         if confirmed_version is None or confirmed_version != self.version or not complete:
             state = await store.read()
-            if state.version != self.version or self.overlay.suspended or not complete:
+            # The decisions read are compared too, not only the counter: a counter that
+            # is missing (evicted, not restored) reads 0, and one restored from an older
+            # snapshot can come back to the version applied with other decisions.
+            if (state.version != self.version or self.overlay.suspended or not complete
+                    or state.decisions != self.overlay.state.decisions):
                 self._apply(state)
                 self.confirmed = time.monotonic()
                 self._recovered()
