@@ -1,10 +1,13 @@
-"""Shared governance fails closed when the version counter does not tell the whole
-story, on a real Redis: a decisions hash whose counter is missing (evicted under an
+"""Shared governance fails closed, on a real Redis, when the version counter does not
+tell the whole story: a decisions hash whose counter is missing (evicted under an
 ``allkeys-*`` memory policy, restored without it, written by hand), and a state that
 changed under a counter that came back to the version a replica applied (a Redis
 restored from an older snapshot, then changed as often again). A process must govern
-by the decisions Redis holds, not by a version number that happens to match, so a
-withdrawn flow answers like a name that never existed (``support.views.assert_view``)."""
+by the decisions Redis holds, not by a version number that happens to match. And a
+process told to stop serving when it cannot confirm the state (``stop_serving_after``)
+that starts while Redis is unreachable has confirmed nothing: it serves no flow until
+it can. A withdrawn flow answers like a name that never existed
+(``support.views.assert_view``)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from fastmcp import Client
 from support import polling
 from support.catalogue import build_catalogue
 from support.redis_server import redis_server
+from support.shared_governance import RestartableRedis
 from support.views import OWNERS, assert_view
 
 from chainweaver.governance import GovernanceSettings, GovernanceStore
@@ -40,9 +44,9 @@ def replica(governance: GovernanceSettings) -> FlowServer:
                       governance=governance)
 
 
-def settings(url: str) -> GovernanceSettings:
+def settings(url: str, **options: float) -> GovernanceSettings:
     return GovernanceSettings(url=url, prefix=f"test:{uuid.uuid4().hex}",
-                              confirm_interval=0.2, heartbeat_interval=0.2)
+                              confirm_interval=0.2, heartbeat_interval=0.2, **options)
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -85,6 +89,33 @@ async def test_a_reconnect_applies_decisions_that_changed_under_the_same_version
         await until(lambda: _withdrawn(running), "the reconnect's apply")
         await assert_view(client, set(OWNERS) - {"order_status"})
     await store.aclose()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_nothing(
+        mode: str) -> None:
+    """``stop_serving_after`` asks for no flow once the state went unconfirmed that
+    long. A replica started while Redis is down has confirmed no state at all: it
+    served every flow as defined (the one operators withdrew included) for the whole
+    bound. It serves none until it reads the state, then exactly what that allows."""
+    redis = RestartableRedis()
+    redis.start()
+    try:
+        governance = settings(redis.url, stop_serving_after=60.0)
+        store = GovernanceStore(governance.url, governance.prefix)
+        withdrawn = await store.change("order_status", None, "withdrawn", by="ops")
+        await store.aclose()
+        redis.stop()
+        starting = replica(governance)
+        async with Client(starting.fastmcp, mode=mode) as client:
+            await assert_view(client, set())
+            report = {e.flow_name: e for e in starting.exposure_report()}
+            assert "stop_serving_after" in report["price_quote"].reason  # type: ignore[operator]
+            redis.start()
+            await until(lambda: _applied(starting, withdrawn.version), "the state")
+            await assert_view(client, set(OWNERS) - {"order_status"})
+    finally:
+        redis.close()
 
 
 async def _applied(server: FlowServer, version: int) -> bool:
