@@ -98,6 +98,8 @@ class Decision:
             data = json.loads(text)
         except ValueError:
             raise UnreadableEntry("not JSON") from None
+        except RecursionError:  # deeper than the decoder goes: not an outage
+            raise UnreadableEntry("JSON nested too deep") from None
         if not isinstance(data, dict):
             raise UnreadableEntry("not a JSON object")
         unknown = sorted(set(data) - _ENTRY_FIELDS)

@@ -183,7 +183,7 @@ def changed_entry(raw: bytes | None, version: str | None, action: Action) -> byt
     if raw is not None:
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if not isinstance(data, dict) or not isinstance(data.get("versions") or {}, dict):
             why = read_entry(raw).withheld or "not a JSON object"
@@ -223,6 +223,8 @@ def _heartbeat(raw: bytes | str) -> dict[str, Any]:
         record = json.loads(raw)
     except ValueError:
         return {UNREADABLE_HEARTBEAT: "not JSON"}
+    except RecursionError:
+        return {UNREADABLE_HEARTBEAT: "JSON nested too deep"}
     return record if isinstance(record, dict) else {UNREADABLE_HEARTBEAT: "not a JSON object"}
 
 
