@@ -139,14 +139,23 @@ class GovernanceStore:
         return _counter(await self.redis.get(self.version_key))
 
     async def read(self) -> SharedState:
-        """The decisions and their version, read together (one transaction)."""
+        """The decisions and their version, read together (one transaction).
+
+        :class:`GovernanceStateError` when the counter is not a number, or when it
+        moved but no decision is stored: every change writes one and no command removes
+        one, so the decisions were lost (evicted, or not restored with the counter),
+        not undone."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.get(self.version_key)
             pipe.hgetall(self.decisions_key)
             version, raw = await pipe.execute()
+        counter = _counter(version)
+        if counter > 0 and not raw:
+            raise GovernanceStateError(
+                f"the shared version counter is at {counter} but no decision is stored "
+                f"(evicted, or not restored with the counter)")
         decisions = {_text(name): read_entry(text) for name, text in raw.items()}
-        return SharedState(_counter(version), MappingProxyType(dict(sorted(
-            decisions.items()))))
+        return SharedState(counter, MappingProxyType(dict(sorted(decisions.items()))))
 
     async def heartbeat(self, process: str, record: Mapping[str, Any]) -> None:
         await self.redis.hset(self.heartbeats_key, process, json.dumps(dict(record)))

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from functools import partial
 
+import anyio
 import pytest
 from fastmcp import Client
 from support import polling
@@ -24,6 +25,7 @@ from support.redis_server import redis_server
 from support.shared_governance import RestartableRedis
 from support.views import OWNERS, assert_view
 
+from chainweaver.cli import main
 from chainweaver.governance import GovernanceSettings, GovernanceStore
 from chainweaver.mcp import FlowServer
 
@@ -92,6 +94,45 @@ async def test_a_reconnect_applies_decisions_that_changed_under_the_same_version
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_decisions_missing_under_a_counter_that_moved_fail_closed(
+        redis_url: str, mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The counter says operators decided (it only ever grows with decisions, and no
+    command removes one), but the decisions hash is gone: evicted (an ``allkeys-*``
+    memory policy evicts the hash, read only on changes, before the counter every
+    replica polls), or not restored with it. Read as "nothing decided", it served the
+    withdrawn flow again on a replica that reconnected and on one that started. The
+    state cannot be read: a replica keeps the state it applied, one that applied none
+    serves nothing, until operators decide again."""
+    governance = settings(redis_url)
+    store = GovernanceStore(governance.url, governance.prefix)
+    withdrawn = await store.change("order_status", None, "withdrawn", by="ops")
+    running = replica(governance)
+    async with Client(running.fastmcp, mode=mode) as old:
+        await until(lambda: _applied(running, withdrawn.version), "the withdrawal")
+        await store.redis.delete(store.decisions_key)  # evicted
+        await store.redis.publish(store.channel, "0 nothing")  # the replica re-reads
+        await until(lambda: _reread(running), "the replica to read the state again")
+        starting = replica(governance)
+        async with Client(starting.fastmcp, mode=mode) as new:
+            await assert_view(new, set())
+            report = {e.flow_name: e for e in starting.exposure_report()}
+            assert "cannot be read" in report["price_quote"].reason  # type: ignore[operator]
+            await assert_view(old, set(OWNERS) - {"order_status"})
+            # Status says why; operators decide again (the command still knows the
+            # name from the live processes), and both replicas apply the state.
+            common = ["--governance", governance.url, "--prefix", governance.prefix]
+            assert await cli("flows", "status", *common) == 2
+            assert "no decision is stored" in capsys.readouterr().err
+            assert await cli("flows", "withdraw", "order_status", *common) == 0
+            again = await store.current_version()
+            await until(lambda: _applied(starting, again), "the new decision")
+            await until(lambda: _applied(running, again), "the new decision")
+            await assert_view(new, set(OWNERS) - {"order_status"})
+            await assert_view(old, set(OWNERS) - {"order_status"})
+    await store.aclose()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_nothing(
         mode: str) -> None:
     """``stop_serving_after`` asks for no flow once the state went unconfirmed that
@@ -118,12 +159,23 @@ async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_not
         redis.close()
 
 
+async def cli(*argv: str) -> int:
+    return await anyio.to_thread.run_sync(main, list(argv))
+
+
 async def _applied(server: FlowServer, version: int) -> bool:
     return server._shared.follower.version >= version  # type: ignore[union-attr]
 
 
 async def _reconnected(server: FlowServer) -> bool:
     return server._shared.follower.last_outage is not None  # type: ignore[union-attr]
+
+
+async def _reread(server: FlowServer) -> bool:
+    """It read the state: found it unreadable (an outage), or applied what it read."""
+    follower = server._shared.follower  # type: ignore[union-attr]
+    return follower.outage_since is not None or "order_status" in \
+        server.executor.registry.names()
 
 
 async def _withdrawn(server: FlowServer) -> bool:
