@@ -119,6 +119,26 @@ def masked(document: dict[str, Any], subflows: dict[str, list[Any]],
     return document
 
 
+def relabelled(entries: list[Any], names: StepNames) -> list[Any]:
+    """Step entries (``_meta.chainweaver.steps`` as sent when a run ended) named as
+    ``names`` names them now: a stored background task's result is read long after its
+    run, and a sub-flow it named may have left its caller's view since."""
+    shown = []
+    for entry in entries:
+        step_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(step_id, str):
+            shown.append(entry)
+        elif names.hides(step_id):
+            entry = {key: value for key, value in entry.items() if key != "steps"}
+            shown.append({**entry, "id": names.label(step_id)})
+        elif names.inner(step_id) is not None and isinstance(entry.get("steps"), list):
+            inner = names.inner(step_id) or ALL_VISIBLE
+            shown.append({**entry, "steps": relabelled(entry["steps"], inner)})
+        else:
+            shown.append(entry)
+    return shown
+
+
 def _masked_steps(entries: list[Any], prefix: str, hidden: dict[str, str]) -> list[Any]:
     shown = []
     for entry in entries:

@@ -4,16 +4,19 @@ token lost the team, or the flow was opted out) while the parent stayed, reading
 record back, or listing it, named the sub-flow and its steps as recorded, where a new
 call of the same flow shows one unnamed step, ``subflow#<index>``. Records are masked
 in the reader's view when read: steps, the failed step's path and approval paths. On
-both eras, on the in-memory and the Redis store."""
+both eras, on the in-memory and the Redis store. A background task's status and stored
+result (``tasks/get``) likewise."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastmcp import Client
+from fastmcp.exceptions import ToolError
 from support.redis_server import redis_server
 
 from chainweaver import (
@@ -25,7 +28,13 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.mcp import CallerIdentity, FlowServer, GateContext, SecurityConfig
+from chainweaver.mcp import (
+    CallerIdentity,
+    FlowServer,
+    GateContext,
+    SecurityConfig,
+    TaskSettings,
+)
 from chainweaver.mcp.config import RunHistory
 from chainweaver.mcp.gate.views import visible_claim
 
@@ -146,3 +155,71 @@ def test_masking_cuts_steps_and_paths_at_the_first_sub_flow_out_of_view() -> Non
     assert "secret" not in json.dumps(shown) and '"z"' not in json.dumps(shown)
     # Everything in view: the document as recorded.
     assert masked(json.loads(json.dumps(document)), subflows, lambda name: True) == document
+
+
+GATE: dict[str, asyncio.Event] = {}
+
+
+@tool(safety=READ)
+async def wait_entry(cents: int) -> dict:
+    """Post an entry once the test lets it."""
+    if "open" in GATE:
+        await GATE["open"].wait()
+    if cents < 0:
+        raise ValueError("negative")
+    return {"posted": cents}
+
+
+def task_catalogue() -> FlowExecutor:
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry)
+    for function in (wait_entry, seal_entry):
+        executor.register_tool(function)
+    registry.register_flow(Flow("ledger", "Post and seal.", [
+        FlowStep("wait_entry"), FlowStep("seal_entry")],
+        governance=FlowGovernance(owner="ledger-team")))
+    registry.register_flow(Flow("book", "Book an entry.", [FlowStep(flow="ledger")],
+                                governance=FlowGovernance(owner="web")))
+    return executor
+
+
+async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view() -> None:
+    """``tasks/get`` gives a task's status and stored result as written while it ran:
+    they named the sub-flow (status ``step 1/1 ledger``, the result's steps, a
+    failure's text) after it left the caller's view."""
+    from fastmcp_tasks import call_tool_task
+
+    teams = Teams()
+    server = FlowServer(task_catalogue(), security=SecurityConfig(
+        authenticator=teams, visible=visible_claim("teams")),
+        tasks=TaskSettings(url="memory://"))
+    GATE["open"] = asyncio.Event()
+    try:
+        async with Client(server.fastmcp) as client:
+            running = await call_tool_task(client, "book", {"cents": 5})
+            failing = await call_tool_task(client, "book", {"cents": -1})
+            for _ in range(500):  # bounded: until the run is inside the sub-flow
+                if (await running.status()).status_message == "step 1/1 ledger":
+                    break
+                await asyncio.sleep(0.01)
+            teams.teams = ["web"]
+            assert (await running.status()).status_message == "step 1/1 subflow#0"
+            teams.teams = ["web", "ledger-team"]
+            GATE["open"].set()
+            await running.result()
+            with pytest.raises(ToolError):
+                await failing.result()
+            seen = json.dumps([(await task.status()).model_dump(mode="json")
+                               for task in (running, failing)])
+            assert all(name in seen for name in ("ledger", "wait_entry"))
+            teams.teams = ["web"]
+            done, failed = [(await task.status()).model_dump(mode="json")
+                            for task in (running, failing)]
+    finally:
+        GATE.clear()
+    text = json.dumps([done, failed])
+    assert "ledger" not in text and "wait_entry" not in text and "seal_entry" not in text
+    assert [s["id"] for s in done["result"]["_meta"]["chainweaver"]["steps"]] == [
+        "subflow#0"]
+    assert failed["result"]["isError"]
+    assert failed["result"]["content"][0]["text"] == "ValueError: step 'subflow#0' failed"
