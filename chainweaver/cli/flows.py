@@ -159,8 +159,11 @@ async def _check_known(store: Any, name: str, in_files: set[str]) -> None:
         flows = record.get("flows")
         if isinstance(flows, list):
             known |= {flow for flow in flows if isinstance(flow, str)}
-    state = await store.read()
-    known |= set(state.decisions) | set(state.unreadable)
+    try:
+        state = await store.read()
+        known |= set(state.decisions) | set(state.unreadable)
+    except GovernanceStateError:
+        pass  # decisions lost: deciding again is how operators restore them
     if name in known:
         return
     close = difflib.get_close_matches(name, sorted(known), n=3)

@@ -98,7 +98,7 @@ async def _show(args: argparse.Namespace, store: Any) -> int:
     if record is None:
         raise CommandError(EXIT_NOT_FOUND, f"no run {args.run_id!r} in the history at "
                            f"{args.prefix} (unknown, or expired)")
-    data = record.to_dict()
+    data = _shown_record(record)
     if args.json:
         print(json_text(data))
         return EXIT_OK
@@ -131,7 +131,7 @@ async def _list(args: argparse.Namespace, store: Any) -> int:
     finally:
         await store.close()
     if args.json:
-        print(json_text({"runs": [record.to_dict() for record in records],
+        print(json_text({"runs": [_shown_record(record) for record in records],
                           "next_cursor": cursor}))
         return EXIT_OK
     rows = [("RUN", "STARTED", "STATUS", "FLOW", "VERSION", "CALLER", "ERROR")]
@@ -145,3 +145,11 @@ async def _list(args: argparse.Namespace, store: Any) -> int:
     if cursor is not None:
         print(f"{PROG}: more runs: --cursor {cursor}", file=sys.stderr)
     return EXIT_OK
+
+
+def _shown_record(record: Any) -> dict[str, Any]:
+    """A stored record as operators read it: every field but the bookkeeping that masks
+    sub-flows for callers (``subflows``)."""
+    data: dict[str, Any] = record.to_dict()
+    data.pop("subflows", None)
+    return data

@@ -19,7 +19,7 @@ When Redis cannot be reached it keeps the state it applied last, logs that once
 (naming the store, its password masked, and why), retries with a growing pause, and
 reads everything again on reconnect. With ``stop_serving_after``, once the state has
 gone unconfirmed that long it serves no flow (every flow withheld) until the state is
-confirmed again.
+confirmed again; a process that has not confirmed it since it started serves none.
 
 One entry it cannot read is not an outage: that flow is withheld, the rest apply, and
 the heartbeat goes on. The heartbeat's ``version`` is the last version applied
@@ -69,7 +69,6 @@ class SharedGovernance:
         self.confirmed: float | None = None  # monotonic time the state was last confirmed
         self.outage_since: float | None = None  # wall time Redis was lost
         self.last_outage: dict[str, float] | None = None
-        self._started = time.monotonic()
         self._beat = 0.0
         self._partial_logged: tuple[int, tuple[str, ...]] | None = None
 
@@ -133,11 +132,16 @@ class SharedGovernance:
 
     async def _sync(self, store: GovernanceStore, confirmed_version: int | None) -> None:
         """Read and apply the state, unless ``confirmed_version`` is the one applied
-        (and applied completely: what could not be applied is tried again)."""
+        (and applied completely: what could not be applied is tried again). A state
+        read is applied when its version or its decisions differ from those applied."""
         complete = self.overlay.complete
         if confirmed_version is None or confirmed_version != self.version or not complete:
             state = await store.read()
-            if state.version != self.version or self.overlay.suspended or not complete:
+            # The decisions read are compared too, not only the counter: a counter that
+            # is missing (evicted, not restored) reads 0, and one restored from an older
+            # snapshot can come back to the version applied with other decisions.
+            if (state.version != self.version or self.overlay.suspended or not complete
+                    or state.decisions != self.overlay.state.decisions):
                 self._apply(state)
                 self.confirmed = time.monotonic()
                 self._recovered()
@@ -213,12 +217,19 @@ class SharedGovernance:
                      masked_url(self.settings.url), masked_reason(error, self.settings.url))
 
     def _check_stale(self) -> None:
-        """Stop serving flows once the state went unconfirmed for too long (opt-in)."""
+        """Stop serving flows once the state went unconfirmed for too long (opt-in).
+
+        A process that never confirmed a state stops at once: what it would serve is
+        its definitions, which no operator's decision was ever applied to (a flow
+        withdrawn before it started included)."""
         limit = self.settings.stop_serving_after
         if limit is None or self.overlay.suspended:
             return
-        since = self.confirmed if self.confirmed is not None else self._started
-        if time.monotonic() - since > limit:
+        if self.confirmed is None:
+            self.overlay.suspend()
+            logger.error("shared governance: the state was never confirmed (Redis "
+                         "unreachable since the start); serving no flow until it is")
+        elif time.monotonic() - self.confirmed > limit:
             self.overlay.suspend()
             logger.error("shared governance: state not confirmed for more than %g s; "
                          "serving no flow until Redis is reachable", limit)

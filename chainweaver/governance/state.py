@@ -98,6 +98,8 @@ class Decision:
             data = json.loads(text)
         except ValueError:
             raise UnreadableEntry("not JSON") from None
+        except RecursionError:  # deeper than the decoder goes: not an outage
+            raise UnreadableEntry("JSON nested too deep") from None
         if not isinstance(data, dict):
             raise UnreadableEntry("not a JSON object")
         unknown = sorted(set(data) - _ENTRY_FIELDS)
@@ -240,7 +242,8 @@ class GovernanceSettings:
     applied, so a missed message is caught. ``heartbeat_interval``: how often it
     records what it applied (``chainweaver flows status``). ``stop_serving_after``
     (seconds, default None: never): when the state could not be confirmed for that
-    long (Redis unreachable), serve no flow until it can. ``replica``: the name
+    long (Redis unreachable), or was never confirmed since the process started, serve
+    no flow until it can. ``replica``: the name
     status shows (default ``host:pid``).
     """
 

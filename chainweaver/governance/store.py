@@ -139,14 +139,23 @@ class GovernanceStore:
         return _counter(await self.redis.get(self.version_key))
 
     async def read(self) -> SharedState:
-        """The decisions and their version, read together (one transaction)."""
+        """The decisions and their version, read together (one transaction).
+
+        :class:`GovernanceStateError` when the counter is not a number, or when it
+        moved but no decision is stored: every change writes one and no command removes
+        one, so the decisions were lost (evicted, or not restored with the counter),
+        not undone."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.get(self.version_key)
             pipe.hgetall(self.decisions_key)
             version, raw = await pipe.execute()
+        counter = _counter(version)
+        if counter > 0 and not raw:
+            raise GovernanceStateError(
+                f"the shared version counter is at {counter} but no decision is stored "
+                f"(evicted, or not restored with the counter)")
         decisions = {_text(name): read_entry(text) for name, text in raw.items()}
-        return SharedState(_counter(version), MappingProxyType(dict(sorted(
-            decisions.items()))))
+        return SharedState(counter, MappingProxyType(dict(sorted(decisions.items()))))
 
     async def heartbeat(self, process: str, record: Mapping[str, Any]) -> None:
         await self.redis.hset(self.heartbeats_key, process, json.dumps(dict(record)))
@@ -183,7 +192,7 @@ def changed_entry(raw: bytes | None, version: str | None, action: Action) -> byt
     if raw is not None:
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if not isinstance(data, dict) or not isinstance(data.get("versions") or {}, dict):
             why = read_entry(raw).withheld or "not a JSON object"
@@ -223,6 +232,8 @@ def _heartbeat(raw: bytes | str) -> dict[str, Any]:
         record = json.loads(raw)
     except ValueError:
         return {UNREADABLE_HEARTBEAT: "not JSON"}
+    except RecursionError:
+        return {UNREADABLE_HEARTBEAT: "JSON nested too deep"}
     return record if isinstance(record, dict) else {UNREADABLE_HEARTBEAT: "not a JSON object"}
 
 

@@ -33,6 +33,8 @@ UNREADABLE_ENTRIES = {
     "a key that is not a version": ('{"versions": {"2.x-final!": "archived"}}',
                                     "'2.x-final!'"),
     "versions not an object": ('{"versions": "2.0"}', "'versions' is not a JSON object"),
+    # Deeper than the JSON decoder goes: RecursionError, which is not a ValueError.
+    "nested too deep": ('{"all": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),
 }
 
 

@@ -37,6 +37,9 @@ BAD_ENTRIES = {
     "unknown_action": b'{"all": "paused", "versions": {}}',
     "not_json": b"\x80 not json {",
     "bad_version_key": b'{"versions": {"1.0.0": "active", "2.x-final!": "archived"}}',
+    # Deeper than Python's JSON decoder goes: RecursionError, not ValueError. It was
+    # read as an outage, so a replica started then served every flow as defined.
+    "nested_too_deep": b'{"all": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
 }
 until = partial(polling.until, limit=10.0)
 
@@ -228,16 +231,19 @@ async def test_status_shows_what_cannot_be_read_instead_of_failing(
         await write_raw(store, names[kind], raw)
     await store.change("order_status", "2.1", "deprecated", by="alice")
     await store.redis.hset(store.heartbeats_key, "web-9:1", b"\xff{")
+    await store.redis.hset(store.heartbeats_key, "web-9:2", b"[" * 100_000 + b"]" * 100_000)
     assert await cli("flows", "status", "--json", *common) == 0
     status = json.loads(capsys.readouterr().out)
-    assert status["version"] == 4
+    assert status["version"] == len(BAD_ENTRIES) + 1
     assert status["decisions"] == {"order_status": {"all": None,
                                                     "versions": {"2.1": "deprecated"}}}
     assert sorted(status["unreadable"]) == sorted(names.values())
     assert "'paused'" in status["unreadable"]["flow_unknown_action"]
     assert "not UTF-8" in status["unreadable"]["flow_not_json"]
     assert "'2.x-final!'" in status["unreadable"]["flow_bad_version_key"]
+    assert "nested too deep" in status["unreadable"]["flow_nested_too_deep"]
     assert status["processes"]["web-9:1"]["live"] is False
+    assert status["processes"]["web-9:2"]["live"] is False
     assert await cli("flows", "status", *common) == 0
     table = capsys.readouterr().out
     rows = {line.split()[0]: line.split(None, 2)[2] for line in table.splitlines()

@@ -454,13 +454,14 @@ class FlowTool(PlainSlots, FastMCPTool):
 
     def _error_result(self, error_type: str, message: str) -> ToolResult:
         """An isError result showing as much as ``error_detail`` allows."""
-        if self._error_detail == "full":
-            text = f"{error_type}: {message}"
-        elif self._error_detail == "type_only":
-            text = error_type
-        else:
-            text = GENERIC_FAILURE
+        text = self.failure_text(error_type, message)
         return ToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+    def failure_text(self, error_type: str, message: str) -> str:
+        """What an isError result says: as much as ``error_detail`` allows."""
+        if self._error_detail == "full":
+            return f"{error_type}: {message}"
+        return error_type if self._error_detail == "type_only" else GENERIC_FAILURE
 
 
 class _Call:

@@ -42,6 +42,7 @@ from chainweaver.mcp.runs.records import (
     RunStoreError,
     parse_cursor,
 )
+from chainweaver.mcp.runs.step_names import masked
 
 LIST_TEMPLATE = RUNS_URI + "{?flow,status,cursor,limit}"
 RUN_TEMPLATE = RUNS_URI + "/{run_id}"
@@ -213,7 +214,7 @@ class RunResources:
             return None  # exactly as for a run id that never existed
         # The run's flow, for the gate under a composition (see gate.composition.flow_of).
         if address.kind == "record":
-            return RunResource.build(lambda: self._record(uri, record.run_id), uri=uri,
+            return RunResource.build(lambda: self._record(uri, record.run_id, view), uri=uri,
                                      name="chainweaver_run", mime_type=MIME_TYPE,
                                      title=f"Run {record.run_id}",
                                      meta={"chainweaver": {"run_flow": record.flow}})
@@ -234,18 +235,24 @@ class RunResources:
             caller=admission.caller().id, flow=address.value("flow"),
             status=address.value("status"), cursor=address.value("cursor"),
             limit=int(limit) if limit else DEFAULT_PAGE, keep=keep))
-        document = {"runs": [r.document(error_types=self.error_types) for r in records],
+        document = {"runs": [self._document(record, view) for record in records],
                     "next_cursor": cursor}
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
-    async def _record(self, uri: str, run_id: str) -> ResourceResult:
+    def _document(self, record: RunRecord, view: View) -> dict[str, Any]:
+        """The record as this reader may read it now: a sub-flow it recorded by name that
+        left the reader's view since (the parent did not) is one unnamed step."""
+        return masked(record.document(error_types=self.error_types), record.subflows,
+                      lambda name: view.allows(self.live.flow(name)))
+
+    async def _record(self, uri: str, run_id: str, view: View) -> ResourceResult:
         # As it is now, not when resolved.
         record = await self.log.store.get(run_id, caller=admission.caller().id)
         if record is None:
             # Dropped (retention) or no longer readable since it was found: exactly like
             # a run that never existed, never an empty record.
             raise invalid_request(f"Resource not found: {uri!r}")
-        document = record.document(error_types=self.error_types)
+        document = self._document(record, view)
         return ResourceResult([ResourceContent(_json(document), mime_type=MIME_TYPE)])
 
     async def _output(self, uri: str, address: RunAddress, record: RunRecord

@@ -208,7 +208,8 @@ class RunRecorder(RunObserver):
             start, exposed, now = self.start, self._exposed, self._started_at
             self._record = RunRecord(start.run_id, exposed.flow.name, exposed.flow.version,
                                      exposed.tool_name, start.caller_id, int(now * 1e6), now,
-                                     task_id=start.task_id, deliveries=start.deliveries)
+                                     task_id=start.task_id, deliveries=start.deliveries,
+                                     subflows=self.names.named_subflows())
         return self._record
 
     def linked_output(self) -> dict[str, Any] | None:

@@ -85,6 +85,9 @@ class RunRecord:
     # Legs that ran the run's steps: 1, more when a task was redelivered after its
     # worker stopped (its completed steps then say "restored": true).
     deliveries: int = 1
+    # The sub-flow steps the record names (path -> [sub-flow, index]): a reader who
+    # cannot see one of them now reads it unnamed (step_names.masked). Never sent.
+    subflows: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def cursor(self) -> str:
@@ -113,7 +116,7 @@ class RunRecord:
     def document(self, *, error_types: bool = True) -> dict[str, Any]:
         """The record as its caller reads it (error types only when ``error_types``)."""
         data = self.to_dict()
-        for name in ("caller", "seq", "output_stored"):
+        for name in ("caller", "seq", "output_stored", "subflows"):
             data.pop(name)
         if not error_types:
             data["error_type"] = None
@@ -162,6 +165,9 @@ _FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
     "output_sha256": _optional(_text), "output_mime": _optional(_text),
     "output_stored": lambda value: isinstance(value, bool), "task_id": _optional(_text),
     "approvals": _objects, "deliveries": _whole,
+    "subflows": lambda value: isinstance(value, dict) and all(
+        isinstance(entry, list) and len(entry) == 2 and _text(entry[0]) and _whole(entry[1])
+        for entry in value.values()),
 }
 
 

@@ -30,16 +30,18 @@ class StepNames:
     steps. Every other step keeps its id.
     """
 
-    __slots__ = ("_hidden", "_inner")
+    __slots__ = ("_hidden", "_inner", "_flows")
 
     def __init__(self, plan: Plan | None, visible: Callable[[str], bool]) -> None:
         self._hidden: dict[str, str] = {}  # step id -> the label shown instead
         self._inner: dict[str, StepNames] = {}  # a visible sub-flow step's own names
+        self._flows: dict[str, tuple[str, int]] = {}  # its sub-flow and its index
         for planned in plan.steps if plan is not None else ():
             if planned.subplan is None:
                 continue
             if visible(planned.subplan.flow.name):
                 self._inner[planned.id] = StepNames(planned.subplan, visible)
+                self._flows[planned.id] = (planned.subplan.flow.name, planned.index)
             else:
                 self._hidden[planned.id] = HIDDEN_STEP.format(index=planned.index)
 
@@ -58,6 +60,17 @@ class StepNames:
     def inner(self, step_id: str) -> StepNames | None:
         """The names inside a visible sub-flow step (None: not one)."""
         return self._inner.get(step_id)
+
+    def named_subflows(self) -> dict[str, list[Any]]:
+        """Every sub-flow step named to this caller, at any depth: its path -> [its
+        sub-flow, its index]. A run record keeps it, so that a reader who cannot see
+        that sub-flow any more reads the step as ``subflow#<index>`` (:func:`masked`)."""
+        named: dict[str, list[Any]] = {}
+        for step_id, (flow, index) in self._flows.items():
+            named[step_id] = [flow, index]
+            for path, entry in self._inner[step_id].named_subflows().items():
+                named[f"{step_id}/{path}"] = entry
+        return named
 
     def path(self, path: str) -> str:
         """A step path (``"outer/inner"``: step ``inner`` of the sub-flow step ``outer``)
@@ -84,6 +97,71 @@ class StepNames:
 
 
 ALL_VISIBLE = StepNames(None, lambda name: True)
+
+
+def masked(document: dict[str, Any], subflows: dict[str, list[Any]],
+           visible: Callable[[str], bool]) -> dict[str, Any]:
+    """A run record's ``document`` as a reader sees it now: each sub-flow step it was
+    recorded naming (``subflows``, from :meth:`StepNames.named_subflows`) whose sub-flow
+    the reader cannot see (``visible``: by flow name) is ``subflow#<index>`` with
+    nothing nested, in its steps, its failed step's path and its approvals' paths."""
+    hidden = {path: HIDDEN_STEP.format(index=index)
+              for path, (flow, index) in subflows.items() if not visible(flow)}
+    if not hidden:
+        return document
+    document["steps"] = _masked_steps(document["steps"], "", hidden)
+    if document.get("error_step") is not None:
+        document["error_step"] = _masked_path(document["error_step"], hidden)
+    document["approvals"] = [
+        {**approval, "steps": [_masked_path(path, hidden) for path in approval["steps"]]}
+        if isinstance(approval.get("steps"), list) else approval
+        for approval in document["approvals"]]
+    return document
+
+
+def relabelled(entries: list[Any], names: StepNames) -> list[Any]:
+    """Step entries (``_meta.chainweaver.steps`` as sent when a run ended) named as
+    ``names`` names them now: a stored background task's result is read long after its
+    run, and a sub-flow it named may have left its caller's view since."""
+    shown = []
+    for entry in entries:
+        step_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(step_id, str):
+            shown.append(entry)
+        elif names.hides(step_id):
+            entry = {key: value for key, value in entry.items() if key != "steps"}
+            shown.append({**entry, "id": names.label(step_id)})
+        elif names.inner(step_id) is not None and isinstance(entry.get("steps"), list):
+            inner = names.inner(step_id) or ALL_VISIBLE
+            shown.append({**entry, "steps": relabelled(entry["steps"], inner)})
+        else:
+            shown.append(entry)
+    return shown
+
+
+def _masked_steps(entries: list[Any], prefix: str, hidden: dict[str, str]) -> list[Any]:
+    shown = []
+    for entry in entries:
+        path = f"{prefix}{entry.get('id')}"
+        if path in hidden:
+            entry = {key: value for key, value in entry.items() if key != "steps"}
+            entry["id"] = hidden[path]
+        elif isinstance(entry.get("steps"), list):
+            entry = {**entry, "steps": _masked_steps(entry["steps"], path + "/", hidden)}
+        shown.append(entry)
+    return shown
+
+
+def _masked_path(path: Any, hidden: dict[str, str]) -> Any:
+    """``path`` cut at its first hidden sub-flow step (as :meth:`StepNames.path`)."""
+    if not isinstance(path, str):
+        return path
+    parts = path.split("/")
+    for end in range(1, len(parts) + 1):
+        label = hidden.get("/".join(parts[:end]))
+        if label is not None:
+            return "/".join([*parts[:end - 1], label])
+    return path
 
 
 def run_meta(result: ExecutionResult, error_detail: str = "full",

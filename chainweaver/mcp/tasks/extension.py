@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -53,6 +54,7 @@ from fastmcp_tasks.input_store import is_cancelled, load_task_args
 from fastmcp_tasks.models import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CreateTaskResult,
+    GetTaskResult,
     missing_capability_error_data,
 )
 from mcp.shared.exceptions import MCPError
@@ -69,7 +71,7 @@ from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.approval import declared_elicitation
 from chainweaver.mcp.runs.recording import RunRecorder, run_start
-from chainweaver.mcp.runs.step_names import ALL_VISIBLE
+from chainweaver.mcp.runs.step_names import ALL_VISIBLE, relabelled
 from chainweaver.mcp.tasks.durable import as_seen, mark_queued
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from fastmcp import FastMCP
     from fastmcp.server.extensions import ToolCallContinuation, ToolCallOutcome
 
+    from chainweaver.mcp.components.flow_tool import FlowTool
     from chainweaver.mcp.components.provider import FlowProvider
 
 from chainweaver.mcp.tasks.runner import (
@@ -215,6 +218,7 @@ class FlowTasksExtension(TasksExtension):
                     return await self._cancel(exposed, params.task_id, handler, ctx, params)
                 result = await handler(ctx, params)
                 if method == "tasks/get" and exposed is not None:
+                    result = named_now(result, self.provider.flow_tool(exposed))
                     return await as_seen(self.docket, result)  # a worker that stopped
                 return result
 
@@ -282,6 +286,53 @@ class FlowTasksExtension(TasksExtension):
         if docket is None:
             raise MCPError(code=INTERNAL_ERROR, message="background tasks are not running")
         return docket
+
+
+_STEP_STATUS = re.compile(r"(step \d+/\d+ )(.+)")
+
+
+def named_now(result: Any, tool: FlowTool) -> Any:
+    """``tasks/get``'s answer with the run's steps named as its caller may see them now.
+
+    A task's status and result were written as its run went, in the caller's view of
+    that moment; a sub-flow it named may have left that view since (its flow stayed):
+    it is ``subflow#<index>`` with nothing nested, and a failure's text (which may name
+    it from any step) says only which step failed, as a call shows it."""
+    if not isinstance(result, GetTaskResult):
+        return result
+    names = tool.step_names()
+    if not names.hides_any():
+        return result
+    update: dict[str, Any] = {}
+    status = _STEP_STATUS.fullmatch(result.status_message or "")
+    if status is not None and names.hides(status.group(2)):
+        update["status_message"] = status.group(1) + names.label(status.group(2))
+    stored = result.result
+    meta = stored.get("_meta") if isinstance(stored, dict) else None
+    run = meta.get("chainweaver") if isinstance(meta, dict) else None
+    steps = run.get("steps") if isinstance(run, dict) else None
+    if isinstance(stored, dict) and isinstance(meta, dict) and isinstance(run, dict) \
+            and isinstance(steps, list):
+        shown = relabelled(steps, names)
+        if shown != steps:
+            stored = {**stored, "_meta": {**meta, "chainweaver": {**run, "steps": shown}}}
+            if stored.get("isError"):
+                stored["content"] = [{"type": "text", "text": _failure(tool, stored, shown)}]
+            update["result"] = stored
+    return result.model_copy(update=update) if update else result
+
+
+def _failure(tool: FlowTool, stored: dict[str, Any], steps: list[Any]) -> str:
+    """A stored failure's text, naming only the step that failed (as now named)."""
+    content = stored.get("content")
+    text = content[0].get("text") if isinstance(content, list) and content and isinstance(
+        content[0], dict) else None
+    kind = text.split(": ", 1)[0] if isinstance(text, str) and ": " in text else "Error"
+    failed = next((entry.get("id") for entry in steps if isinstance(entry, dict)
+                   and entry.get("status") == "failed"), None)
+    message = f"step {failed!r} failed" if isinstance(failed, str) \
+        else f"flow {tool.name!r} failed"
+    return tool.failure_text(kind, message)
 
 
 def _server_docket(server: FastMCP) -> Docket | None:
