@@ -268,15 +268,11 @@ class SharedGovernance:
         await store.heartbeat(self.process, self.record())
 
 
-def _from_redis(error: BaseException) -> bool:
-    return type(error).__module__.startswith("redis")
-
-
 def _unreadable(error: BaseException) -> bool:
     """Redis answered, with a state that cannot be read (a counter that is not a
-    number, a key of the wrong type), as opposed to not answering."""
-    return isinstance(error, GovernanceStateError) or (
-        _from_redis(error) and not _connection_error(error))
+    number, a key of the wrong type, or anything else this process failed on while
+    reading it), as opposed to not answering: only an unreachable Redis is an outage."""
+    return isinstance(error, GovernanceStateError) or not _connection_error(error)
 
 
 def _connection_error(error: BaseException) -> bool:

@@ -159,6 +159,33 @@ async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_not
         redis.close()
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_starting_replica_that_fails_reading_the_state_serves_nothing(
+        redis_url: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis answers, but this process fails on what it read for a reason no one
+    foresaw (here: its reader raises). Only an unreachable Redis is an outage, where a
+    starting replica serves as defined; anything else is a state it cannot read, and
+    what governance withdrew is unknown: it serves no flow until a read succeeds."""
+    governance = settings(redis_url)
+    store = GovernanceStore(governance.url, governance.prefix)
+    withdrawn = await store.change("order_status", None, "withdrawn", by="ops")
+    read = GovernanceStore.read
+
+    async def failing(self: GovernanceStore) -> object:
+        raise RuntimeError("a reader that fails")
+
+    monkeypatch.setattr(GovernanceStore, "read", failing)
+    starting = replica(governance)
+    async with Client(starting.fastmcp, mode=mode) as client:
+        await assert_view(client, set())
+        report = {e.flow_name: e for e in starting.exposure_report()}
+        assert "cannot be read" in report["price_quote"].reason  # type: ignore[operator]
+        monkeypatch.setattr(GovernanceStore, "read", read)  # reads again, and applies
+        await until(lambda: _applied(starting, withdrawn.version), "the state")
+        await assert_view(client, set(OWNERS) - {"order_status"})
+    await store.aclose()
+
+
 async def cli(*argv: str) -> int:
     return await anyio.to_thread.run_sync(main, list(argv))
 
