@@ -8,6 +8,11 @@ instruction this package prints names the clone form.
 
 from __future__ import annotations
 
+from enum import Enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=Enum)
+
 
 class ChainWeaverError(Exception):
     """Base class of every exception ChainWeaver raises."""
@@ -15,6 +20,16 @@ class ChainWeaverError(Exception):
 
 class DefinitionError(ChainWeaverError, ValueError):
     """A tool, flow, prompt or server was defined with invalid values."""
+
+
+def member_of(kind: type[E], value: object, what: str) -> E:
+    """``value`` (a member or its value) as a member of ``kind``, else a
+    :class:`DefinitionError` naming ``what`` and listing the values allowed."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in kind)
+        raise DefinitionError(f"{what} must be one of {allowed}, got {value!r}") from None
 
 
 class InvalidNameError(DefinitionError):

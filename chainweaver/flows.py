@@ -12,7 +12,12 @@ from typing import Literal, get_args
 from pydantic import BaseModel
 
 from .conditions import Condition
-from .errors import DefinitionError, LifecycleTransitionError, PromptDefinitionError
+from .errors import (
+    DefinitionError,
+    LifecycleTransitionError,
+    PromptDefinitionError,
+    member_of,
+)
 from .grants import Delegation, Grants, delegations_of
 from .mappings import MappingSource, input_mapping_of
 from .prompts import FlowPrompt, repeated_names
@@ -45,15 +50,6 @@ ALLOWED_TRANSITIONS: Mapping[FlowLifecycle, frozenset[FlowLifecycle]] = MappingP
 })
 
 
-def lifecycle_of(value: FlowLifecycle | str) -> FlowLifecycle:
-    """``value`` as a lifecycle, else a :class:`DefinitionError` listing them."""
-    try:
-        return FlowLifecycle(value)
-    except ValueError:
-        names = ", ".join(lifecycle.value for lifecycle in FlowLifecycle)
-        raise DefinitionError(f"lifecycle must be one of {names}, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class FlowGovernance:
     """Who owns a flow, where it is in its lifecycle, and whether it may be published.
@@ -74,7 +70,7 @@ class FlowGovernance:
     withheld: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lifecycle", lifecycle_of(self.lifecycle))
+        object.__setattr__(self, "lifecycle", member_of(FlowLifecycle, self.lifecycle, "lifecycle"))
         if not isinstance(self.publish, bool):
             raise DefinitionError(f"governance publish must be True or False, got "
                                   f"{self.publish!r}")
@@ -85,7 +81,7 @@ class FlowGovernance:
 
     def transition(self, target: FlowLifecycle | str) -> FlowGovernance:
         """Return a new governance value in ``target``, if the move is allowed."""
-        target = lifecycle_of(target)
+        target = member_of(FlowLifecycle, target, "lifecycle")
         if target not in ALLOWED_TRANSITIONS[self.lifecycle]:
             allowed = ", ".join(sorted(t.value for t in ALLOWED_TRANSITIONS[self.lifecycle]))
             raise LifecycleTransitionError(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache, total_ordering
 
-from .errors import DefinitionError
+from .errors import DefinitionError, member_of
 
 
 @total_ordering
@@ -36,15 +36,6 @@ class SideEffectLevel(Enum):
 _RANKS = {level: index for index, level in enumerate(SideEffectLevel)}
 
 
-def side_effect_level(value: SideEffectLevel | str) -> SideEffectLevel:
-    """``value`` as a level, else a :class:`DefinitionError` listing the levels."""
-    try:
-        return SideEffectLevel(value)
-    except ValueError:
-        levels = ", ".join(level.value for level in SideEffectLevel)
-        raise DefinitionError(f"side_effects must be one of {levels}, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class ToolSafetyContract:
     """What a tool (or a whole flow) may do.
@@ -62,7 +53,8 @@ class ToolSafetyContract:
 
     def __post_init__(self) -> None:
         # Accept plain strings ("read") so contracts read naturally in flow files.
-        object.__setattr__(self, "side_effects", side_effect_level(self.side_effects))
+        object.__setattr__(self, "side_effects", member_of(SideEffectLevel, self.side_effects,
+                                                         "side_effects"))
         # Checked, not coerced: a truthy "no" would otherwise require approval.
         if self.idempotent is not None and not isinstance(self.idempotent, bool):
             raise DefinitionError(f"idempotent must be True, False or None, got "
