@@ -87,7 +87,8 @@ class Teams:
         return CallerIdentity("alice", {"teams": list(self.teams)}, subject="alice")
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=[pytest.mark.slow,
+                                                                 pytest.mark.tasks])])
 def store(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "memory":
         yield "memory://"
@@ -183,6 +184,7 @@ def task_catalogue() -> FlowExecutor:
     return executor
 
 
+@pytest.mark.tasks
 async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view() -> None:
     """``tasks/get`` gives a task's status and stored result as written while it ran:
     they named the sub-flow (status ``step 1/1 ledger``, the result's steps, a
