@@ -174,7 +174,9 @@ def log_unsuccessful(record: RunRecord) -> None:
     if record.error_step:
         where = f" at step {record.error_step!r}"
     else:
-        where = "" if record.steps else " before any step"
+        # The flow's input is checked before any step; other failures without a step
+        # say nothing of where (a run without a history keeps no steps to tell).
+        where = " before any step" if record.error_type == "InputValidationError" else ""
     level = logging.INFO if record.error_type in CALLER_ERRORS else logging.WARNING
     logger.log(level, "run %s of flow %r version %s %s%s: %s", record.run_id, record.flow,
                record.version, record.status, where, record.error_type or "(no error type)")

@@ -194,3 +194,20 @@ async def test_bad_arguments_are_logged_at_info_and_say_before_any_step(
                and "InputValidationError" in r.getMessage()]
     assert line.levelno == logging.INFO
     assert line.getMessage().endswith("failed before any step: InputValidationError")
+
+
+def test_only_refused_arguments_say_before_any_step(caplog: pytest.LogCaptureFixture) -> None:
+    """A run without a history keeps no steps, so a failure with no step named says
+    nothing of where it happened: only the flow's input is known to be checked first."""
+    from chainweaver.mcp.runs.recording import log_unsuccessful
+
+    caplog.set_level(logging.INFO, logger="chainweaver.mcp.runs")
+    cancelled = dataclass_with(running(), status="cancelled", error_type="CancelledError")
+    refused = dataclass_with(running(), status="failed", error_type="InputValidationError")
+    log_unsuccessful(cancelled)
+    log_unsuccessful(refused)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, f"run {RUN} of flow 'report' version 1.0.0 cancelled: "
+                          "CancelledError"),
+        (logging.INFO, f"run {RUN} of flow 'report' version 1.0.0 failed before any step: "
+                       "InputValidationError")]
