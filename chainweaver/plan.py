@@ -221,7 +221,8 @@ def compile_plan(flow: Flow, resolver: Resolver,
                     problems.append(Problem(
                         "UnknownFieldError",
                         f"{label} maps field {name!r}, which the "
-                        f"{'flow' if subflow else 'tool'}'s input does not have",
+                        f"{'flow' if subflow else 'tool'}'s input does not have "
+                        f"(its fields: {', '.join(model.model_fields) or 'none'})",
                         step_id, name))
         condition_sources: tuple[FieldSource, ...] = ()
         if step.condition is not None:

@@ -468,7 +468,8 @@ def test_check_and_validate_flow() -> None:
     problems = executor.check_flow(bad)
     assert problems == [
         "step 0 uses unregistered tool 'ghost'",
-        "step 1 ('format_price') maps field 'amount', which the tool's input does not have",
+        "step 1 ('format_price') maps field 'amount', which the tool's input does not have "
+        "(its fields: total_cents, currency)",
     ]
     with pytest.raises(FlowValidationError) as caught:
         executor.validate_flow(bad)
