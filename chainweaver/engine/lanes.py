@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..checkpoints import CheckpointStore, Durable
+from ..checkpoints import CheckpointStore
 from ..grants import StepGuard
 from ..plan import Plan
 from ..results import ErrorInfo, ExecutionResult
@@ -39,6 +39,7 @@ from .approved import (
     under_grants,
 )
 from .calling import Stop, WorkerThreads, call_blocking, run_coroutine_blocking, with_timeout
+from .durable import Durable
 from .runner import (
     CALL,
     CHECK,
@@ -132,7 +133,7 @@ class Lanes:
         call: a new call makes them (``max_concurrent``); sub-flows share their caller's
         (a sub-flow step itself takes no slot, so none waits for itself). ``approve`` as
         for :func:`approval_gate`. ``run_id`` names the run (its idempotency keys);
-        with ``checkpoints`` the run is durable (:mod:`chainweaver.checkpoints`);
+        with ``checkpoints`` the run is durable (:mod:`.durable`);
         ``guard`` is asked before every attempt (:mod:`chainweaver.grants`)."""
         if slots is None:
             slots = asyncio.Semaphore(self.max_concurrent)

@@ -15,7 +15,7 @@ from ..run_events import RunObserver
 
 
 class Checkpointing(Protocol):
-    """What a run asks of its checkpoints (``checkpoints.Durable``)."""
+    """What a run asks of its checkpoints (``engine.durable.Durable``)."""
 
     def restore(self, state: RunState) -> None: ...
 

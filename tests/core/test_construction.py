@@ -27,12 +27,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "chainweaver"
 RECORD_WRITERS: dict[str, tuple[frozenset[str], str]] = {
     "chainweaver.results.StepRecord": (
         frozenset({"chainweaver.engine.runner", "chainweaver.engine.step_data",
-                   "chainweaver.checkpoints", "chainweaver.engine.outcome"}),
+                   "chainweaver.engine.durable", "chainweaver.engine.outcome"}),
         "a step's record: the runner fills it in as the step runs, a checkpoint restores "
         "it, a run that ends early settles copies of the running ones"),
     "chainweaver.engine.run_state.RunState": (
         frozenset({"chainweaver.engine.runner", "chainweaver.engine.step_data",
-                   "chainweaver.engine.lanes", "chainweaver.checkpoints",
+                   "chainweaver.engine.lanes", "chainweaver.engine.durable",
                    "chainweaver.engine.outcome"}),
         "a run's working state, shared by the parts of the engine that run it (the "
         "outcome hands the validated flow input to a first step that takes it)"),
