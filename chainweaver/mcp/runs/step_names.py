@@ -61,6 +61,15 @@ class StepNames:
         """The names inside a visible sub-flow step (None: not one)."""
         return self._inner.get(step_id)
 
+    def hidden_paths(self) -> dict[str, str]:
+        """Every step path, at any depth, that runs a sub-flow the caller cannot see ->
+        the label it shows instead."""
+        paths = dict(self._hidden)
+        for step_id, inner in self._inner.items():
+            for path, label in inner.hidden_paths().items():
+                paths[f"{step_id}/{path}"] = label
+        return paths
+
     def named_subflows(self) -> dict[str, list[Any]]:
         """Every sub-flow step named to this caller, at any depth: its path -> [its
         sub-flow, its index]. A run record keeps it, so that a reader who cannot see
@@ -123,26 +132,16 @@ def relabelled(entries: list[Any], names: StepNames) -> list[Any]:
     """Step entries (``_meta.chainweaver.steps`` as sent when a run ended) named as
     ``names`` names them now: a stored background task's result is read long after its
     run, and a sub-flow it named may have left its caller's view since."""
-    shown = []
-    for entry in entries:
-        step_id = entry.get("id") if isinstance(entry, dict) else None
-        if not isinstance(step_id, str):
-            shown.append(entry)
-        elif names.hides(step_id):
-            entry = {key: value for key, value in entry.items() if key != "steps"}
-            shown.append({**entry, "id": names.label(step_id)})
-        elif names.inner(step_id) is not None and isinstance(entry.get("steps"), list):
-            inner = names.inner(step_id) or ALL_VISIBLE
-            shown.append({**entry, "steps": relabelled(entry["steps"], inner)})
-        else:
-            shown.append(entry)
-    return shown
+    return _masked_steps(entries, "", names.hidden_paths())
 
 
 def _masked_steps(entries: list[Any], prefix: str, hidden: dict[str, str]) -> list[Any]:
     shown = []
     for entry in entries:
-        path = f"{prefix}{entry.get('id')}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            shown.append(entry)
+            continue
+        path = f"{prefix}{entry['id']}"
         if path in hidden:
             entry = {key: value for key, value in entry.items() if key != "steps"}
             entry["id"] = hidden[path]
