@@ -327,7 +327,8 @@ def _failure(tool: FlowTool, stored: dict[str, Any], steps: list[Any]) -> str:
     content = stored.get("content")
     text = content[0].get("text") if isinstance(content, list) and content and isinstance(
         content[0], dict) else None
-    kind = text.split(": ", 1)[0] if isinstance(text, str) and ": " in text else "Error"
+    # "Type: message" (error_detail "full"), "Type" ("type_only"); generic shows neither.
+    kind = text.split(": ", 1)[0] if isinstance(text, str) and text else "Error"
     failed = next((entry.get("id") for entry in steps if isinstance(entry, dict)
                    and entry.get("status") == "failed"), None)
     message = f"step {failed!r} failed" if isinstance(failed, str) \

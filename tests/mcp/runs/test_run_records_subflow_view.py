@@ -185,7 +185,10 @@ def task_catalogue() -> FlowExecutor:
 
 
 @pytest.mark.tasks
-async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view() -> None:
+@pytest.mark.parametrize("detail, failure", [
+    ("full", "ValueError: step 'subflow#0' failed"), ("type_only", "ValueError")])
+async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view(
+        detail: str, failure: str) -> None:
     """``tasks/get`` gives a task's status and stored result as written while it ran:
     they named the sub-flow (status ``step 1/1 ledger``, the result's steps, a
     failure's text) after it left the caller's view."""
@@ -193,7 +196,7 @@ async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view() -> No
 
     teams = Teams()
     server = FlowServer(task_catalogue(), security=SecurityConfig(
-        authenticator=teams, visible=visible_claim("teams")),
+        authenticator=teams, visible=visible_claim("teams"), error_detail=detail),
         tasks=TaskSettings(url="memory://"))
     GATE["open"] = asyncio.Event()
     try:
@@ -224,4 +227,4 @@ async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view() -> No
     assert [s["id"] for s in done["result"]["_meta"]["chainweaver"]["steps"]] == [
         "subflow#0"]
     assert failed["result"]["isError"]
-    assert failed["result"]["content"][0]["text"] == "ValueError: step 'subflow#0' failed"
+    assert failed["result"]["content"][0]["text"] == failure
