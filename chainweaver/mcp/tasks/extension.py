@@ -33,6 +33,7 @@ replicas and ``chainweaver worker`` processes). What ChainWeaver adds:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import json
@@ -71,7 +72,7 @@ from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
 from chainweaver.mcp.runs.approval import declared_elicitation
 from chainweaver.mcp.runs.recording import RunRecorder, run_start
-from chainweaver.mcp.runs.step_names import ALL_VISIBLE, relabelled
+from chainweaver.mcp.runs.step_names import ALL_VISIBLE, StepNames, relabelled
 from chainweaver.mcp.tasks.durable import as_seen, mark_queued
 
 if TYPE_CHECKING:
@@ -296,8 +297,9 @@ def named_now(result: Any, tool: FlowTool) -> Any:
 
     A task's status and result were written as its run went, in the caller's view of
     that moment; a sub-flow it named may have left that view since (its flow stayed):
-    it is ``subflow#<index>`` with nothing nested, and a failure's text (which may name
-    it from any step) says only which step failed, as a call shows it."""
+    it is ``subflow#<index>`` with nothing nested, a failure's text (which may name
+    it from any step) says only which step failed, as a call shows it, and a waiting
+    task's approval question names its steps as a new ask would."""
     if not isinstance(result, GetTaskResult):
         return result
     names = tool.step_names()
@@ -307,6 +309,11 @@ def named_now(result: Any, tool: FlowTool) -> Any:
     status = _STEP_STATUS.fullmatch(result.status_message or "")
     if status is not None and names.hides(status.group(2)):
         update["status_message"] = status.group(1) + names.label(status.group(2))
+    if result.input_requests:
+        asked = {key: _asked_now(request, names) for key, request in
+                 result.input_requests.items()}
+        if asked != result.input_requests:
+            update["input_requests"] = asked
     stored = result.result
     meta = stored.get("_meta") if isinstance(stored, dict) else None
     run = meta.get("chainweaver") if isinstance(meta, dict) else None
@@ -320,6 +327,33 @@ def named_now(result: Any, tool: FlowTool) -> Any:
                 stored["content"] = [{"type": "text", "text": _failure(tool, stored, shown)}]
             update["result"] = stored
     return result.model_copy(update=update) if update else result
+
+
+# A step path in an approval question (approval_message): its step lines and the
+# sentence saying which step's grant decision changed.
+_ASKED_STEP = re.compile(r"(^- (?:fallback of )?step |grant decision of step )"
+                         r"('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\")", re.MULTILINE)
+
+
+def _asked_now(request: Any, names: StepNames) -> Any:
+    """A waiting task's input request (an approval question, as sent on the wire) with
+    each step path as ``names`` shows it now."""
+    params = request.get("params") if isinstance(request, dict) else None
+    message = params.get("message") if isinstance(params, dict) else None
+    if not (isinstance(params, dict) and isinstance(message, str)):
+        return request
+
+    def now(match: re.Match[str]) -> str:
+        try:
+            path = ast.literal_eval(match.group(2))
+        except (ValueError, SyntaxError):  # pragma: no cover - the pattern is a repr
+            return match.group(0)
+        return match.group(1) + repr(names.path(path)) if isinstance(path, str) \
+            else match.group(0)
+
+    shown = _ASKED_STEP.sub(now, message)
+    return request if shown == message else {**request, "params": {**params,
+                                                                    "message": shown}}
 
 
 def _failure(tool: FlowTool, stored: dict[str, Any], steps: list[Any]) -> str:

@@ -228,3 +228,47 @@ async def test_a_task_stops_naming_a_sub_flow_that_left_its_callers_view(
         "subflow#0"]
     assert failed["result"]["isError"]
     assert failed["result"]["content"][0]["text"] == failure
+
+
+@tool(safety=ToolSafetyContract("write", requires_approval=True, approval_reason="posts it"))
+def approve_entry(cents: int) -> dict:
+    """Post an entry, once approved."""
+    return {"posted": cents}
+
+
+@pytest.mark.tasks
+async def test_a_waiting_tasks_question_stops_naming_a_sub_flow_that_left_the_view() -> None:
+    """A task waiting for approval of a step inside a sub-flow keeps the question it
+    asked: ``tasks/get``'s input request named the sub-flow's step path after the
+    sub-flow left the caller's view; it names ``subflow#0`` as a new ask would."""
+    from fastmcp_tasks import call_tool_task
+    from support.task_asks import answering, waiting
+
+    from chainweaver.mcp import ExposurePolicy
+
+    registry = FlowRegistry()
+    executor = FlowExecutor(registry)
+    executor.register_tool(approve_entry)
+    registry.register_flow(Flow("ledger", "Post it.", [FlowStep("approve_entry")],
+                                governance=FlowGovernance(owner="ledger-team")))
+    registry.register_flow(Flow("book", "Book an entry.", [FlowStep(flow="ledger")],
+                                governance=FlowGovernance(owner="web")))
+    teams = Teams()
+    server = FlowServer(executor, tasks="memory://", policy=ExposurePolicy(
+        allowed_side_effects=["read", "write"], approval="elicit"),
+        security=SecurityConfig(authenticator=teams, visible=visible_claim("teams")))
+    async with answering(server) as client:
+        task = await call_tool_task(client, "book", {"cents": 5})
+        asked = json.dumps(await waiting(task))
+        assert "'ledger/approve_entry'" in asked  # in view when asked
+        teams.teams = ["web"]
+        now = (await task.status()).model_dump(mode="json")
+        [request] = now["input_requests"].values()
+        question = request["params"]["message"]
+        assert "ledger" not in json.dumps(now)
+        assert "- step 'subflow#0' (tool 'approve_entry')" in question
+        teams.teams = ["web", "ledger-team"]
+        again = (await task.status()).model_dump(mode="json")
+        [request] = again["input_requests"].values()
+        assert "- step 'ledger/approve_entry'" in request["params"]["message"]
+        await task.cancel()
