@@ -18,9 +18,9 @@ from chainweaver.grants import MAX_KEPT_DECISIONS, PATH_LIMIT
 
 # "list" (tools/list, resources/list, resources/templates/list, prompts/list),
 # "completion" (completion/complete) and "subscription" (subscriptions/listen,
-# resources/subscribe, resources/unsubscribe) are authenticated, rate-limited and
-# audited but never passed to the authorizer: the caller's view already narrows what
-# they show or tell.
+# resources/subscribe, resources/unsubscribe, logging/setLevel) are authenticated,
+# rate-limited and audited but never passed to the authorizer: the caller's view
+# already narrows what they show or tell.
 # "task": a background task's creation and state changes (chainweaver.mcp.tasks.extension).
 RequestKind = Literal["tool", "resource", "prompt", "list", "completion", "subscription",
                       "task", "http"]

@@ -78,6 +78,9 @@ logger = logging.getLogger("chainweaver.mcp.gate.security")
 # "subscription"); the caller admitted is the one whose view they follow.
 SUBSCRIPTION_METHODS = frozenset({"subscriptions/listen", "resources/subscribe",
                                   "resources/unsubscribe"})
+# ``logging/setLevel`` (2025-11-25) subscribes a session to run log messages at a
+# level: gated like the subscriptions (kind "subscription", the method as name).
+LOG_LEVEL_METHOD = "logging/setLevel"
 # The tasks extension's requests (fastmcp-tasks): FastMCP dispatches them through the
 # middleware's on_request only.
 TASK_METHODS = frozenset({"tasks/get", "tasks/cancel", "tasks/update"})
@@ -153,9 +156,15 @@ class SecurityGate(FrontDoor):
                                              call_next)
         if context.method in TASK_METHODS:
             return await self._guard_task(context, call_next)
-        if context.method == "logging/setLevel":
-            return await log_level.serve_set_level(context, call_next,
-                                                   sessions=self.keeps_sessions)
+        if context.method == LOG_LEVEL_METHOD:
+            # It subscribes the session to run log messages: gated like a subscription,
+            # and the level is kept only for a caller the gate admitted.
+            async def set_level(ctx: MiddlewareContext) -> Any:
+                return await log_level.serve_set_level(ctx, call_next,
+                                                       sessions=self.keeps_sessions)
+
+            return await self.guard_listing("subscription", LOG_LEVEL_METHOD, context,
+                                             set_level)
         return await call_next(context)
 
     async def _guard_task(self, context: MiddlewareContext, call_next: Any) -> Any:
