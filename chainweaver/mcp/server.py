@@ -207,6 +207,10 @@ class FlowServer:
             runs=FlowTelemetry(gated, security.error_detail, metrics),
             body_limit=security.max_body_bytes, pins=self._pins,
             run_target=run_resources.target if run_resources is not None else None)
+        if security.authenticator is not None:
+            # Its answer for the same credentials may change: listeners are told what
+            # changes in their caller's view as it answers when there is news.
+            self._notifier.authenticate = self._gate.authenticate
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(features["governance"], executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),

@@ -24,7 +24,7 @@ from mcp import MCPError
 from mcp_types import INVALID_PARAMS
 
 from chainweaver.mcp.gate.views import View, Views
-from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity, RequestKind
+from chainweaver.mcp.hooks import ANONYMOUS, CallerIdentity, GateContext, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow, Exposure
 from chainweaver.mcp.publish.live_exposure import LiveExposure
 from chainweaver.mcp.publish.run_uris import RUNS_URI
@@ -90,8 +90,13 @@ class Admission:
     request: object
     outer: Admission | None = None  # another server's decision this one is nested in
     pins: tuple[tuple[LiveExposure, Exposure], ...] = ()
-    learn: Callable[[CallerIdentity], None] | None = None  # the session record's
+    # The session record's: told each caller the gate admits, and the request context
+    # its authenticator was asked with.
+    learn: Callable[[CallerIdentity, GateContext], None] | None = None
     caller: CallerIdentity | None = None
+    # What the authenticator admitted ``caller`` from, for a list-like request (a
+    # listen stream asks it again when there is news; None: no authenticator asked).
+    asked: GateContext | None = None
     view: View | None = None
     owner: str | None = None
     kind: RequestKind | None = None
@@ -209,7 +214,8 @@ class admitted:  # noqa: N801 - used like a function: ``with admitted(record):``
 
 
 def pinned(request: object, live: LiveExposure,
-           learn: Callable[[CallerIdentity], None] | None = None) -> Admission | None:
+           learn: Callable[[CallerIdentity, GateContext], None] | None = None
+           ) -> Admission | None:
     """The admission to serve ``request`` (any object naming one request) as, with
     ``live``'s snapshot current now pinned; None: the request pinned it already.
 
@@ -229,12 +235,14 @@ def gate_record(held: Admission | None, caller: CallerIdentity, view: View, owne
                 kind: RequestKind, name: str, target: ExposedFlow | None, *,
                 decided: bool = True,
                 audit_approval: Callable[[str, str], Awaitable[None]] | None = None,
-                run: RunNote | None = None, runs_root: str = RUNS_URI) -> Admission:
+                run: RunNote | None = None, runs_root: str = RUNS_URI,
+                asked: GateContext | None = None) -> Admission:
     """The admission ``owner``'s gate made of a request of ``caller`` seeing ``view``,
     inside ``held`` (the request's record so far, None: none yet); ``decided`` False:
     while the gate resolves the request's name. ``audit_approval``: how a call's
     approval answers are audited; ``run``: where the run a call starts notes what its
-    audit needs; ``runs_root``: where the request's client reaches the run resources.
+    audit needs; ``runs_root``: where the request's client reaches the run resources;
+    ``asked``: what the authenticator admitted ``caller`` from.
     """
     base = held or Admission(object())
     # Another server's gate decided this request first (this server is mounted in
@@ -244,7 +252,8 @@ def gate_record(held: Admission | None, caller: CallerIdentity, view: View, owne
     observers = () if foreign else base.observers
     return base._but(caller=caller, view=view, owner=owner, kind=kind, name=name,
                      target=target, decided=decided, audit_approval=audit_approval,
-                     outer=outer, observers=observers, run=run, runs_root=runs_root)
+                     outer=outer, observers=observers, run=run, runs_root=runs_root,
+                     asked=asked)
 
 
 def list_request(session: object, page: ListPage) -> Admission:
@@ -282,12 +291,13 @@ def caller() -> CallerIdentity:
     return caller_from_token()
 
 
-def learn_caller(identity: CallerIdentity) -> None:
-    """Tell the session the request came on which caller the gate admitted, so it is
-    told only what changes in that caller's view."""
+def learn_caller(identity: CallerIdentity, gate: GateContext) -> None:
+    """Tell the session the request came on which caller the gate admitted (``gate``:
+    what its authenticator was asked), so it is told only what changes in that
+    caller's view."""
     held = _ADMISSION.get()
     if held is not None and held.learn is not None:
-        held.learn(identity)
+        held.learn(identity, gate)
 
 
 # Verified bearer token -> its caller, built once per token (the transport verifies

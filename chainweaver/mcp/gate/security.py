@@ -204,11 +204,11 @@ class SecurityGate(FrontDoor):
         except GateRefused as refused:
             await self._audit(gate, refused.caller, "denied", refused.reason, task_id=task_id)
             raise refusal_error(refused.reason) from None
-        admission.learn_caller(caller)
+        admission.learn_caller(caller, gate)
         await self._audit(gate, caller, "allowed", "ok", task_id=task_id)
         started = time.perf_counter()
         record = admission.gate_record(held, caller, self.views.of(self.exposure, caller),
-                                       self.owner, kind, name, None)
+                                       self.owner, kind, name, None, asked=gate)
         result = await self._run_admitted(record, context, call_next, gate, started,
                                           task_id=task_id, count=not mounted)
         await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
@@ -366,7 +366,8 @@ class SecurityGate(FrontDoor):
                               runs_root=runs_root)
             raise refusal_error(refused.reason) from None
         if admitted is None:
-            admission.learn_caller(caller)
+            # What the authenticator was asked (the name only, no flow).
+            admission.learn_caller(caller, gate_for(kind, name, None, headers))
         await self._audit(gate, caller, "allowed", "ok")
 
         started = time.perf_counter()

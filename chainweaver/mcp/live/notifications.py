@@ -18,14 +18,18 @@ compared. A listen stream follows the caller the gate admitted for the
 ``subscriptions/listen`` request; a 2025-11-25 session follows the caller the gate
 last admitted on it (the request's admission tells it), or, without an
 ``authenticator``, the caller of the verified bearer token. A session no caller was
-admitted on yet is told nothing.
+admitted on yet is told nothing. Under an ``authenticator`` (whose answer for the same
+credentials may change: a caller loses a team) that caller is asked for again before
+anything is sent, with the request context the hook admitted it from: a listener is
+told only what changes in the view its caller has *now*, and nothing once the hook
+refuses it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +60,7 @@ from chainweaver.mcp.fastmcp_seams import (
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import Admission, caller_from_token, pinned
 from chainweaver.mcp.gate.views import View, Views
-from chainweaver.mcp.hooks import CallerIdentity
+from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
 from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure
 from chainweaver.mcp.publish.live_exposure import LiveExposure
@@ -154,9 +158,10 @@ class _Session:
     session: ServerSession
     uris: set[str] = field(default_factory=set)
     caller: CallerIdentity | None = None
+    gate: GateContext | None = None  # what the authenticator admitted the caller from
 
-    def admit(self, caller: CallerIdentity) -> None:
-        self.caller = caller
+    def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
+        self.caller, self.gate = caller, gate
 
 
 class ChangeNotifier:
@@ -180,9 +185,15 @@ class ChangeNotifier:
         self.callers_from_token = callers_from_token
         self._notified = live.latest  # the snapshot clients were last told about
         self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
-        # 2026-07-28 listen streams: bus -> its handler and the caller it was opened by
+        # 2026-07-28 listen streams: bus -> its handler, the caller it was opened by and
+        # the request context the authenticator admitted that caller from
         self._streams: dict[InMemorySubscriptionBus,
-                            tuple[ListenHandler, CallerIdentity | None]] = {}
+                            tuple[ListenHandler, CallerIdentity | None,
+                                  GateContext | None]] = {}
+        # The server's authenticator, through the gate (None: callers come from the
+        # verified token, fixed for as long as the token is): asked again before a
+        # listener is told anything (see :meth:`caller_now`).
+        self.authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
 
@@ -225,7 +236,7 @@ class ChangeNotifier:
             yield
         finally:
             self._loop = None
-            for handler, _ in list(self._streams.values()):
+            for handler, _, _ in list(self._streams.values()):
                 handler.close()
             if self._pending is not None:
                 self._pending.cancel()
@@ -276,6 +287,14 @@ class ChangeNotifier:
             return
         sessions = list(self._sessions.items())
         streams = list(self._streams.items())
+        held = [(known.caller, known.gate) for _, known in sessions]
+        held.extend((caller, gate) for _, (_, caller, gate) in streams)
+        callers: list[CallerIdentity | None] = [caller for caller, _ in held]
+        if self.authenticate is not None:
+            # Each listener's caller as the authenticator answers now, not as it did
+            # when the listener was admitted.
+            callers = list(await asyncio.gather(
+                *(self.caller_now(caller, gate) for caller, gate in held)))
 
         def compare() -> tuple[list[ViewChange], list[ViewChange]]:
             # Deciding every flow and comparing views visit the catalogue: off the loop.
@@ -284,8 +303,6 @@ class ChangeNotifier:
             new.catalogue  # noqa: B018
             if self.on_rebuilt is not None:
                 self.on_rebuilt(new)
-            callers = [known.caller for _, known in sessions]
-            callers.extend(caller for _, (_, caller) in streams)
             changes = self._changes(old, new, callers)
             return changes[:len(sessions)], changes[len(sessions):]
 
@@ -325,6 +342,17 @@ class ChangeNotifier:
             changes.append(compared[key][2])
         return changes
 
+    async def caller_now(self, caller: CallerIdentity | None, gate: GateContext | None
+                         ) -> CallerIdentity | None:
+        """``caller``, admitted from ``gate``, as the authenticator answers now (None:
+        it refuses; without an authenticator, ``caller`` itself)."""
+        if caller is None or gate is None or self.authenticate is None:
+            return caller
+        try:
+            return await self.authenticate(gate)
+        except Exception:  # GateRefused, or anything else: tell this listener nothing
+            return None
+
     def admitted_caller(self) -> CallerIdentity | None:
         """The caller of the request being served, as notifications follow it: the one
         the gate admitted, else (no ``authenticator``) the verified token's."""
@@ -341,17 +369,20 @@ class ChangeNotifier:
         latest = self.live.latest
         exposed = latest.flow(flow_name)
 
-        def sees(caller: CallerIdentity | None) -> bool:
-            return caller is not None and caller.id == caller_id and \
-                self.views.of(latest, caller).allows(exposed)
+        async def sees(caller: CallerIdentity | None, gate: GateContext | None) -> bool:
+            if caller is None or caller.id != caller_id:
+                return False
+            now = await self.caller_now(caller, gate)
+            return now is not None and now.id == caller_id and \
+                self.views.of(latest, now).allows(exposed)
 
         for session_id, known in list(self._sessions.items()):
-            if not sees(known.caller):
+            if not await sees(known.caller, known.gate):
                 continue
             if not await _send_legacy(known, ViewChange(updated=frozenset(uris))):
                 self._sessions.pop(session_id, None)
-        for bus, (_, caller) in list(self._streams.items()):
-            if sees(caller):
+        for bus, (_, caller, gate) in list(self._streams.items()):
+            if await sees(caller, gate):
                 for uri in uris:
                     await bus.publish(ResourceUpdated(uri=uri))
 
@@ -362,8 +393,11 @@ class ChangeNotifier:
         bus = InMemorySubscriptionBus()
         handler = ListenHandler(bus)
         # The gate admitted this request (it is gated like a list): the stream is told
-        # what changes in that caller's view, for as long as it stays open.
-        self._streams[bus] = (handler, self.admitted_caller())
+        # what changes in that caller's view, for as long as it stays open (under an
+        # authenticator: as it answers then, asked with this request's context again).
+        held = admission.current()
+        self._streams[bus] = (handler, self.admitted_caller(),
+                              held.asked if held is not None else None)
         try:
             result: mcp_types.SubscriptionsListenResult = await handler(ctx, params)
             return result

@@ -45,15 +45,22 @@ TEAMS = {"sam": ["search-team", "common"], "olga": ["orders-team", "pricing-team
 
 class Switch:
     """An authenticator whose caller the test switches before each client's requests
-    (in memory there are no headers to tell callers apart)."""
+    (in memory there are no headers to tell callers apart). A request context it is
+    asked about again (a listener's, when there is news) names the caller it named
+    then, as the credentials in its headers would."""
 
     def __init__(self) -> None:
         self.who: str | None = None
+        self.asked: list[tuple[GateContext, str | None]] = []
 
     def __call__(self, ctx: GateContext) -> CallerIdentity | None:
-        if self.who is None:
+        who = next((who for seen, who in self.asked if seen is ctx), None)
+        if who is None:
+            who = self.who
+            self.asked.append((ctx, who))
+        if who is None:
             return None
-        return CallerIdentity(self.who, {"teams": TEAMS[self.who]}, subject=self.who)
+        return CallerIdentity(who, {"teams": TEAMS[who]}, subject=who)
 
 
 def serving(visible: Any = "teams", **security: Any
@@ -204,3 +211,38 @@ async def test_an_admitted_subscription_is_audited_and_rate_limited(mode: str) -
     # The listen stream's request lasts as long as the stream: it ends when the client
     # leaves; a subscribe request ends at once.
     assert completed[0].outcome in (("ok",) if mode == "legacy" else ("ok", "cancelled"))
+
+
+class Teams:
+    """Sam's teams, as the authenticator answers for his credentials now."""
+
+    def __init__(self) -> None:
+        self.teams = ["search-team", "orders-team"]
+
+    def __call__(self, ctx: GateContext) -> CallerIdentity:
+        return CallerIdentity("sam", {"teams": list(self.teams)}, subject="sam")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_listener_stops_hearing_of_a_flow_that_left_its_callers_view(
+        mode: str) -> None:
+    """A listen stream (or a 2025-11-25 session that makes no request since) was told
+    of changes in the view its caller had when it was admitted: after the
+    authenticator stopped giving sam the search team, it still heard that
+    ``product_search`` changed (list_changed, and resources/updated for its URI),
+    where a name that never existed says nothing. The authenticator is asked again
+    (with the listener's request context) when there is news."""
+    executor, server, _, _ = serving(authenticator=(teams := Teams()))
+    uris = [schema_uri("product_search"), schema_uri("order_status"), INDEX]
+    async with follower(server, Switch(), None, mode, uris) as heard:
+        teams.teams = ["orders-team"]  # no request made since
+        new_version(executor, "product_search")
+        assert await heard.take(0) == []
+        new_version(executor, "order_status")  # still in view: heard
+        assert await heard.take(4) == sorted([TOOLS, PROMPTS, *updated("order_status")])
+        teams.teams = []
+        new_version(executor, "order_status")  # nobody the hook admits: nothing
+        assert await heard.take(0) == []
+        teams.teams = ["search-team"]
+        new_version(executor, "product_search")  # back in view
+        assert await heard.take(4) == sorted([TOOLS, PROMPTS, *updated("product_search")])
