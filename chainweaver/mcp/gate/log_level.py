@@ -60,6 +60,14 @@ async def serve_set_level(context: MiddlewareContext, call_next: Any, *,
     return result
 
 
+def setting(call_next: Any, sessions: bool) -> Any:
+    """``serve_set_level`` as the ``call_next`` of the gate that admits the request."""
+    async def serve(context: MiddlewareContext) -> Any:
+        return await serve_set_level(context, call_next, sessions=sessions)
+
+    return serve
+
+
 def remember(context: MiddlewareContext, *, sessions: bool = True) -> None:
     """Note the level of a ``logging/setLevel`` request the server has just accepted
     (``sessions=False``: the server keeps no sessions, stateless HTTP)."""

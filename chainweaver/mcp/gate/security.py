@@ -78,8 +78,7 @@ logger = logging.getLogger("chainweaver.mcp.gate.security")
 # "subscription"); the caller admitted is the one whose view they follow.
 SUBSCRIPTION_METHODS = frozenset({"subscriptions/listen", "resources/subscribe",
                                   "resources/unsubscribe"})
-# ``logging/setLevel`` (2025-11-25) subscribes a session to run log messages at a
-# level: gated like the subscriptions (kind "subscription", the method as name).
+# It subscribes a 2025-11-25 session to run log messages: gated like the above.
 LOG_LEVEL_METHOD = "logging/setLevel"
 # The tasks extension's requests (fastmcp-tasks): FastMCP dispatches them through the
 # middleware's on_request only.
@@ -156,15 +155,10 @@ class SecurityGate(FrontDoor):
                                              call_next)
         if context.method in TASK_METHODS:
             return await self._guard_task(context, call_next)
-        if context.method == LOG_LEVEL_METHOD:
-            # It subscribes the session to run log messages: gated like a subscription,
-            # and the level is kept only for a caller the gate admitted.
-            async def set_level(ctx: MiddlewareContext) -> Any:
-                return await log_level.serve_set_level(ctx, call_next,
-                                                       sessions=self.keeps_sessions)
-
+        if context.method == LOG_LEVEL_METHOD:  # kept only for a caller it admits
             return await self.guard_listing("subscription", LOG_LEVEL_METHOD, context,
-                                             set_level)
+                                             log_level.setting(call_next,
+                                                               self.keeps_sessions))
         return await call_next(context)
 
     async def _guard_task(self, context: MiddlewareContext, call_next: Any) -> Any:

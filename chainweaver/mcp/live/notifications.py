@@ -18,11 +18,8 @@ compared. A listen stream follows the caller the gate admitted for the
 ``subscriptions/listen`` request; a 2025-11-25 session follows the caller the gate
 last admitted on it (the request's admission tells it), or, without an
 ``authenticator``, the caller of the verified bearer token. A session no caller was
-admitted on yet is told nothing. Under an ``authenticator`` (whose answer for the same
-credentials may change: a caller loses a team) that caller is asked for again before
-anything is sent, with the request context the hook admitted it from: a listener is
-told only what changes in the view its caller has *now*, and nothing once the hook
-refuses it.
+admitted on yet is told nothing. An ``authenticator`` (its answer may change) is asked
+again, with the request context it admitted the caller from, before anything is sent.
 """
 
 from __future__ import annotations
@@ -190,9 +187,8 @@ class ChangeNotifier:
         self._streams: dict[InMemorySubscriptionBus,
                             tuple[ListenHandler, CallerIdentity | None,
                                   GateContext | None]] = {}
-        # The server's authenticator, through the gate (None: callers come from the
-        # verified token, fixed for as long as the token is): asked again before a
-        # listener is told anything (see :meth:`caller_now`).
+        # The gate's authenticator (None: callers are the verified token's, fixed):
+        # see caller_now.
         self.authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
