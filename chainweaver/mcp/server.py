@@ -41,6 +41,7 @@ from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
 from chainweaver.mcp.gate.security import SecurityGate
 from chainweaver.mcp.gate.views import Views, check_visible
+from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.following import RegistryFollower, weakly
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
@@ -171,7 +172,11 @@ class FlowServer:
                                         debounce=cast(float, serving.change_debounce),
                                         on_rebuilt=components.forget_unpublished,
                                         views=views,
-                                        callers_from_token=security.authenticator is None)
+                                        callers_from_token=security.authenticator is None,
+                                        # Its answer for the same credentials may
+                                        # change: asked again when there is news.
+                                        authenticate=self._authenticate
+                                        if security.authenticator is not None else None)
         history = features["run_history"]
         self._run_log = run_log = RunLog.open(history, updated=self._notifier.run_updated) \
             if history is not None else None
@@ -207,10 +212,6 @@ class FlowServer:
             runs=FlowTelemetry(gated, security.error_detail, metrics),
             body_limit=security.max_body_bytes, pins=self._pins,
             run_target=run_resources.target if run_resources is not None else None)
-        if security.authenticator is not None:
-            # Its answer for the same credentials may change: listeners are told what
-            # changes in their caller's view as it answers when there is news.
-            self._notifier.authenticate = self._gate.authenticate
         # Before the snapshot follower subscribes: shared decisions govern a change first.
         self._shared = shared_runner(features["governance"], executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
@@ -269,6 +270,10 @@ class FlowServer:
             # operator traded a slower start for lists that skip it.
             self._exposure.catalogue  # noqa: B018
             freeze_gc()
+
+    async def _authenticate(self, gate: GateContext) -> CallerIdentity:
+        """The gate's authenticator's caller for ``gate`` now (raises when it refuses)."""
+        return await self._gate.authenticate(gate)
 
     def close(self) -> None:
         """Stop following the executor's registry (the snapshot in use stays), and stop

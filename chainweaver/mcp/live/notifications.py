@@ -170,11 +170,14 @@ class ChangeNotifier:
 
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
                  on_rebuilt: Callable[[Exposure], None] | None = None,
-                 views: Views | None = None, callers_from_token: bool = True) -> None:
+                 views: Views | None = None, callers_from_token: bool = True,
+                 authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None
+                 = None) -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
         catalogue is built (the provider forgets components it no longer needs).
         ``views``: the server's per-caller views. ``callers_from_token``: no
-        ``authenticator`` decides callers, the verified bearer token does."""
+        ``authenticator`` decides callers, the verified bearer token does;
+        ``authenticate``: the gate's authenticator otherwise (see :meth:`caller_now`)."""
         self.live = live
         self.debounce = debounce
         self.on_rebuilt = on_rebuilt
@@ -187,9 +190,7 @@ class ChangeNotifier:
         self._streams: dict[InMemorySubscriptionBus,
                             tuple[ListenHandler, CallerIdentity | None,
                                   GateContext | None]] = {}
-        # The gate's authenticator (None: callers are the verified token's, fixed):
-        # see caller_now.
-        self.authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None = None
+        self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
 
