@@ -156,6 +156,34 @@ async def test_card_requests_are_rate_limited_and_audited_like_lists() -> None:
                                                    "rate_limited")]
 
 
+def failing_authenticator(ctx: GateContext) -> CallerIdentity:
+    raise RuntimeError("the user directory is down")
+
+
+@pytest.mark.anyio
+async def test_a_card_the_gate_refuses_is_audited_once_with_the_gates_reason() -> None:
+    """The HTTP guard audits the token check's refusals (401/403 with a Bearer
+    challenge); it used to audit every 403, so a card the gate refused (audited there)
+    was audited a second time, as a token without a scope (``insufficient_scope``)."""
+    events: list[Any] = []
+    verifier = JWTVerifier(public_key=KEYS.public_pem, issuer=ISSUER, audience=AUDIENCE)
+    server = FlowServer(build_catalogue(), security=SecurityConfig(
+        authenticator=failing_authenticator, audit_hook=events.append))
+    checked = FlowServer(build_catalogue(), security=SecurityConfig(
+        auth=verifier, audit_hook=events.append))
+    async with asgi_client(server) as http:
+        refused = await http.get(CARD_PATH)
+    assert (refused.status_code, refused.json()) == (403, {"error": "authenticator_error"})
+    assert [(e.kind, e.name, e.decision, e.reason) for e in events] == [
+        ("list", "server-card", "denied", "authenticator_error")]
+    events.clear()
+    async with asgi_client(checked) as http:
+        forged = await http.get(CARD_PATH, headers={"Authorization": "Bearer not-a-jwt"})
+    assert forged.status_code == 401  # the token check's refusal: still audited
+    assert [(e.kind, e.name, e.decision, e.reason) for e in events] == [
+        ("http", CARD_PATH, "denied", "unauthenticated")]
+
+
 @pytest.mark.anyio
 async def test_an_opted_out_flow_is_never_named() -> None:
     server = FlowServer(opted_out_catalogue("product_search"), expose_schemas=True,

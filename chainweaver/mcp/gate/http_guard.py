@@ -15,7 +15,8 @@ transport. Hence this small middleware, put in front of the MCP endpoint by
 It also audits what is refused before any MCP request is read, so a failed login is on
 the audit trail like every other refusal: its own refusals (``invalid_host``,
 ``invalid_origin``) and the token check's (401: ``unauthenticated``; 403:
-``insufficient_scope``), as ``kind="http"`` events naming the request's path.
+``insufficient_scope``; each with a Bearer challenge), as ``kind="http"`` events naming
+the request's path.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ class HostOriginGuard:
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
                 reason = REFUSED_BY_AUTH.get(message["status"])
-                if reason is not None:
+                # The token check's refusals carry a Bearer challenge; a 403 without
+                # one (the server card's gate refusal) was audited by the gate.
+                if reason is not None and Headers(raw=message.get("headers", [])).get(
+                        "www-authenticate") is not None:
                     await self._audit(scope, reason)
             await send(message)
 
