@@ -33,7 +33,7 @@ from chainweaver.mcp.gate.composition import (
 from chainweaver.mcp.gate.front_door import FrontDoor
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.requests import completion_target, gate_for
-from chainweaver.mcp.gate.security import GateRefused, SecurityGate
+from chainweaver.mcp.gate.security import LOG_LEVEL_METHOD, GateRefused, SecurityGate
 from chainweaver.mcp.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
@@ -75,9 +75,10 @@ class MountedGate(FrontDoor):
         if context.method == "completion/complete":
             return await self.guard_listing("completion", completion_target(params),
                                              context, call_next)
-        if context.method == "logging/setLevel":  # the parent's clients' level, for runs
-            return await log_level.serve_set_level(context, call_next,
-                                                   sessions=self.gate.keeps_sessions)
+        if context.method == LOG_LEVEL_METHOD:  # the parent's clients' level, for runs
+            return await self.guard_listing("subscription", LOG_LEVEL_METHOD, context,
+                                             log_level.setting(call_next,
+                                                               self.gate.keeps_sessions))
         return await call_next(context)
 
     async def guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,

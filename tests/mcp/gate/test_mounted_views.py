@@ -101,17 +101,21 @@ async def test_mounted_lists_and_completions_are_authenticated_and_audited(mode:
                "data": {"reason": "unauthenticated"}}
     template = mcp_types.ResourceTemplateReference(uri=TEMPLATE.replace("://", "://shop/"))
     async with Client(parent, mode=mode) as client:
-        for request in (client.list_tools, client.list_resources,
-                        client.list_resource_templates, client.list_prompts,
-                        lambda: client.complete(template,
-                                                {"name": "published_name", "value": ""})):
+        requests = [client.list_tools, client.list_resources,
+                    client.list_resource_templates, client.list_prompts,
+                    lambda: client.complete(template,
+                                            {"name": "published_name", "value": ""})]
+        if mode == "legacy":  # the level of the mounted server's run log messages
+            requests.append(lambda: client.set_logging_level("debug"))
+        for request in requests:
             with pytest.raises(MCPError) as caught:
                 await request()
             assert caught.value.error.model_dump() == refused
+    set_level = [("subscription", "logging/setLevel", "denied")] if mode == "legacy" else []
     assert [(e.kind, e.name, e.decision) for e in events] == [
         ("list", "tools/list", "denied"), ("list", "resources/list", "denied"),
         ("list", "resources/templates/list", "denied"), ("list", "prompts/list", "denied"),
-        ("completion", template.uri, "denied")]
+        ("completion", template.uri, "denied"), *set_level]
 
 
 async def test_mounted_lists_spend_the_rate_budget() -> None:
