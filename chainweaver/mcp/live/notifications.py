@@ -64,6 +64,8 @@ from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 logger = logging.getLogger("chainweaver.mcp.live.notifications")
 
+# Authenticator calls in flight at once when listeners' callers are asked again.
+MAX_ASKING = 16
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})
 
@@ -289,9 +291,15 @@ class ChangeNotifier:
         callers: list[CallerIdentity | None] = [caller for caller, _ in held]
         if self.authenticate is not None:
             # Each listener's caller as the authenticator answers now, not as it did
-            # when the listener was admitted.
-            callers = list(await asyncio.gather(
-                *(self.caller_now(caller, gate) for caller, gate in held)))
+            # when the listener was admitted (a few hooks at a time).
+            asking = asyncio.Semaphore(MAX_ASKING)
+
+            async def now(caller: CallerIdentity | None, gate: GateContext | None
+                          ) -> CallerIdentity | None:
+                async with asking:
+                    return await self.caller_now(caller, gate)
+
+            callers = list(await asyncio.gather(*(now(c, g) for c, g in held)))
 
         def compare() -> tuple[list[ViewChange], list[ViewChange]]:
             # Deciding every flow and comparing views visit the catalogue: off the loop.
