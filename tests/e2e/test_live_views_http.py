@@ -6,8 +6,10 @@ each listener is followed as its own key names its caller now."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -85,6 +87,30 @@ async def test_each_token_caller_is_told_only_of_changes_in_its_view(
         listens = {(e["caller_id"], e["decision"]) for e in events
                    if e["kind"] == "subscription" and e["name"] == "subscriptions/listen"}
         assert listens == {("client-sam|sam", "allowed"), ("client-olga|olga", "allowed")}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_listener_hears_nothing_once_its_token_expired(
+        server: dict[str, Any], mode: str) -> None:
+    """A listen stream (or a 2025-11-25 session) was told of changes for as long as it
+    stayed open, after the token it was opened with had expired: it now hears nothing
+    more (the stream ends; the session waits for a request with a new token), while a
+    caller whose token is still good hears on."""
+    keys = server["keys"]
+    lifetime = 6
+    sam = keys.token("sam", ["common"], expires_in=lifetime)
+    expires = time.time() + lifetime - 1  # the token's exp is whole seconds
+    olga = keys.token("olga", ["common"])
+    async with follower(server["url"], sam, mode) as sam_heard, \
+            follower(server["url"], olga, mode) as olga_heard:
+        add_flow(server["flows"], "first_extra", "common")
+        assert await sam_heard.take(3) == BOTH
+        assert await olga_heard.take(3) == BOTH
+        assert time.time() < expires, "too slow to tell the change before the expiry"
+        await asyncio.sleep(max(0.0, expires - time.time()) + 1.5)
+        add_flow(server["flows"], "second_extra", "common")
+        assert await olga_heard.take(3) == BOTH
+        assert await sam_heard.take(0) == []
 
 
 def new_version(executor: FlowExecutor, name: str) -> None:

@@ -322,6 +322,24 @@ def caller_from_token() -> CallerIdentity:
     return token_caller(token)
 
 
+def token_expiry() -> float | None:
+    """When the verified bearer token of the current request expires (seconds since the
+    epoch; None: no token, or it says no expiry)."""
+    return token_caller_and_expiry()[1]
+
+
+def token_caller_and_expiry() -> tuple[CallerIdentity, float | None]:
+    """:func:`caller_from_token` and :func:`token_expiry` with one look at the token."""
+    try:
+        token = get_access_token()
+    except RuntimeError:  # pragma: no cover - no request context at all
+        token = None
+    if token is None:
+        return ANONYMOUS, None
+    expires = token.expires_at
+    return token_caller(token), float(expires) if isinstance(expires, int | float) else None
+
+
 def token_caller(token: Any) -> CallerIdentity:
     """The caller a token the server's ``auth`` verified names (built once per token)."""
     with _TOKEN_LOCK:  # completions run in worker threads

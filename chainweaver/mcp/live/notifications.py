@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,7 +56,13 @@ from chainweaver.mcp.fastmcp_seams import (
     on_connection_close,
 )
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.admission import Admission, caller_from_token, pinned
+from chainweaver.mcp.gate.admission import (
+    Admission,
+    caller_from_token,
+    pinned,
+    token_caller_and_expiry,
+    token_expiry,
+)
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
@@ -158,9 +165,17 @@ class _Session:
     uris: set[str] = field(default_factory=set)
     caller: CallerIdentity | None = None
     gate: GateContext | None = None  # what the authenticator admitted the caller from
+    expires: float | None = None  # when the token it was last admitted with expires
 
     def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
-        self.caller, self.gate = caller, gate
+        self.caller, self.gate, self.expires = caller, gate, token_expiry()
+
+    def caller_now(self) -> CallerIdentity | None:
+        """The caller to tell, None once the token it came with has expired: an expired
+        credential hears nothing more until the client makes a request with a new one."""
+        if self.expires is not None and self.expires <= time.time():
+            return None
+        return self.caller
 
 
 class ChangeNotifier:
@@ -286,7 +301,7 @@ class ChangeNotifier:
             return
         sessions = list(self._sessions.items())
         streams = list(self._streams.items())
-        held = [(known.caller, known.gate) for _, known in sessions]
+        held = [(known.caller_now(), known.gate) for _, known in sessions]
         held.extend((caller, gate) for _, (_, caller, gate) in streams)
         callers: list[CallerIdentity | None] = [caller for caller, _ in held]
         if self.authenticate is not None:
@@ -382,7 +397,7 @@ class ChangeNotifier:
                 self.views.of(latest, now).allows(exposed)
 
         for session_id, known in list(self._sessions.items()):
-            if not await sees(known.caller, known.gate):
+            if not await sees(known.caller_now(), known.gate):
                 continue
             if not await _send_legacy(known, ViewChange(updated=frozenset(uris))):
                 self._sessions.pop(session_id, None)
@@ -403,10 +418,17 @@ class ChangeNotifier:
         held = admission.current()
         self._streams[bus] = (handler, self.admitted_caller(),
                               held.asked if held is not None else None)
+        # The stream ends (gracefully: its result is the last frame) when the token it
+        # was opened with expires; the client listens again with a new one.
+        expires = token_expiry()
+        ending = None if expires is None else asyncio.get_running_loop().call_later(
+            max(0.0, expires - time.time()), handler.close)
         try:
             result: mcp_types.SubscriptionsListenResult = await handler(ctx, params)
             return result
         finally:
+            if ending is not None:
+                ending.cancel()
             self._streams.pop(bus, None)
 
     async def _subscribe(self, ctx: Any, params: mcp_types.SubscribeRequestParams
@@ -505,7 +527,8 @@ class SnapshotPins:
         if request is not None and session_id is not None:
             known = self.notifier.remember(session_id, request.session)
             if self.notifier.callers_from_token:
-                known.caller = caller_from_token()  # the token rides on every request
+                # The token rides on every request (and says when it stops being good).
+                known.caller, known.expires = token_caller_and_expiry()
             else:
                 learn = known.admit  # an authenticator decides: the gate tells the record
         return pinned(name, self.live, learn)
