@@ -1,10 +1,11 @@
 """Serve the shared test catalogue over a real transport, for the subprocess tests.
 
 Usage: ``python catalogue_server.py stdio|streamable-http [--port N] [--token T]
-[--audit FILE] [--noisy] [--expose]``. ``--token`` requires ``Authorization: Bearer T``
+[--audit FILE] [--noisy] [--expose] [--tasks]``. ``--token`` requires ``Authorization: Bearer T``
 and ``X-Caller`` names the caller; ``--audit`` appends every audit event as one JSON
 line; ``--noisy`` adds a flow whose tool prints to stdout and logs, to prove neither
-reaches the MCP channel; ``--expose`` turns on ``expose_schemas`` and ``expose_prompts``.
+reaches the MCP channel; ``--expose`` turns on ``expose_schemas`` and ``expose_prompts``;
+``--tasks`` serves background tasks in memory.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--audit")
     parser.add_argument("--noisy", action="store_true")
     parser.add_argument("--expose", action="store_true")
+    parser.add_argument("--tasks", action="store_true", help='tasks="memory://"')
     args = parser.parse_args()
 
     executor = build_catalogue()
@@ -75,6 +77,7 @@ def main() -> None:
             audit_hook=audit if args.audit else None,
         ),
         serving=ServingConfig(name="catalogue"),
+        tasks="memory://" if args.tasks else None,
     )
     server.serve(args.transport, host="127.0.0.1", port=args.port)
 

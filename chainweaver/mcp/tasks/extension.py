@@ -142,6 +142,13 @@ class FlowTasksExtension(TasksExtension):
         if not opted_in:
             return await call_next()
         arguments = dict(params.arguments or {})
+        if _nested_deeper_than(arguments, MAX_ARGUMENT_DEPTH):
+            # Storing the payload walks it recursively: a value nested hundreds of
+            # levels deep (the 2026-07-28 HTTP transport decodes ~1,000) would fail
+            # there as an internal error. Inline calls refuse it by the input model.
+            raise MCPError(code=INVALID_PARAMS, message=f"Invalid arguments for "
+                           f"{params.name!r}: nested more than {MAX_ARGUMENT_DEPTH} "
+                           "levels deep")
         try:
             json.dumps(arguments)  # the task's payload is stored as JSON
         except (TypeError, ValueError):
@@ -379,3 +386,24 @@ def _requested_version(params: mcp_types.CallToolRequestParams) -> VersionSpec |
 
     text = extract_version_spec(cast("dict[str, Any] | None", params.meta))
     return VersionSpec(eq=text) if text else None
+
+
+# How deeply a background task's arguments may nest (the top-level object is 1); the
+# same bound prompt arguments have (prompt_render.MAX_JSON_DEPTH).
+MAX_ARGUMENT_DEPTH = 64
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` (decoded JSON) nests lists and objects more than ``limit``
+    levels deep; walked without recursion, so any depth is safe to check."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) \
+            else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
