@@ -10,9 +10,10 @@ else. Here:
   Otherwise a list or read says ``"private"`` (it depends on the caller's view), and
   so does every run-record read, always, under every composition: the gate that
   admits a read where its clients reach the run resources (``chainweaver://runs``, or
-  ``chainweaver://shop/runs`` under a ``Namespace("shop")`` or ``mount_into``) marks
-  the answer its caller's alone (:func:`mark_per_caller`), since this middleware runs
-  before any gate and cannot know where a composition put them. The templates list and ``server/discover``
+  ``chainweaver://shop/runs`` under ``Namespace("shop")`` or ``mount_into``) notes
+  the answer as its caller's alone in the request's admission
+  (:class:`~.admission.AnswerNote`); this middleware runs before every gate and
+  cannot know where a composition put them. The templates list and ``server/discover``
   describe the server, not a view: always ``"public"``.
 - ``ttlMs`` is ``FlowServer(discovery=Discovery(cache_ttl=...))`` (default 0: stale at
   once), never longer than the served state is sure to hold: under shared governance
@@ -30,36 +31,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from mcp_types.methods import CACHEABLE_METHODS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from chainweaver.mcp.gate.admission import AnswerNote, admitted, hinted_request
 from chainweaver.mcp.publish.run_uris import is_run_uri
 
 Scope = Literal["public", "private"]
 # About the server, the same for every caller.
 _SERVER_WIDE = frozenset({"resources/templates/list", "server/discover"})
-
-
-class _Answer:
-    """What the request being hinted learned while it was served."""
-
-    per_caller = False
-
-
-_ANSWER: ContextVar[_Answer | None] = ContextVar("chainweaver_cache_answer", default=None)
-
-
-def mark_per_caller() -> None:
-    """The answer being served is its caller's alone (a run read, however the
-    composition names it): hinted ``private`` whatever the server shares. A gate
-    calls it; outside a hinted request it does nothing."""
-    answer = _ANSWER.get()
-    if answer is not None:
-        answer.per_caller = True
 
 
 @dataclass(frozen=True)
@@ -110,15 +93,12 @@ class CacheHints:
         if method not in CACHEABLE_METHODS or ctx.protocol_version not in \
                 MODERN_PROTOCOL_VERSIONS:
             return await call_next(ctx)
-        answer = _Answer()
-        token = _ANSWER.set(answer)
-        try:
+        note = AnswerNote()
+        with admitted(hinted_request(ctx.session, note)):
             result = await call_next(ctx)
-        finally:
-            _ANSWER.reset(token)
         if not isinstance(result, dict) or result.get("resultType", "complete") != "complete":
             return result  # an interim answer carries no hints
         result["ttlMs"] = self.policy.ttl_ms()
-        result["cacheScope"] = "private" if answer.per_caller \
+        result["cacheScope"] = "private" if note.per_caller \
             else self.policy.scope(method, ctx.params)
         return result

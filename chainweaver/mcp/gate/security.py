@@ -35,7 +35,7 @@ from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
 
 from chainweaver.mcp.config import SecurityConfig
-from chainweaver.mcp.gate import admission, cache_hints, log_level
+from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, RunNote, caller_from_token
 from chainweaver.mcp.gate.body_cap import BODY_TOO_LARGE, BodyTooLarge
 from chainweaver.mcp.gate.composition import (
@@ -330,7 +330,9 @@ class SecurityGate(FrontDoor):
         own chain serves, and counts, under its own names.
         """
         if kind == "resource" and is_run_uri(name, runs_root):
-            cache_hints.mark_per_caller()  # where this composition put the runs
+            # A run read, where this composition put the run resources: its caller's
+            # alone (the cache hints, outside every gate, cannot tell).
+            admission.answer_per_caller()
         held = admission.current()
         # Admitted already: this request runs inside one the gate admitted (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same
