@@ -14,7 +14,8 @@ Both find "their" components by the owner mark every component of a FlowServer
 carries in ``_meta.chainweaver.server``, whatever name transforms gave it, and both
 know where their clients reach the run resources (:func:`runs_root`): every URI
 there is a run read, admitted as one whatever run it names, and a large output's link
-is written there.
+is written there. Change notifications name resources as the clients list them
+(:func:`published_uris`).
 
 Anything else that routes a request into the server without its own transport
 (a bare ``FastMCP.mount()``) is refused, loudly, by the gate itself.
@@ -143,3 +144,25 @@ async def runs_root(transforms: Sequence[Transform]) -> str:
         _ROOTS.pop(next(iter(_ROOTS)))
     _ROOTS[key] = (tuple(transforms), root)
     return root
+
+
+async def published_uris(transforms: Sequence[Transform], uris: Sequence[str]
+                         ) -> dict[str, str]:
+    """Each of ``uris`` (this server's own) as clients list it through ``transforms``
+    (``chainweaver://flows/x/schema`` -> ``chainweaver://shop/flows/x/schema`` under
+    a ``Namespace("shop")``); a URI the transforms hide is left out.
+
+    Worked out with the transforms' own listing, as :func:`runs_root` is.
+    """
+    if not transforms:
+        return {uri: uri for uri in uris}
+    # Each stand-in is named by its position: a transform moves URIs, not names.
+    listed: Sequence[Resource] = [TextResource(uri=AnyUrl(uri), name=str(index), text="")
+                                  for index, uri in enumerate(uris)]
+    for transform in transforms:
+        listed = await transform.list_resources(listed)
+    named: dict[str, str] = {}
+    for resource in listed:
+        if resource.name.isdigit() and int(resource.name) < len(uris):
+            named[uris[int(resource.name)]] = str(resource.uri)
+    return named
