@@ -15,7 +15,8 @@ carries in ``_meta.chainweaver.server``, whatever name transforms gave it, and b
 know where their clients reach the run resources (:func:`runs_root`): every URI
 there is a run read, admitted as one whatever run it names, and a large output's link
 is written there. Change notifications name resources as the clients list them
-(:func:`published_uris`).
+(:func:`published_uris`), and the server card names what the lists name
+(:func:`listed_through`).
 
 Anything else that routes a request into the server without its own transport
 (a bare ``FastMCP.mount()``) is refused, loudly, by the gate itself.
@@ -23,14 +24,18 @@ Anything else that routes a request into the server without its own transport
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastmcp import FastMCP
-from fastmcp.resources import Resource, TextResource
+from fastmcp.prompts import Prompt
+from fastmcp.resources import Resource, ResourceTemplate, TextResource
 from fastmcp.server.middleware import MiddlewareContext
 from fastmcp.server.transforms import Transform
+from fastmcp.tools import Tool
 from pydantic import AnyUrl
 
 from chainweaver.mcp.hooks import RequestKind
@@ -166,3 +171,30 @@ async def published_uris(transforms: Sequence[Transform], uris: Sequence[str]
         if resource.name.isdigit() and int(resource.name) < len(uris):
             named[uris[int(resource.name)]] = str(resource.uri)
     return named
+
+
+Listed = tuple[Sequence[Tool], Sequence[Resource], Sequence[ResourceTemplate],
+               Sequence[Prompt]]
+
+
+def listed_through(transforms: Sequence[Transform], listed: Listed) -> Listed:
+    """``listed`` (a server's tools, resources, templates and prompts) as its lists
+    show them through ``transforms`` (renamed, moved, added, hidden), for a document
+    built outside a request (the server card).
+
+    A transform's listing is async by API but works on what it is given: it runs to
+    its end on a loop of its own, in a thread, since the caller may be on one.
+    """
+    tools, resources, templates, prompts = listed
+
+    async def through() -> Listed:
+        nonlocal tools, resources, templates, prompts
+        for transform in transforms:
+            tools = await transform.list_tools(tools)
+            resources = await transform.list_resources(resources)
+            templates = await transform.list_resource_templates(templates)
+            prompts = await transform.list_prompts(prompts)
+        return tools, resources, templates, prompts
+
+    with ThreadPoolExecutor(1, thread_name_prefix="chainweaver-card") as pool:
+        return pool.submit(asyncio.run, through()).result()
