@@ -19,11 +19,12 @@ seconds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastmcp import FastMCP
+from fastmcp.server.transforms import Transform
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -63,9 +64,11 @@ class ServerCards:
     live: LiveExposure
     views: Views
     gate: SecurityGate
-    primitives: Callable[[Any], Mapping[str, Any]]  # a view -> what its lists show
+    # (a view, the server's transforms) -> what that view's lists show
+    primitives: Callable[[Any, Sequence[Transform]], Mapping[str, Any]]
     auth: Any  # the server's FastMCP AuthProvider, or None
     cache: CachePolicy
+    server: FastMCP  # whose transforms (a Namespace...) name what its lists show
     _routes: set[str] = field(default_factory=set)
 
     def install(self, fastmcp: FastMCP, path: str) -> None:
@@ -97,8 +100,11 @@ class ServerCards:
                 primitives: Mapping[str, Any] = NO_PRIMITIVES
             else:
                 view = self.views.of(self.live, caller)
-                primitives = view.cached("card:primitives",
-                                         lambda: self.primitives(view))
+                # Read at each card: a transform added after the server was built
+                # renames the card's names as it renames the lists'.
+                transforms = tuple(self.server.transforms)
+                key = "card:primitives " + " ".join(str(id(t)) for t in transforms)
+                primitives = view.cached(key, lambda: self.primitives(view, transforms))
         card = server_card(self.identity, url, primitives, bearer=self.auth is not None)
         return card, entity_tag(canonical(card))
 

@@ -261,7 +261,7 @@ class FlowServer:
             ServerIdentity.of(name, discovery_settings.registry_name, version or __version__,
                               instructions),
             self._exposure, views, self._gate, self._provider.card_primitives,
-            security.auth, cache)
+            security.auth, cache, self._fastmcp)
         self._watcher: FlowFileWatcher | None = None
         self._unsubscribe = executor.registry.subscribe(weakly(follower))
         follower()  # a change made since the first snapshot was taken

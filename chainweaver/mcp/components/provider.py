@@ -17,6 +17,7 @@ from fastmcp.prompts.base import Prompt
 from fastmcp.resources.base import Resource
 from fastmcp.resources.template import ResourceTemplate
 from fastmcp.server.providers import Provider
+from fastmcp.server.transforms import Transform
 from fastmcp.tools.base import Tool
 from fastmcp.utilities.components import FastMCPComponent
 from fastmcp.utilities.versions import VersionSpec
@@ -37,7 +38,7 @@ from chainweaver.mcp.components.resources import (
 from chainweaver.mcp.components.run_resources import RunResources, run_templates
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
-from chainweaver.mcp.gate.composition import stamp_owner
+from chainweaver.mcp.gate.composition import Listed, listed_through, stamp_owner
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.live.cursors import (
     BY_SIZE,
@@ -277,9 +278,11 @@ class FlowProvider(Provider):
         return view.cached("listed:prompts", lambda: sorted(
             view.select(self.exposure.prompts.values(), _entry_flow), key=_prompt_name))
 
-    def card_primitives(self, view: View) -> dict[str, list[dict[str, Any]]]:
-        """What ``view``'s lists show, as the wire carries them (every item, no pages):
-        the server card's primitives. Call it with the snapshot pinned."""
+    def card_primitives(self, view: View, transforms: Sequence[Transform] = ()
+                        ) -> dict[str, list[dict[str, Any]]]:
+        """What ``view``'s lists show, as the wire carries them (every item, no pages),
+        through the server's ``transforms``: the server card's primitives. Call it
+        with the snapshot pinned."""
         def dumped(component: Any) -> dict[str, Any]:
             item = component.model_dump(by_alias=True, mode="json", exclude_none=True)
             meta = item.get("_meta", {}).get("chainweaver")
@@ -287,17 +290,21 @@ class FlowProvider(Provider):
                 meta.pop("server", None)  # this process's own mark, not the flow's
             return dict(item)
 
+        listed: Listed = (
+            [self._tool(e) for e in self._listed_tools(view) if e is not None],
+            [self._index_resource(view) if e is None else self._schema_resource(e)
+             for e in self._listed_resources(view)],
+            ([self._template] if self._template else []) + list(self._run_templates),
+            [self._prompt(entry, view) for entry in self._listed_prompts(view)])
+        if transforms:
+            listed = listed_through(transforms, listed)
+        tools, resources, templates, prompts = listed
         return {
-            "tools": [dumped(self._tool(e).to_mcp_tool(name=e.tool_name))
-                      for e in self._listed_tools(view) if e is not None],
-            "resources": [dumped((self._index_resource(view) if e is None else
-                                  self._schema_resource(e)).to_mcp_resource())
-                          for e in self._listed_resources(view)],
-            "resourceTemplates": [dumped(template.to_mcp_template()) for template in
-                                  ([self._template] if self._template else [])
-                                  + list(self._run_templates)],
-            "prompts": [dumped(self._prompt(entry, view).to_mcp_prompt())
-                        for entry in self._listed_prompts(view)],
+            "tools": [dumped(tool.to_mcp_tool(name=tool.name)) for tool in tools],
+            "resources": [dumped(resource.to_mcp_resource()) for resource in resources],
+            "resourceTemplates": [dumped(template.to_mcp_template())
+                                  for template in templates],
+            "prompts": [dumped(prompt.to_mcp_prompt()) for prompt in prompts],
         }
 
     # ------------------------------------------------------------------ tools

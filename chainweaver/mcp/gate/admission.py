@@ -70,6 +70,16 @@ class RunNote:
     steps: dict[str, Any] | None = None
 
 
+@dataclass
+class AnswerNote:
+    """What the gate learns of an answer the 2026-07-28 cache hints describe (the one
+    part of an admission the hints read after the request was served):
+    ``per_caller``, the answer is its caller's alone (a run read, wherever a
+    composition put the run resources)."""
+
+    per_caller: bool = False
+
+
 @dataclass(frozen=True)
 class Admission:
     """What the server decided about one request.
@@ -108,6 +118,7 @@ class Admission:
     page: ListPage | None = field(default=None, compare=False)
     run: RunNote | None = field(default=None, compare=False)  # an admitted call's run
     runs_root: str = RUNS_URI
+    answer: AnswerNote | None = field(default=None, compare=False)  # a hinted answer's
 
     def _but(self, **changes: Any) -> Admission:
         """This record with ``changes``: a new record (this one never changes).
@@ -260,6 +271,20 @@ def list_request(session: object, page: ListPage) -> Admission:
     """The admission a list request starts with: the page it asks for (the gate's first
     step pins its snapshot in the same record: same request, its ``session``)."""
     return Admission(session, page=page)
+
+
+def hinted_request(session: object, note: AnswerNote) -> Admission:
+    """The admission a request whose answer gets cache hints starts with: ``note``,
+    where the gate says what it learns of the answer (same request: its
+    ``session``)."""
+    return Admission(session, answer=note)
+
+
+def answer_per_caller() -> None:
+    """The answer being served is its caller's alone (see :class:`AnswerNote`)."""
+    held = _ADMISSION.get()
+    if held is not None and held.answer is not None:
+        held.answer.per_caller = True
 
 
 def task_request(session: object, owner: str, method: str,

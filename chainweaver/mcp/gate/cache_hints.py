@@ -8,7 +8,12 @@ else. Here:
 - ``cacheScope`` is ``"public"`` only when every caller provably gets the same answer:
   no per-caller view rule, no bearer-token auth, no authenticator or authorizer hook.
   Otherwise a list or read says ``"private"`` (it depends on the caller's view), and
-  so does every run-record read, always. The templates list and ``server/discover``
+  so does every run-record read, always, under every composition: the gate that
+  admits a read where its clients reach the run resources (``chainweaver://runs``, or
+  ``chainweaver://shop/runs`` under ``Namespace("shop")`` or ``mount_into``) notes
+  the answer as its caller's alone in the request's admission
+  (:class:`~.admission.AnswerNote`); this middleware runs before every gate and
+  cannot know where a composition put them. The templates list and ``server/discover``
   describe the server, not a view: always ``"public"``.
 - ``ttlMs`` is ``FlowServer(discovery=Discovery(cache_ttl=...))`` (default 0: stale at
   once), never longer than the served state is sure to hold: under shared governance
@@ -32,6 +37,7 @@ from typing import Any, Literal
 from mcp_types.methods import CACHEABLE_METHODS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from chainweaver.mcp.gate.admission import AnswerNote, admitted, hinted_request
 from chainweaver.mcp.publish.run_uris import is_run_uri
 
 Scope = Literal["public", "private"]
@@ -87,9 +93,12 @@ class CacheHints:
         if method not in CACHEABLE_METHODS or ctx.protocol_version not in \
                 MODERN_PROTOCOL_VERSIONS:
             return await call_next(ctx)
-        result = await call_next(ctx)
+        note = AnswerNote()
+        with admitted(hinted_request(ctx.session, note)):
+            result = await call_next(ctx)
         if not isinstance(result, dict) or result.get("resultType", "complete") != "complete":
             return result  # an interim answer carries no hints
         result["ttlMs"] = self.policy.ttl_ms()
-        result["cacheScope"] = self.policy.scope(method, ctx.params)
+        result["cacheScope"] = "private" if note.per_caller \
+            else self.policy.scope(method, ctx.params)
         return result

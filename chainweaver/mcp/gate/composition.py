@@ -14,7 +14,9 @@ Both find "their" components by the owner mark every component of a FlowServer
 carries in ``_meta.chainweaver.server``, whatever name transforms gave it, and both
 know where their clients reach the run resources (:func:`runs_root`): every URI
 there is a run read, admitted as one whatever run it names, and a large output's link
-is written there.
+is written there. Change notifications name resources as the clients list them
+(:func:`published_uris`), and the server card names what the lists name
+(:func:`listed_through`).
 
 Anything else that routes a request into the server without its own transport
 (a bare ``FastMCP.mount()``) is refused, loudly, by the gate itself.
@@ -22,14 +24,18 @@ Anything else that routes a request into the server without its own transport
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastmcp import FastMCP
-from fastmcp.resources import Resource, TextResource
+from fastmcp.prompts import Prompt
+from fastmcp.resources import Resource, ResourceTemplate, TextResource
 from fastmcp.server.middleware import MiddlewareContext
 from fastmcp.server.transforms import Transform
+from fastmcp.tools import Tool
 from pydantic import AnyUrl
 
 from chainweaver.mcp.hooks import RequestKind
@@ -143,3 +149,52 @@ async def runs_root(transforms: Sequence[Transform]) -> str:
         _ROOTS.pop(next(iter(_ROOTS)))
     _ROOTS[key] = (tuple(transforms), root)
     return root
+
+
+async def published_uris(transforms: Sequence[Transform], uris: Sequence[str]
+                         ) -> dict[str, str]:
+    """Each of ``uris`` (this server's own) as clients list it through ``transforms``
+    (``chainweaver://flows/x/schema`` -> ``chainweaver://shop/flows/x/schema`` under
+    a ``Namespace("shop")``); a URI the transforms hide is left out.
+
+    Worked out with the transforms' own listing, as :func:`runs_root` is.
+    """
+    if not transforms:
+        return {uri: uri for uri in uris}
+    # Each stand-in is named by its position: a transform moves URIs, not names.
+    listed: Sequence[Resource] = [TextResource(uri=AnyUrl(uri), name=str(index), text="")
+                                  for index, uri in enumerate(uris)]
+    for transform in transforms:
+        listed = await transform.list_resources(listed)
+    named: dict[str, str] = {}
+    for resource in listed:
+        if resource.name.isdigit() and int(resource.name) < len(uris):
+            named[uris[int(resource.name)]] = str(resource.uri)
+    return named
+
+
+Listed = tuple[Sequence[Tool], Sequence[Resource], Sequence[ResourceTemplate],
+               Sequence[Prompt]]
+
+
+def listed_through(transforms: Sequence[Transform], listed: Listed) -> Listed:
+    """``listed`` (a server's tools, resources, templates and prompts) as its lists
+    show them through ``transforms`` (renamed, moved, added, hidden), for a document
+    built outside a request (the server card).
+
+    A transform's listing is async by API but works on what it is given: it runs to
+    its end on a loop of its own, in a thread, since the caller may be on one.
+    """
+    tools, resources, templates, prompts = listed
+
+    async def through() -> Listed:
+        nonlocal tools, resources, templates, prompts
+        for transform in transforms:
+            tools = await transform.list_tools(tools)
+            resources = await transform.list_resources(resources)
+            templates = await transform.list_resource_templates(templates)
+            prompts = await transform.list_prompts(prompts)
+        return tools, resources, templates, prompts
+
+    with ThreadPoolExecutor(1, thread_name_prefix="chainweaver-card") as pool:
+        return pool.submit(asyncio.run, through()).result()

@@ -329,6 +329,10 @@ class SecurityGate(FrontDoor):
         ``mounted``: run by a parent's :class:`MountedGate` for a request this server's
         own chain serves, and counts, under its own names.
         """
+        if kind == "resource" and is_run_uri(name, runs_root):
+            # A run read, where this composition put the run resources: its caller's
+            # alone (the cache hints, outside every gate, cannot tell).
+            admission.answer_per_caller()
         held = admission.current()
         # Admitted already: this request runs inside one the gate admitted (a tool that
         # resources_as_tools / prompts_as_tools added reads through the server): same

@@ -10,7 +10,10 @@ changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` an
 ``notifications/resources/updated`` for subscribed schema resources. On 2026-07-28 it
 serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus per
 stream); on 2025-11-25 it sends on each live session (stateful HTTP, stdio, memory).
-Stateless HTTP has no channel back to the client: nothing is sent there.
+Stateless HTTP has no channel back to the client: nothing is sent there. A resource
+is named as the server's clients list it: through the transforms on the server (a
+``Namespace("shop")`` sends ``chainweaver://shop/flows/x/schema`` and
+``chainweaver://shop/runs/<id>``; see :func:`.composition.published_uris`).
 
 With a view rule (``SecurityConfig(visible=...)``) each listener is told only what changed
 in *its caller's* view: both snapshots are narrowed to that view before they are
@@ -25,6 +28,7 @@ again, with the request context it admitted the caller from, before anything is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -63,6 +67,7 @@ from chainweaver.mcp.gate.admission import (
     token_caller_and_expiry,
     token_expiry,
 )
+from chainweaver.mcp.gate.composition import published_uris
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
@@ -210,6 +215,7 @@ class ChangeNotifier:
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
+        self._server: FastMCP | None = None  # whose transforms name what clients list
 
     # -------------------------------------------------------------- wiring
 
@@ -218,6 +224,7 @@ class ChangeNotifier:
         """Serve ``subscriptions/listen`` (and, with schema resources, subscribe), and
         serve lists by page of the caller's list (:mod:`.cursors`; ``provider``, the
         flow provider, cuts the pages)."""
+        self._server = server
         low = low_level_server(server)
         if low is None:
             return  # warned: no listen stream, no subscriptions, cursors by FastMCP
@@ -332,12 +339,25 @@ class ChangeNotifier:
             logger.exception("could not compare snapshots; clients are not told this time")
             return
         self._notified = new
+        # Named as clients list them (once per distinct change: views share theirs).
+        listed = {change: await self._as_listed(change) for change in {*legacy, *listening}}
         for (session_id, known), change in zip(sessions, legacy, strict=True):
-            if change and not await _send_legacy(known, change):
+            if change and not await _send_legacy(known, listed[change]):
                 self._sessions.pop(session_id, None)
         for (bus, _), change in zip(streams, listening, strict=True):
-            for event in _events(change):
+            for event in _events(listed[change]):
                 await bus.publish(event)
+
+    async def _as_listed(self, change: ViewChange) -> ViewChange:
+        """``change`` with its URIs as the server's clients list them."""
+        if not change.updated:
+            return change
+        return dataclasses.replace(change, updated=frozenset(
+            (await self._listed_uris(sorted(change.updated))).values()))
+
+    async def _listed_uris(self, uris: list[str]) -> dict[str, str]:
+        transforms = self._server.transforms if self._server is not None else ()
+        return await published_uris(transforms, uris)
 
     def _changes(self, old: Exposure, new: Exposure,
                  callers: list[CallerIdentity | None]) -> list[ViewChange]:
@@ -388,6 +408,7 @@ class ChangeNotifier:
         the listing's) were updated. Nobody else hears of it."""
         latest = self.live.latest
         exposed = latest.flow(flow_name)
+        uris = list((await self._listed_uris(uris)).values())
 
         async def sees(caller: CallerIdentity | None, gate: GateContext | None) -> bool:
             if caller is None or caller.id != caller_id:

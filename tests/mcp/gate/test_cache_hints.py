@@ -12,7 +12,8 @@ from typing import Any
 
 import mcp_types
 import pytest
-from fastmcp import Client
+from fastmcp import Client, FastMCP
+from fastmcp.server.transforms import Namespace
 from support.catalogue import build_catalogue
 from support.mcp_client import RawResult
 
@@ -73,6 +74,45 @@ async def test_a_run_record_read_is_private_even_on_a_shared_server() -> None:
         result = await client.call_tool("product_search", {"query": "lamp"})
         run = f"chainweaver://runs/{result.meta['chainweaver']['run_id']}"
         assert hints(await raw(client, "resources/read", {"uri": run})) == (5_000, "private")
+        assert hints(await raw(client, "tools/list")) == (5_000, "public")
+
+
+def composed(how: str) -> tuple[FastMCP, str]:
+    """A shared server with run history (no auth, no hooks: its lists are public),
+    composed ``how``; the FastMCP its clients talk to and the prefix of its names."""
+    server = FlowServer(build_catalogue(), expose_schemas=True,
+                        discovery=Discovery(cache_ttl=5), run_history=RunHistory())
+    if how == "namespace":
+        server.fastmcp.add_transform(Namespace("shop"))
+        return server.fastmcp, "shop"
+    # Mounted into another shared FlowServer, whose own hints answer the parent's
+    # clients; "gw": a namespace on that parent too.
+    parent = FlowServer(build_catalogue(), discovery=Discovery(cache_ttl=5)).fastmcp
+    server.mount_into(parent, namespace="shop")
+    if how == "mount_into, parent namespaced":
+        parent.add_transform(Namespace("gw"))
+        return parent, "gw/shop"
+    return parent, "shop"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["namespace", "mount_into",
+                                 "mount_into, parent namespaced"])
+async def test_a_run_record_read_is_private_under_every_composition(how: str) -> None:
+    target, prefix = composed(how)
+    tool = f"{prefix.replace('/', '_')}_product_search"
+    async with Client(target) as client:
+        result = await client.call_tool(tool, {"query": "lamp"})
+        runs = f"chainweaver://{prefix}/runs"
+        run = f"{runs}/{result.meta['chainweaver']['run_id']}"
+        assert hints(await raw(client, "resources/read", {"uri": run})) == \
+            (5_000, "private")
+        assert hints(await raw(client, "resources/read", {"uri": runs})) == \
+            (5_000, "private")
+        # What every caller shares stays public under the composition.
+        schema = f"chainweaver://{prefix}/flows/product_search/schema"
+        assert hints(await raw(client, "resources/read", {"uri": schema})) == \
+            (5_000, "public")
         assert hints(await raw(client, "tools/list")) == (5_000, "public")
 
 
