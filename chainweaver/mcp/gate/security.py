@@ -97,6 +97,15 @@ def refusal_error(reason: str) -> MCPError:
                     data={"reason": reason})
 
 
+def refused_reason(error: BaseException) -> str | None:
+    """The reason of a gate refusal (:func:`refusal_error`) ``error`` is, else None."""
+    if isinstance(error, MCPError) and error.error.code == GATE_REFUSED \
+            and isinstance(error.error.data, Mapping):
+        reason = error.error.data.get("reason")
+        return reason if isinstance(reason, str) else None
+    return None
+
+
 class SecurityGate(FrontDoor):
     """FastMCP middleware applying the gate to every request: the server's only one.
 
@@ -248,6 +257,14 @@ class SecurityGate(FrontDoor):
                                   outcome="cancelled", task_id=task_id)
             raise
         except Exception as error:
+            refused = refused_reason(error) if record.kind == "subscription" else None
+            if refused is not None:
+                # Refused by what serves it (a listen stream over its cap, see
+                # chainweaver.mcp.live.notifications): audited as the denial it is.
+                await self._audit(gate, caller, "denied", refused, started=started,
+                                  outcome="error", error_type=type(error).__name__,
+                                  task_id=task_id)
+                raise
             await self._audit(gate, caller, "allowed", "ok", started=started,
                               outcome="error", error_type=type(error).__name__,
                               task_id=task_id)
@@ -505,7 +522,8 @@ class SecurityGate(FrontDoor):
                      step_id: str | None = None, task_id: str | None = None,
                      runs_root: str = RUNS_URI, steps: Mapping[str, Any] | None = None
                      ) -> None:
-        if decision == "denied" and reason != BODY_TOO_LARGE and phase != "step" \
+        # A refusal while serving (started) is counted by the request's own timer.
+        if decision == "denied" and started is None and phase != "step" \
                 and self.refusals is not None:
             self.refusals(gate, self.exposure, runs_root)
         if self.audit_hook is None:

@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ from chainweaver.mcp.gate.admission import (
     token_expiry,
 )
 from chainweaver.mcp.gate.composition import published_uris
+from chainweaver.mcp.gate.security import refusal_error
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
@@ -189,6 +191,10 @@ class ChangeNotifier:
     # Sessions are kept by id until their connection ends (or a send fails); the cap
     # bounds what sessions whose end is never reported could take.
     max_sessions = 10_000
+    # Open listen streams, each a task and a buffer until its client goes: a
+    # subscriptions/listen over either cap is refused (-32001), never queued.
+    max_streams = 10_000
+    max_streams_per_caller = 100  # by caller id (anonymous callers are one caller)
 
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
                  on_rebuilt: Callable[[Exposure], None] | None = None,
@@ -212,6 +218,7 @@ class ChangeNotifier:
         self._streams: dict[InMemorySubscriptionBus,
                             tuple[ListenHandler, CallerIdentity | None,
                                   GateContext | None]] = {}
+        self._streams_of: Counter[str | None] = Counter()  # open streams by caller id
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
@@ -431,26 +438,39 @@ class ChangeNotifier:
 
     async def _listen(self, ctx: Any, params: mcp_types.SubscriptionsListenRequestParams
                       ) -> mcp_types.SubscriptionsListenResult:
-        bus = InMemorySubscriptionBus()
-        handler = ListenHandler(bus)
         # The gate admitted this request (it is gated like a list): the stream is told
         # what changes in that caller's view, for as long as it stays open (under an
         # authenticator: as it answers then, asked with this request's context again).
+        caller = self.admitted_caller()
         held = admission.current()
-        self._streams[bus] = (handler, self.admitted_caller(),
-                              held.asked if held is not None else None)
-        # The stream ends (gracefully: its result is the last frame) when the token it
-        # was opened with expires; the client listens again with a new one.
-        expires = token_expiry()
-        ending = None if expires is None else asyncio.get_running_loop().call_later(
-            max(0.0, expires - time.time()), handler.close)
+        key = caller.id if caller is not None else None
+        # Checked and taken with no await in between: concurrent listens cannot pass
+        # the caps together. The gate audits the refusal as a denial.
+        if len(self._streams) >= self.max_streams:
+            raise refusal_error("listen_streams_full")
+        if self._streams_of[key] >= self.max_streams_per_caller:
+            raise refusal_error("too_many_listen_streams")
+        bus = InMemorySubscriptionBus()
+        handler = ListenHandler(bus)
+        self._streams[bus] = (handler, caller, held.asked if held is not None else None)
+        self._streams_of[key] += 1
+        ending = None
         try:
+            # The stream ends (gracefully: its result is the last frame) when the token
+            # it was opened with expires; the client listens again with a new one.
+            expires = token_expiry()
+            if expires is not None:
+                ending = asyncio.get_running_loop().call_later(
+                    max(0.0, expires - time.time()), handler.close)
             result: mcp_types.SubscriptionsListenResult = await handler(ctx, params)
             return result
         finally:
             if ending is not None:
                 ending.cancel()
             self._streams.pop(bus, None)
+            self._streams_of[key] -= 1
+            if not self._streams_of[key]:
+                del self._streams_of[key]
 
     async def _subscribe(self, ctx: Any, params: mcp_types.SubscribeRequestParams
                          ) -> mcp_types.EmptyResult:
