@@ -5,8 +5,8 @@ the current exposure snapshot for the whole request and remembers 2025-11-25
 sessions. List handlers are wrapped (:func:`.cursors.paged_by_view`) so a cursor
 belongs to the caller's view of the list it was cut from. :class:`ChangeNotifier` learns
 of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs the
-snapshot clients last heard about against the newest, and tells each client what
-changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
+snapshot clients last heard about against the newest (:mod:`.view_changes`), and tells
+each client what changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
 ``notifications/resources/updated`` for subscribed schema resources. On 2026-07-28 it
 serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus per
 stream); on 2025-11-25 it sends on each live session (stateful HTTP, stdio, memory).
@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +73,8 @@ from chainweaver.mcp.gate.security import refusal_error
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
-from chainweaver.mcp.publish.exposure import INDEX_URI, ExposedFlow, Exposure
+from chainweaver.mcp.live.view_changes import NOTHING, ViewChange, view_changes
+from chainweaver.mcp.publish.exposure import Exposure
 from chainweaver.mcp.publish.live_exposure import LiveExposure
 
 logger = logging.getLogger("chainweaver.mcp.live.notifications")
@@ -82,85 +83,6 @@ logger = logging.getLogger("chainweaver.mcp.live.notifications")
 MAX_ASKING = 16
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})
-
-
-@dataclass(frozen=True)
-class ViewChange:
-    """What changed in one client's view between two snapshots."""
-
-    tools: bool = False
-    resources: bool = False
-    prompts: bool = False
-    updated: frozenset[str] = field(default_factory=frozenset)  # resource URIs
-
-    def __bool__(self) -> bool:
-        return self.tools or self.resources or self.prompts or bool(self.updated)
-
-
-def _same_flow(a: ExposedFlow, b: ExposedFlow) -> bool:
-    """Whether two exposed flows publish the same thing (names, version, contract)."""
-    if a is b:
-        return True
-    fa, fb = a.flow, b.flow
-    return (fa.version == fb.version and fa.title == fb.title
-            and fa.description == fb.description and a.forced == b.forced
-            and a.contract.input_schema == b.contract.input_schema
-            and a.contract.output_schema == b.contract.output_schema
-            and a.prompt_names == b.prompt_names
-            and dict(a.authored_prompts) == dict(b.authored_prompts))
-
-
-def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    if old.keys() != new.keys():
-        return True
-    return any(not _same_entry(old[key], new[key]) for key in new)
-
-
-def _same_entry(a: Any, b: Any) -> bool:
-    if isinstance(a, ExposedFlow):
-        return _same_flow(a, b)
-    if a.exposed_flow is None or b.exposed_flow is None:  # prompt entries
-        return a.exposed_flow is b.exposed_flow and a.prompt is b.prompt
-    return a.prompt == b.prompt and _same_flow(a.exposed_flow, b.exposed_flow)
-
-
-NOTHING = ViewChange()
-# View.cached key of a view's narrowed maps (no published name or URI looks like it).
-_PUBLISHED = "(published, as notifications compare it)"
-
-
-def view_changes(old: Exposure, new: Exposure, old_view: View | None = None,
-                 new_view: View | None = None) -> ViewChange:
-    """What changes from ``old`` to ``new``, seen through one caller's view of each
-    (``views.of(snapshot, caller)``; None or unrestricted: the whole snapshot)."""
-    old_tools, old_resources, old_prompts = _published(old, old_view)
-    new_tools, new_resources, new_prompts = _published(new, new_view)
-    tools = _differs(old_tools, new_tools)
-    resources = new.expose_schemas and old_resources.keys() != new_resources.keys()
-    updated: set[str] = set()
-    if new.expose_schemas:
-        updated = {uri for uri, exposed in new_resources.items()
-                   if uri in old_resources and not _same_flow(old_resources[uri], exposed)}
-        if tools or resources or updated:
-            updated.add(INDEX_URI)  # the index lists the caller's view
-    prompts = new.expose_prompts and _differs(old_prompts, new_prompts)
-    return ViewChange(tools, resources, prompts, frozenset(updated))
-
-
-def _published(snapshot: Exposure, view: View | None
-               ) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]:
-    """The tools, resources and prompts ``view`` holds (as the provider lists them)."""
-    if view is None or not view.restricted:
-        return snapshot.tools, snapshot.resources, snapshot.prompts
-
-    def narrow() -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]:
-        return ({name: e for name, e in snapshot.tools.items() if view.allows(e)},
-                {uri: e for uri, e in snapshot.resources.items() if view.allows(e)},
-                # Server prompts and the guide (no flow) are in every view.
-                {name: entry for name, entry in snapshot.prompts.items()
-                 if entry.exposed_flow is None or view.allows(entry.exposed_flow)})
-
-    return view.cached(_PUBLISHED, narrow)
 
 
 @dataclass
