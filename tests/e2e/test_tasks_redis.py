@@ -364,7 +364,7 @@ async def test_a_worker_stopped_with_sigterm_finishes_its_run_and_exits_0(
             await asyncio.sleep(0.05)
         # Well inside the run's 2 s step. A SIGTERM within the first ~20 ms of a run
         # was seen to cancel it instead (left for redelivery): a known race in the
-        # worker's shutdown, recorded in the changelog, not what this test covers.
+        # worker's shutdown, in docs/cli.md, not what this test covers.
         await asyncio.sleep(0.3)
         stopping.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(stopping.wait, LIMIT)
