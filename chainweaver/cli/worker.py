@@ -63,12 +63,20 @@ def run_worker(server: Any, args: argparse.Namespace) -> int:
     worker_log.addHandler(handler)
     worker_log.setLevel((args.log_level or "info").upper())
     previous = signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        # Started with Ctrl-C ignored (a script's background job): the event loop puts
+        # its graceful Ctrl-C handler, which SIGTERM stops the worker with, only over
+        # the default one; without it a SIGTERM would abandon the runs under way.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.run_worker()
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     return EXIT_OK
 
 
