@@ -131,7 +131,10 @@ def build_server(args: argparse.Namespace) -> Built:
                                     allowed_origins=args.allowed_origin,
                                     request_state_keys=state_keys,
                                     **_given(error_detail=args.error_detail,
-                                             max_body_bytes=args.max_body_bytes)),
+                                             max_body_bytes=args.max_body_bytes,
+                                             max_listen_streams_per_caller=args
+                                             .max_listen_streams_per_caller,
+                                             max_listen_streams=args.max_listen_streams)),
             serving=ServingConfig(flow_timeout=args.flow_timeout, page_size=args.page_size,
                                   run_notifications=args.run_notifications,
                                   name=args.name, instructions=instructions,

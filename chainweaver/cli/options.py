@@ -83,6 +83,11 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-body-bytes", type=_positive_int, metavar="N",
                        help="refuse (-32602) a rendered prompt or resource read above N "
                             "bytes (default: 16 MiB)")
+    group.add_argument("--max-listen-streams-per-caller", type=_positive_int, metavar="N",
+                       help="2026-07-28 listen streams one caller may hold open at once; "
+                            "anonymous callers are one caller (default: 100)")
+    group.add_argument("--max-listen-streams", type=_positive_int, metavar="N",
+                       help="listen streams open at once on the server (default: 10000)")
     group.add_argument("--metrics-port", type=_port, metavar="PORT",
                        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs "
                             "the metrics extra)")

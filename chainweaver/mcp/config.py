@@ -216,6 +216,11 @@ class SecurityConfig:
     it is *now* before each of those checks (``(CallerIdentity) -> CallerIdentity |
     None``, sync or async; None: the caller is gone and the step is refused), so a
     revoked grant stops a long run or a resumed task at its next step.
+
+    ``max_listen_streams_per_caller`` / ``max_listen_streams`` bound the 2026-07-28
+    ``subscriptions/listen`` streams open at once, per caller (anonymous callers are one
+    caller) and server-wide; one over a cap is refused with -32001
+    (``docs/live-governance.md``, "Open listen streams").
     """
 
     authenticator: Authenticator | None = None
@@ -232,6 +237,8 @@ class SecurityConfig:
     request_state_keys: Iterable[str | bytes] | None = None
     step_authorizer: StepAuthorizer | None = None
     refresh_caller: Callable[[CallerIdentity], Any] | None = None
+    max_listen_streams_per_caller: int = 100
+    max_listen_streams: int = 10_000
 
     def __post_init__(self) -> None:
         if self.auth is not None and not isinstance(self.auth, AuthProvider):
@@ -253,6 +260,9 @@ class SecurityConfig:
                 f"error_detail must be one of {', '.join(ERROR_DETAILS)}, "
                 f"got {self.error_detail!r}")
         check_positive_int("max_body_bytes", self.max_body_bytes, optional=True)
+        check_positive_int("max_listen_streams_per_caller",
+                           self.max_listen_streams_per_caller)
+        check_positive_int("max_listen_streams", self.max_listen_streams)
         object.__setattr__(self, "allowed_hosts",
                            header_values("allowed_hosts", self.allowed_hosts, HOST))
         object.__setattr__(self, "allowed_origins",

@@ -176,7 +176,10 @@ class FlowServer:
                                         # Its answer for the same credentials may
                                         # change: asked again when there is news.
                                         authenticate=self._authenticate
-                                        if security.authenticator is not None else None)
+                                        if security.authenticator is not None else None,
+                                        max_streams=security.max_listen_streams,
+                                        max_streams_per_caller=security
+                                        .max_listen_streams_per_caller)
         history = features["run_history"]
         self._run_log = run_log = RunLog.open(history, updated=self._notifier.run_updated) \
             if history is not None else None

@@ -298,7 +298,8 @@ def test_every_server_setting_has_a_flag(capsys: pytest.CaptureFixture, served: 
                          "Use order_status first.", "--transport", "streamable-http",
                          "--allowed-host", "mcp.example.com:*", "--allowed-host",
                          "mcp.internal", "--allowed-origin", "https://app.example.com",
-                         "--auth-token-file", str(tokens))
+                         "--auth-token-file", str(tokens),
+                         "--max-listen-streams-per-caller", "7", "--max-listen-streams", "70")
     assert (code, out) == (0, "")
     assert "warning" not in err
     ((server, _, _),) = served
@@ -307,6 +308,9 @@ def test_every_server_setting_has_a_flag(capsys: pytest.CaptureFixture, served: 
     assert server.serving.page_size == 2
     assert server.security.allowed_hosts == ("mcp.example.com:*", "mcp.internal")
     assert server.security.allowed_origins == ("https://app.example.com",)
+    assert (server.security.max_listen_streams_per_caller,
+            server.security.max_listen_streams) == (7, 70)
+    assert (server._notifier.max_streams_per_caller, server._notifier.max_streams) == (7, 70)
     assert server.fastmcp.instructions == "Use order_status first."
     auth = server.fastmcp.auth
     assert isinstance(auth, StaticTokenVerifier) and server.security.auth is auth

@@ -16,7 +16,7 @@ from mcp.client.subscriptions import listen
 from support.catalogue import build_catalogue
 from support.procs import serving_http
 
-from chainweaver.mcp import GATE_REFUSED, FlowServer
+from chainweaver.mcp import GATE_REFUSED, FlowServer, SecurityConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -51,8 +51,9 @@ async def settled(server: FlowServer, count: int) -> int:
 
 
 async def test_listen_streams_are_capped_and_a_dead_clients_streams_are_forgotten() -> None:
-    server = FlowServer(build_catalogue())
-    server._notifier.max_streams_per_caller = 2  # every caller here is anonymous
+    # Every caller here is anonymous: one caller, two streams.
+    server = FlowServer(build_catalogue(),
+                        security=SecurityConfig(max_listen_streams_per_caller=2))
     async with serving_http(server) as url:
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-c", CHILD, url, stdout=asyncio.subprocess.PIPE,

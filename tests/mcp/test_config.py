@@ -66,6 +66,11 @@ def bad_values() -> list[tuple[str, Any, Any]]:
     for setting in ("authenticator", "authorizer", "audit_hook"):
         cases.append((setting, lambda v, s=setting: SecurityConfig(**{s: v}), "not callable"))
     cases.append(("rate_limiter", lambda v: SecurityConfig(rate_limiter=v), object()))
+    for value in [0, -1, True, "100", 2.5, None]:
+        cases.append(("max_listen_streams_per_caller",
+                      lambda v: SecurityConfig(max_listen_streams_per_caller=v), value))
+        cases.append(("max_listen_streams", lambda v: SecurityConfig(max_listen_streams=v),
+                      value))
     for setting in ("policy", "security", "serving"):
         cases.append((setting, lambda v, s=setting: FlowServer(build_catalogue(), **{s: v}),
                       {"flow_timeout": 1}))

@@ -113,21 +113,24 @@ class ChangeNotifier:
     # Sessions are kept by id until their connection ends (or a send fails); the cap
     # bounds what sessions whose end is never reported could take.
     max_sessions = 10_000
-    # Open listen streams, each a task and a buffer until its client goes: a
-    # subscriptions/listen over either cap is refused (-32001), never queued.
-    max_streams = 10_000
-    max_streams_per_caller = 100  # by caller id (anonymous callers are one caller)
 
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
                  on_rebuilt: Callable[[Exposure], None] | None = None,
                  views: Views | None = None, callers_from_token: bool = True,
                  authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None
-                 = None) -> None:
+                 = None, max_streams: int = 10_000,
+                 max_streams_per_caller: int = 100) -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
         catalogue is built (the provider forgets components it no longer needs).
         ``views``: the server's per-caller views. ``callers_from_token``: no
         ``authenticator`` decides callers, the verified bearer token does;
-        ``authenticate``: the gate's authenticator otherwise (see :meth:`caller_now`)."""
+        ``authenticate``: the gate's authenticator otherwise (see :meth:`caller_now`).
+        ``max_streams`` / ``max_streams_per_caller``: open listen streams at once,
+        server-wide and per caller id (anonymous callers are one caller); each is a task
+        and a buffer until its client goes, so one over a cap is refused (-32001), never
+        queued."""
+        self.max_streams = max_streams
+        self.max_streams_per_caller = max_streams_per_caller
         self.live = live
         self.debounce = debounce
         self.on_rebuilt = on_rebuilt

@@ -86,9 +86,9 @@ async def test_one_caller_cannot_hold_unbounded_listen_streams() -> None:
     callers = Callers()
     events: list[AuditEvent] = []
     server = FlowServer(build_catalogue(), security=SecurityConfig(
-        authenticator=callers, audit_hook=events.append))
+        authenticator=callers, audit_hook=events.append,
+        max_listen_streams_per_caller=2, max_listen_streams=3))
     notifier = server._notifier
-    notifier.max_streams_per_caller, notifier.max_streams = 2, 3
     async with AsyncExitStack() as stack:
         sam = await stack.enter_async_context(Client(server.fastmcp))
         sams = AsyncExitStack()
@@ -122,8 +122,9 @@ async def test_one_caller_cannot_hold_unbounded_listen_streams() -> None:
 
 
 async def test_an_open_server_caps_anonymous_listen_streams_too() -> None:
-    server = FlowServer(build_catalogue())  # no hook: the gate stays out of the way
-    server._notifier.max_streams_per_caller = 2
+    # No hook: the gate stays out of the way, and the cap still holds.
+    server = FlowServer(build_catalogue(),
+                        security=SecurityConfig(max_listen_streams_per_caller=2))
     async with AsyncExitStack() as stack:
         for _ in range(2):
             client = await stack.enter_async_context(Client(server.fastmcp))
