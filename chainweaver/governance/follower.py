@@ -106,6 +106,16 @@ class SharedGovernance:
             await asyncio.sleep(RETRY_PAUSES[min(failures, len(RETRY_PAUSES) - 1)])
             failures = 0 if self.outage_since is None else failures + 1
 
+    async def apply_once(self) -> None:
+        """Read the state and apply it once, without following it (a command printing
+        what a process would serve now). Raises when the state cannot be read: Redis
+        unreachable, or a state as a whole unreadable (:class:`GovernanceStateError`)."""
+        store = GovernanceStore(self.settings.url, self.settings.prefix)
+        try:
+            self._apply(await store.read())
+        finally:
+            await _quietly_close(store)
+
     async def _follow(self, store: GovernanceStore, ready: asyncio.Event | None = None
                       ) -> None:
         pubsub = store.redis.pubsub()

@@ -389,6 +389,14 @@ class FlowServer:
                       if entry.flow_name in stale else entry for entry in report]
         return report
 
+    async def apply_shared_governance(self) -> None:
+        """Read the shared governance state once and apply it, as serving does before
+        its first request (``chainweaver card`` and ``server-json`` do, so that what
+        they print names nothing governance withdrew). Raises when the state cannot be
+        read; does nothing without ``governance``."""
+        if self._shared is not None:
+            await self._shared.follower.apply_once()
+
     def run_worker(self) -> None:
         """Run the flows of background tasks until interrupted; serves no MCP transport.
 
