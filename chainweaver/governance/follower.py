@@ -41,7 +41,7 @@ from chainweaver.registry import FlowRegistry
 
 from .overlay import GovernanceOverlay
 from .state import GovernanceSettings, masked_reason, masked_url
-from .store import GovernanceStateError, GovernanceStore
+from .store import GovernanceStateError, GovernanceStore, check_url
 
 logger = logging.getLogger("chainweaver.governance")
 
@@ -60,6 +60,7 @@ class SharedGovernance:
 
     def __init__(self, settings: GovernanceSettings, registry: FlowRegistry,
                  role: str = "serve") -> None:
+        check_url(settings.url)  # a URL it could never follow: refused here
         self.settings = settings
         self.role = role
         self.process = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
@@ -89,8 +90,9 @@ class SharedGovernance:
         failed (the process then serves as during an outage)."""
         failures = 0
         while True:
-            store = GovernanceStore(self.settings.url, self.settings.prefix)
+            store: GovernanceStore | None = None
             try:
+                store = GovernanceStore(self.settings.url, self.settings.prefix)
                 await self._follow(store, ready)
             except asyncio.CancelledError:
                 raise
@@ -99,7 +101,8 @@ class SharedGovernance:
                 if self.confirmed is None and _unreadable(error):
                     self._withhold_all(error)
             finally:
-                await _quietly_close(store)
+                if store is not None:
+                    await _quietly_close(store)
             if ready is not None:
                 ready.set()
             self._check_stale()
