@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 from datetime import UTC, datetime
@@ -63,7 +64,11 @@ class SharedGovernance:
         check_url(settings.url)  # a URL it could never follow: refused here
         self.settings = settings
         self.role = role
-        self.process = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
+        # Its own heartbeat: host:pid alone is shared by two servers in one process, and
+        # by containers on the host network (each its pid 1), which would then overwrite
+        # each other's heartbeat (--wait confirming what only one of them applied).
+        self.process = settings.replica or \
+            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         # Subscribed now, before a server's snapshot follower: see overlay.py.
         self.overlay = GovernanceOverlay(registry)
         self.applied_at: float | None = None  # wall time of the last apply
