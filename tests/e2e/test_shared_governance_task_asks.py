@@ -6,19 +6,26 @@ While the flow is out of service, the waiting task answers ``tasks/get``,
 ``tasks/update`` and ``tasks/cancel`` exactly like an id never issued, and its run
 record reads like a run that never existed; an answer sent meanwhile is not taken.
 Once the flow is back, the task still waits, takes an answer and runs its step once.
+A task the worker refuses (its flow archived before it ran) ends its run's record
+``failed``, not ``running`` for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import pytest
 import redis
+from docket.execution import ExecutionState
+from fastmcp import Client
 from fastmcp_tasks import ToolTask, call_tool_task
+from fastmcp_tasks.handlers import _lookup_task
 from mcp import MCPError
 from pydantic import BaseModel
 from support import polling
@@ -36,6 +43,7 @@ from chainweaver import (
 from chainweaver.governance import GovernanceSettings, GovernanceStore
 from chainweaver.mcp import ExposurePolicy, FlowServer, TaskSettings
 from chainweaver.mcp.config import RunHistory
+from chainweaver.mcp.fastmcp_seams import running_docket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.tasks]
 
@@ -58,8 +66,10 @@ async def refund(order: str) -> Refund:
 
 @pytest.fixture
 def queue(redis_url: str) -> Iterator[str]:
+    """The task queue's database, emptied, and the run history's (/12), emptied too."""
     url = redis_url.rsplit("/", 1)[0] + "/11"
-    redis.Redis.from_url(url).flushdb()
+    for database in (url, redis_url.rsplit("/", 1)[0] + "/12"):
+        redis.Redis.from_url(database).flushdb()
     REFUNDED.clear()
     yield url
 
@@ -151,3 +161,52 @@ async def test_a_waiting_task_of_a_withdrawn_flow_answers_like_one_never_issued(
 async def _applied(version: int, *servers: FlowServer) -> bool:
     return all(s._shared.follower.version >= version  # type: ignore[union-attr]
                for s in servers)
+
+
+async def test_a_task_its_worker_refuses_ends_its_run_record_failed(
+        redis_url: str, queue: str) -> None:
+    """A task queued before an operator archived its flow: the worker that applied the
+    archive fails it unrun, and its run's record (on the shared history) ends
+    ``failed`` with ``FlowUnavailable``; it used to say ``running`` for good. Unreadable
+    while the flow is out of service, it reads so once the flow is back."""
+    prefix = f"test:{uuid.uuid4().hex}"
+    governance = GovernanceSettings(url=redis_url, prefix=prefix, confirm_interval=0.2,
+                                    heartbeat_interval=0.2)
+    history = redis_url.rsplit("/", 1)[0] + "/12"
+    store = GovernanceStore(redis_url, prefix)
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    replica = process(queue, name, governance, history, concurrency=0)
+    try:
+        async with answering(replica) as client:
+            task = await call_tool_task(client, FLOW, {"order": "B-2"})  # no worker yet
+            (queued,) = await _runs(client)
+            assert (queued["status"], queued["task_id"]) == ("running", task.task_id)
+            change = await store.change(FLOW, None, "archived", by="ops")
+            await until(lambda: _applied(change.version, replica), "the archive")
+            worker = process(queue, name, governance, history)
+            async with working(worker):
+                await until(lambda: _task_failed(replica, task), "the worker to refuse it")
+                assert await _runs(client) == []  # out of service: no run to read
+            change = await store.change(FLOW, None, "active", by="ops")
+            await until(lambda: _applied(change.version, replica), "the activation")
+            (ended,) = await _runs(client)
+            assert (ended["run_id"], ended["status"], ended["error_type"], ended["steps"]) \
+                == (queued["run_id"], "failed", "FlowUnavailable", [])
+            assert ended["ended_at"] is not None
+            assert (await task.status()).status_message == \
+                f"flow {FLOW!r} version 1.0.0 is no longer published here; the task did not run"
+        assert REFUNDED == []
+    finally:
+        await store.aclose()
+
+
+async def _runs(client: Client) -> list[dict[str, Any]]:
+    listed = await client.read_resource("chainweaver://runs")
+    return json.loads(listed[0].text)["runs"]
+
+
+async def _task_failed(server: FlowServer, task: ToolTask) -> bool:
+    docket = running_docket(server.fastmcp)
+    execution = (await _lookup_task(docket, None, task.task_id))[0]
+    await execution.sync()
+    return execution.state == ExecutionState.FAILED
