@@ -142,10 +142,11 @@ class RunLog:
 
     async def refused(self, run_id: str) -> None:
         """A background task's run that its worker would not start (its flow version is
-        not published there): its record ends ``failed`` (``FlowUnavailable``) rather
-        than saying ``running`` for good. Only a run not yet finished."""
+        not published there, or not as it was where the task was created): its record
+        ends ``failed`` (``FlowUnavailable``) rather than saying ``running`` for good.
+        Only a run not yet finished."""
         await self._end(run_id, "failed", "FlowUnavailable",
-                        "failed: its worker does not publish the flow version")
+                        "failed: the worker that took its task would not run it")
 
     async def _end(self, run_id: str, status: RunStatus, error_type: str | None,
                    why: str) -> None:
