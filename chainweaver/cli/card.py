@@ -4,17 +4,21 @@ card ``serve`` would answer an anonymous caller at ``<endpoint>/server-card``.
 Takes every serve option, and builds the card from the same exposure decision: only
 what a caller without credentials may list is named (nothing, when the server wants a
 token). ``--url`` is the endpoint clients reach (default: the serve options' own).
+With ``--governance`` the shared state is read and applied first, as serve does before
+its first request, or nothing is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..governance.state import masked_reason, masked_url
 from .building import build_server, loading_errors
-from .errors import EXIT_OK, EXIT_USAGE, CommandError
+from .errors import EXIT_OK, EXIT_SERVE_FAILED, EXIT_USAGE, CommandError
 from .options import http_defaults, server_options
 from .output import PROG, json_text
 
@@ -58,10 +62,26 @@ def emit(document: Any, output: str | None, what: str) -> None:
     print(f"{PROG}: wrote {what} to {output}", file=sys.stderr, flush=True)
 
 
+def governed_server(args: argparse.Namespace) -> Any:
+    """The server serve would run, with the shared governance state (``--governance``)
+    applied as serve applies it before its first request, so that a document built
+    from it names nothing an operator withdrew. When the state cannot be read, exit 3
+    and print nothing: the document could name a withdrawn flow."""
+    with loading_errors():
+        server = build_server(args).server
+    try:
+        asyncio.run(server.apply_shared_governance())
+    except Exception as error:  # unreachable, or a state that cannot be read
+        url = args.governance
+        raise CommandError(EXIT_SERVE_FAILED, f"cannot read the governance state at "
+                           f"{masked_url(url)}: {masked_reason(error, url)}; nothing "
+                           "printed (it could name flows governance withdrew)") from None
+    return server
+
+
 def run(args: argparse.Namespace) -> int:
     http_defaults(args)
     url = endpoint_url(args)
-    with loading_errors():
-        server = build_server(args).server
+    server = governed_server(args)
     emit(server.server_card(url), args.output, "the server card")
     return EXIT_OK

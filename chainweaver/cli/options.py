@@ -229,8 +229,9 @@ def _add_run_history_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_governance_options(parser: argparse.ArgumentParser) -> None:
-    """``serve`` / ``worker`` (and ``inspect``, which ignores them): follow the governance
-    state operators change with ``chainweaver flows``."""
+    """``serve`` / ``worker`` (``card`` and ``server-json`` apply it once; ``inspect``
+    ignores it): follow the governance state operators change with ``chainweaver
+    flows``."""
     group = parser.add_argument_group("shared governance (needs the tasks extra)")
     group.add_argument("--governance", metavar="URL",
                        help="follow the governance state operators share on this Redis "

@@ -3,7 +3,8 @@ print (or write) the MCP registry entry (``server.json``) of the server ``serve`
 would run.
 
 Built from the same exposure decision as the server card: it names (without schemas)
-only what a caller without credentials may list. ``--url`` adds the remote endpoint,
+only what a caller without credentials may list (with ``--governance``, as the shared
+state allows now: see :func:`.card.governed_server`). ``--url`` adds the remote endpoint,
 ``--pypi NAME==VERSION`` a PyPI package started over stdio.
 """
 
@@ -12,8 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .building import build_server, loading_errors
-from .card import add_document_options, emit, endpoint_url
+from .card import add_document_options, emit, endpoint_url, governed_server
 from .errors import EXIT_OK, EXIT_USAGE, CommandError
 from .options import http_defaults, server_options
 
@@ -37,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
     http_defaults(args)
     pypi = _package(args.pypi) if args.pypi is not None else None
     url = endpoint_url(args) if args.url is not None or pypi is None else None
-    with loading_errors():
-        server = build_server(args).server
+    server = governed_server(args)
     emit(server.registry_entry(url=url, pypi=pypi), args.output, "the registry entry")
     return EXIT_OK
 

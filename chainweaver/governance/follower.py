@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 from datetime import UTC, datetime
@@ -41,7 +42,7 @@ from chainweaver.registry import FlowRegistry
 
 from .overlay import GovernanceOverlay
 from .state import GovernanceSettings, masked_reason, masked_url
-from .store import GovernanceStateError, GovernanceStore
+from .store import GovernanceStateError, GovernanceStore, check_url
 
 logger = logging.getLogger("chainweaver.governance")
 
@@ -60,9 +61,14 @@ class SharedGovernance:
 
     def __init__(self, settings: GovernanceSettings, registry: FlowRegistry,
                  role: str = "serve") -> None:
+        check_url(settings.url)  # a URL it could never follow: refused here
         self.settings = settings
         self.role = role
-        self.process = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
+        # Its own heartbeat: host:pid alone is shared by two servers in one process, and
+        # by containers on the host network (each its pid 1), which would then overwrite
+        # each other's heartbeat (--wait confirming what only one of them applied).
+        self.process = settings.replica or \
+            f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         # Subscribed now, before a server's snapshot follower: see overlay.py.
         self.overlay = GovernanceOverlay(registry)
         self.applied_at: float | None = None  # wall time of the last apply
@@ -89,8 +95,9 @@ class SharedGovernance:
         failed (the process then serves as during an outage)."""
         failures = 0
         while True:
-            store = GovernanceStore(self.settings.url, self.settings.prefix)
+            store: GovernanceStore | None = None
             try:
+                store = GovernanceStore(self.settings.url, self.settings.prefix)
                 await self._follow(store, ready)
             except asyncio.CancelledError:
                 raise
@@ -99,12 +106,23 @@ class SharedGovernance:
                 if self.confirmed is None and _unreadable(error):
                     self._withhold_all(error)
             finally:
-                await _quietly_close(store)
+                if store is not None:
+                    await _quietly_close(store)
             if ready is not None:
                 ready.set()
             self._check_stale()
             await asyncio.sleep(RETRY_PAUSES[min(failures, len(RETRY_PAUSES) - 1)])
             failures = 0 if self.outage_since is None else failures + 1
+
+    async def apply_once(self) -> None:
+        """Read the state and apply it once, without following it (a command printing
+        what a process would serve now). Raises when the state cannot be read: Redis
+        unreachable, or a state as a whole unreadable (:class:`GovernanceStateError`)."""
+        store = GovernanceStore(self.settings.url, self.settings.prefix)
+        try:
+            self._apply(await store.read())
+        finally:
+            await _quietly_close(store)
 
     async def _follow(self, store: GovernanceStore, ready: asyncio.Event | None = None
                       ) -> None:

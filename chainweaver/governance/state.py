@@ -244,7 +244,8 @@ class GovernanceSettings:
     (seconds, default None: never): when the state could not be confirmed for that
     long (Redis unreachable), or was never confirmed since the process started, serve
     no flow until it can. ``replica``: the name
-    status shows (default ``host:pid``).
+    status shows, one per process (default ``host:pid:`` and six random hex digits,
+    new with every start).
     """
 
     url: str

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from chainweaver.errors import ExposureConfigError
 from chainweaver.versions import version_key
 
 from .state import (
@@ -38,6 +39,8 @@ from .state import (
     UnreadableEntry,
     check_action,
     check_version,
+    masked_reason,
+    masked_url,
     read_entry,
 )
 
@@ -66,6 +69,22 @@ redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[8], '*', 'version', v, 'name', A
 redis.call('PUBLISH', KEYS[4], v .. ' ' .. ARGV[1])
 return {v, at}
 """
+
+
+def check_url(url: str) -> None:
+    """Refuse, before anything runs, a URL the Redis client cannot read (a port that is
+    not a number, a query value it does not know): a process following it could never
+    read the state. (Without the client, the ``tasks`` extra, the follower fails closed
+    when it runs: it serves no flow, and logs why.)"""
+    try:
+        from redis.asyncio.connection import parse_url
+    except ImportError:  # pragma: no cover - depends on the extras
+        return
+    try:
+        parse_url(url)
+    except ValueError as error:
+        raise ExposureConfigError(f"governance URL {masked_url(url)} cannot be used: "
+                                  f"{masked_reason(error, url)}") from None
 
 
 class GovernanceStateError(ValueError):

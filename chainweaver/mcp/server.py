@@ -392,6 +392,15 @@ class FlowServer:
                       if entry.flow_name in stale else entry for entry in report]
         return report
 
+    async def apply_shared_governance(self) -> None:
+        """Read the shared governance state once and apply it, as serving does before
+        its first request (``chainweaver card`` and ``server-json`` do, so that what
+        they print names nothing governance withdrew). Raises when the state cannot be
+        read; does nothing without ``governance``, or while the server runs (it follows
+        the state then: a second, older read must not undo a newer one)."""
+        if self._shared is not None and not self._shared.following:
+            await self._shared.follower.apply_once()
+
     def run_worker(self) -> None:
         """Run the flows of background tasks until interrupted; serves no MCP transport.
 

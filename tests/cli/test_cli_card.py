@@ -98,3 +98,50 @@ def test_bad_options_get_one_clear_line(capsys: pytest.CaptureFixture[str],
     code, out, err = run(capsys, *argv)
     assert code != 0 and out == ""
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.tasks  # the governance store needs the Redis client (the tasks extra)
+@pytest.mark.parametrize("command", ["card", "server-json"])
+def test_documents_name_nothing_the_shared_governance_withdrew(
+        capsys: pytest.CaptureFixture[str], redis_url: str, command: str) -> None:
+    """With --governance, the card and the registry entry are built from the state
+    every replica applies (as serve applies it before its first request): a flow an
+    operator withdrew or archived is not named, and a state that cannot be read prints
+    nothing (exit 3) rather than a document that might name one."""
+    import asyncio
+    import uuid
+
+    from chainweaver.governance import GovernanceStore
+
+    prefix = f"test:card:{uuid.uuid4().hex}"
+    options = ["--registry-name", "io.github.acme/desk"] if command == "server-json" else []
+    argv = [command, *SOURCES, *options, "--governance", redis_url,
+            "--governance-prefix", prefix]
+
+    async def decide() -> None:
+        store = GovernanceStore(redis_url, prefix)
+        try:
+            await store.change("order_status", None, "withdrawn", by="ops")
+            await store.change("order_total", None, "archived", by="ops")
+        finally:
+            await store.aclose()
+
+    def names(document: str) -> set[str]:
+        found = json.loads(document)
+        if command == "card":
+            check_card(found)
+            return tool_names(found)
+        return set(found["_meta"]["io.modelcontextprotocol.registry/publisher-provided"][
+            "chainweaver"]["tools"])
+
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and names(out) == EXPOSED  # nothing decided yet
+    asyncio.run(decide())
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert names(out) == {"help_search"}
+    assert "order_status" not in out and "order_total" not in out
+    unreachable = [*argv[:-4], "--governance", "redis://127.0.0.1:1/0"]
+    code, out, err = run(capsys, *unreachable)
+    assert (code, out) == (3, "")
+    assert "cannot read the governance state at redis://127.0.0.1:1/0" in err

@@ -22,6 +22,7 @@ from support.redis_server import redis_server
 from support.shared_governance import RestartableRedis
 
 from chainweaver.cli import main
+from chainweaver.errors import ExposureConfigError
 from chainweaver.governance import GovernanceSettings, GovernanceStore
 from chainweaver.mcp import (
     CallerIdentity,
@@ -286,3 +287,40 @@ async def test_the_flows_command_refuses_a_name_no_process_entry_or_file_knows(
 async def _reports(store: GovernanceStore, flow: str) -> bool:
     beats = await store.heartbeats()
     return any(flow in (beat.get("flows") or []) for beat in beats.values())
+
+
+async def test_two_followers_in_one_process_report_apart_and_wait_names_the_lagging_one(
+        redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two servers in one process (or two containers whose processes share a host
+    name and a pid, as with host networking) once heartbeat under one name, host:pid,
+    each overwriting the other's: ``flows status`` showed one process, and
+    ``flows ... --wait`` confirmed a change as soon as it read the heartbeat of the
+    one that applied it, while the other still served the flow."""
+    prefix = f"test:{uuid.uuid4().hex}"
+    governance = settings(redis_url, prefix)
+    store = GovernanceStore(redis_url, prefix)
+    (applying, switch_a), (lagging, switch_b) = replica(governance, False), \
+        replica(governance, False)
+
+    def refuse(change: object) -> None:  # this server cannot publish the decision
+        if getattr(change, "name", None) == "order_status":
+            raise ExposureConfigError("refused here")
+
+    lagging.executor.registry.subscribe(refuse)
+    common = ["--governance", redis_url, "--prefix", prefix]
+    async with client(applying, switch_a, "sam", "auto"), \
+            client(lagging, switch_b, "sam", "auto"):
+        await until(lambda: _ready(applying), "the first sync")
+        await until(lambda: _ready(lagging), "the first sync")
+        await until(lambda: _processes(store, 2), "a heartbeat from each server")
+        code = await anyio.to_thread.run_sync(main, [
+            "flows", "archive", "order_status", "--wait", "3", *common])
+        out, err = capsys.readouterr()
+        assert code == 1, out
+        assert "not applied by 1 of 2 live process(es)" in err
+        assert "could not apply order_status" in err
+    await store.aclose()
+
+
+async def _processes(store: GovernanceStore, count: int) -> bool:
+    return len(await store.heartbeats()) == count

@@ -33,6 +33,11 @@ class SharedRunner:
         self._ready: asyncio.Event | None = None
         self._entered = 0
 
+    @property
+    def following(self) -> bool:
+        """Whether the follower runs (a lifespan of the server is entered)."""
+        return self._task is not None
+
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         self._entered += 1

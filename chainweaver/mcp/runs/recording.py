@@ -138,18 +138,30 @@ class RunLog:
         """Mark a run cancelled (a background task's ``tasks/cancel``, which a store
         that fails never fails: it logged why). Only a run not yet finished: the
         record its own run saves as it ends (its steps, where it stopped) wins."""
+        await self._end(run_id, "cancelled", None, "cancelled by its caller")
+
+    async def refused(self, run_id: str) -> None:
+        """A background task's run that its worker would not start (its flow version is
+        not published there, or not as it was where the task was created): its record
+        ends ``failed`` (``FlowUnavailable``) rather than saying ``running`` for good.
+        Only a run not yet finished."""
+        await self._end(run_id, "failed", "FlowUnavailable",
+                        "failed: the worker that took its task would not run it")
+
+    async def _end(self, run_id: str, status: RunStatus, error_type: str | None,
+                   why: str) -> None:
         try:
-            record = await self.store.cancel(run_id, time.time())
+            record = await self.store.end(run_id, time.time(), status, error_type)
         except RunStoreError:
-            logger.warning("run %s: its record could not be marked cancelled "
-                           "(RunStoreError)", run_id)
+            logger.warning("run %s: its record could not be marked %s (RunStoreError)",
+                           run_id, status)
             return
         if record is None:
             return
         # The run's own end says how it went (and is logged where it ran); this is the
         # record's word until then, or for good if its worker is gone.
-        logger.info("run %s of flow %r version %s: cancelled by its caller", run_id,
-                    record.flow, record.version)
+        logger.info("run %s of flow %r version %s: %s", run_id, record.flow,
+                    record.version, why)
         if self.updated is not None:
             await self.updated(record.caller, record.flow, [run_uri(run_id), RUNS_URI])
 

@@ -229,15 +229,21 @@ class RunStore(ABC):
         """Forget a record (a call that only asked for approval is re-filed)."""
 
     async def cancel(self, run_id: str, ended_at: float) -> RunRecord | None:
-        """Mark the record of ``run_id`` cancelled, unless its run finished, with no save
-        of the run's own between the read and the write (the run's record, with its
-        steps and where it stopped, is never overwritten by an older one). Returns the
-        record marked (None: none, or finished). Atomic here for stores whose calls
-        never wait (in this process); a shared store overrides it."""
+        """Mark the record of ``run_id`` cancelled (see :meth:`end`)."""
+        return await self.end(run_id, ended_at, "cancelled")
+
+    async def end(self, run_id: str, ended_at: float, status: RunStatus,
+                  error_type: str | None = None) -> RunRecord | None:
+        """Mark the record of ``run_id`` ended (``status``: ``cancelled`` or ``failed``,
+        with ``error_type``) unless its run finished, with no save of the run's own
+        between the read and the write (the run's record, with its steps and where it
+        stopped, is never overwritten by an older one). Returns the record marked
+        (None: none, or finished). Atomic here for stores whose calls never wait (in
+        this process); a shared store overrides it."""
         record = await self.get(run_id)
         if record is None or record.status in FINISHED:
             return None
-        marked = dataclasses.replace(record, status="cancelled", ended_at=ended_at)
+        marked = ended_record(record, ended_at, status, error_type)
         await self.save(marked)
         return marked
 
@@ -257,6 +263,13 @@ class RunStore(ABC):
 
     async def close(self) -> None:  # noqa: B027 - a store without connections has none
         """Release connections."""
+
+
+def ended_record(record: RunRecord, ended_at: float, status: RunStatus,
+                 error_type: str | None) -> RunRecord:
+    """``record`` ended as :meth:`RunStore.end` marks it."""
+    kept = record.error_type if error_type is None else error_type
+    return dataclasses.replace(record, status=status, ended_at=ended_at, error_type=kept)
 
 
 class MemoryRunStore(RunStore):

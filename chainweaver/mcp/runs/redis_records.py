@@ -17,7 +17,6 @@ text fixed) and is logged with its detail, any password in the URL masked.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -32,8 +31,10 @@ from chainweaver.mcp.runs.records import (
     RUN_ID,
     RunQuery,
     RunRecord,
+    RunStatus,
     RunStore,
     RunStoreError,
+    ended_record,
     output_codec,
     parse_cursor,
 )
@@ -205,8 +206,9 @@ class RedisRunStore(RunStore):
             return None
         return record
 
-    async def cancel(self, run_id: str, ended_at: float) -> RunRecord | None:
-        """:meth:`RunStore.cancel` as one transaction: written only if the record is
+    async def end(self, run_id: str, ended_at: float, status: RunStatus,
+                  error_type: str | None = None) -> RunRecord | None:
+        """:meth:`RunStore.end` as one transaction: written only if the record is
         still the one read (its run saving meanwhile starts it again; a run that keeps
         saving has the last word)."""
         from redis.exceptions import WatchError
@@ -222,8 +224,7 @@ class RedisRunStore(RunStore):
                         known = self._decoded(await pipe.get(key), None, run_id)
                         if known is None or known.status in FINISHED:
                             return None
-                        marked = dataclasses.replace(known, status="cancelled",
-                                                     ended_at=ended_at)
+                        marked = ended_record(known, ended_at, status, error_type)
                         pipe.multi()
                         pipe.set(key, json.dumps(marked.to_dict(), separators=(",", ":")),
                                  keepttl=True, xx=True)

@@ -166,7 +166,15 @@ class FlowTaskRunner(FastMCPTool):
             # stop any more (FlowTasksExtension audited the cancellation). Nothing runs.
             return ToolResult(content=[TextContent(type="text", text="cancelled")],
                               is_error=True)
-        exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
+        try:
+            exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
+        except MCPError:
+            # Refused here: the task fails, and so does its run's record, which would
+            # otherwise say "running" for good (read only while the flow is in view).
+            run_log, refused = self._provider.run_log, arguments.get("run")
+            if run_log is not None and run_log.records and isinstance(refused, str):
+                await run_log.refused(refused)
+            raise
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
 

@@ -13,7 +13,8 @@ from fastmcp import Client
 from support.catalogue import build_catalogue
 from support.views import OWNERS, assert_view
 
-from chainweaver.governance import Decision, GovernanceOverlay, SharedState
+from chainweaver.errors import ExposureConfigError
+from chainweaver.governance import Decision, GovernanceOverlay, GovernanceSettings, SharedState
 from chainweaver.governance.state import UNREADABLE, read_entry
 from chainweaver.mcp import ExposurePolicy, FlowServer
 
@@ -81,3 +82,41 @@ async def test_the_follower_log_masks_the_redis_password(
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "Redis unreachable at redis://ops:***@127.0.0.1:1/0 (ConnectionError" in logged
     assert "s3cret" not in logged
+
+
+@pytest.mark.tasks  # the Redis client comes with the tasks extra
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport/0",
+                                 "redis://127.0.0.1:99999/0",
+                                 "redis://ops:s3cret-pw@127.0.0.1:6379/0?socket_timeout=x"])
+def test_a_governance_url_the_redis_client_cannot_read_is_refused_at_construction(
+        url: str) -> None:
+    """It used to be accepted: the follower died on it when the server started, so the
+    process served every flow as defined (a withdrawn one included) and never stopped,
+    ``stop_serving_after`` or not."""
+    with pytest.raises(ExposureConfigError, match="governance URL .* cannot be used") as bad:
+        FlowServer(build_catalogue(), governance=GovernanceSettings(
+            url=url, stop_serving_after=0.5))
+    assert "s3cret" not in str(bad.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_follower_that_cannot_build_its_store_serves_nothing(
+        mode: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The store cannot even be built (here as without the Redis client, the tasks
+    extra): the state was never read, so nothing is served, and the log says why. The
+    follower used to die on it, leaving every flow served as defined."""
+    from chainweaver.governance import store
+
+    def no_client(self: object, *args: object, **kwargs: object) -> None:
+        raise ImportError("No module named 'redis'")
+
+    monkeypatch.setattr(store.GovernanceStore, "__init__", no_client)
+    caplog.set_level(logging.ERROR, logger="chainweaver.governance")
+    server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True,
+                        governance="redis://127.0.0.1:1/0")
+    async with Client(server.fastmcp, mode=mode) as client:
+        await assert_view(client, set())
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "cannot be read (ImportError: No module named 'redis')" in logged

@@ -8,6 +8,7 @@ tasks and their cancellation."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from typing import Any
@@ -189,3 +190,20 @@ async def test_a_task_runs_and_is_cancelled_while_the_store_fails() -> None:
             assert (await task.status()).status == "cancelled"
     finally:
         task_tools.HOLD = None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_listing_a_flow_outside_the_view_reads_no_store(mode: str) -> None:
+    """``chainweaver://runs?flow=F`` for a flow outside the caller's view (archived
+    here, or a name that never existed) lists nothing without reading the store: it
+    used to walk every run of the caller's the store holds for F (on Redis, a round
+    trip per 64 of them) only to drop them all, and to fail when the store did."""
+    flows = server(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    flows.executor.registry.set_lifecycle("product_search", "archived")
+    async with Client(flows.fastmcp, mode=mode) as client:
+        for flow in ("product_search", "never_existed"):
+            listed = await client.read_resource(f"chainweaver://runs?flow={flow}&limit=5")
+            assert json.loads(listed[0].text) == {"runs": [], "next_cursor": None}, flow
+        error = await refused(client, "chainweaver://runs?flow=order_status")
+        assert (error.code, error.message) == (-32603, STORE_UNAVAILABLE)  # in view
