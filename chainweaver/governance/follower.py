@@ -17,9 +17,12 @@ started after a change never publishes, or runs a queued task of, a flow it arch
 
 When Redis cannot be reached it keeps the state it applied last, logs that once
 (naming the store, its password masked, and why), retries with a growing pause, and
-reads everything again on reconnect. With ``stop_serving_after``, once the state has
-gone unconfirmed that long it serves no flow (every flow withheld) until the state is
-confirmed again; a process that has not confirmed it since it started serves none.
+reads everything again on reconnect. A process that has applied no state yet (Redis
+unreachable or its state unreadable since the process started) serves no flow until it
+has: its definitions never had an operator's decision applied, a flow withdrawn before
+it started among them. With ``stop_serving_after``, once the state has gone
+unconfirmed that long it serves no flow (every flow withheld) until the state is
+confirmed again.
 
 One entry it cannot read is not an outage: that flow is withheld, the rest apply, and
 the heartbeat goes on. The heartbeat's ``version`` is the last version applied
@@ -49,6 +52,8 @@ logger = logging.getLogger("chainweaver.governance")
 RETRY_PAUSES = (0.1, 0.25, 0.5, 1.0, 2.0)  # seconds between reconnect attempts
 UNREADABLE_STATE = ("withheld by shared governance: the shared state cannot be read "
                     "and this process has applied none")
+NOT_READ_YET = ("withheld by shared governance: this process has not read the shared "
+                "state yet (Redis unreachable since it started)")
 
 
 def iso(at: float) -> str:
@@ -73,6 +78,7 @@ class SharedGovernance:
         self.overlay = GovernanceOverlay(registry)
         self.applied_at: float | None = None  # wall time of the last apply
         self.confirmed: float | None = None  # monotonic time the state was last confirmed
+        self.applied = asyncio.Event()  # set once a state was read (and applied)
         self.outage_since: float | None = None  # wall time Redis was lost
         self.last_outage: dict[str, float] | None = None
         self._beat = 0.0
@@ -92,7 +98,7 @@ class SharedGovernance:
         """Follow the shared state until cancelled; never raises for a lost Redis.
 
         ``ready`` is set once the first attempt to read the state ended: applied, or
-        failed (the process then serves as during an outage)."""
+        failed (the process then serves no flow until a read succeeds)."""
         failures = 0
         while True:
             store: GovernanceStore | None = None
@@ -103,7 +109,7 @@ class SharedGovernance:
                 raise
             except Exception as error:  # connection refused, reset, timed out, ...
                 self._lost(error)
-                if self.confirmed is None and _unreadable(error):
+                if self.confirmed is None:
                     self._withhold_all(error)
             finally:
                 if store is not None:
@@ -162,10 +168,12 @@ class SharedGovernance:
                     or state.decisions != self.overlay.state.decisions):
                 self._apply(state)
                 self.confirmed = time.monotonic()
+                self.applied.set()
                 self._recovered()
                 await self._heartbeat(store)
                 return
         self.confirmed = time.monotonic()
+        self.applied.set()
         if self._recovered():
             await self._heartbeat(store)
 
@@ -207,10 +215,10 @@ class SharedGovernance:
         self.outage_since = time.time()
         store = masked_url(self.settings.url)
         why = masked_reason(error, self.settings.url)
+        if self.confirmed is None:
+            return  # no state applied to keep serving: _withhold_all says so
         if _unreadable(error):
             # e.g. the counter is not a number, a key of the wrong type (WRONGTYPE)
-            if self.confirmed is None:
-                return  # no state applied to keep serving: _withhold_all says so
             logger.error("shared governance: the state at %s cannot be read (%s); "
                          "serving the last applied state (version %d) until it can",
                          store, why, self.version)
@@ -224,30 +232,31 @@ class SharedGovernance:
                          self.version, exc_info=error)
 
     def _withhold_all(self, error: Exception) -> None:
-        """Redis answers, but with a state this process cannot read, and it has applied
-        none: what governance withdrew is unknown, so serve no flow until it can read
-        it (a process that applied a state keeps serving that one, as in an outage)."""
+        """This process has applied no state (Redis unreachable, or answering with a
+        state it cannot read, since it started): what governance withdrew is unknown,
+        so serve no flow until it can read it (a process that applied a state keeps
+        serving that one, as in an outage)."""
         if self.overlay.suspended:
             return
-        self.overlay.suspend(UNREADABLE_STATE)
-        logger.error("shared governance: the state at %s cannot be read (%s) and this "
-                     "process has applied none; serving no flow until it can",
-                     masked_url(self.settings.url), masked_reason(error, self.settings.url))
+        store, why = masked_url(self.settings.url), masked_reason(error, self.settings.url)
+        if _unreadable(error):
+            self.overlay.suspend(UNREADABLE_STATE)
+            logger.error("shared governance: the state at %s cannot be read (%s) and this "
+                         "process has applied none; serving no flow until it can", store,
+                         why)
+        else:
+            self.overlay.suspend(NOT_READ_YET)
+            logger.error("shared governance: Redis unreachable at %s (%s) and this process "
+                         "has applied no state yet; serving no flow until it can read it",
+                         store, why)
 
     def _check_stale(self) -> None:
-        """Stop serving flows once the state went unconfirmed for too long (opt-in).
-
-        A process that never confirmed a state stops at once: what it would serve is
-        its definitions, which no operator's decision was ever applied to (a flow
-        withdrawn before it started included)."""
+        """Stop serving flows once the state went unconfirmed for too long (opt-in; a
+        process that never confirmed one serves none already: :meth:`_withhold_all`)."""
         limit = self.settings.stop_serving_after
-        if limit is None or self.overlay.suspended:
+        if limit is None or self.overlay.suspended or self.confirmed is None:
             return
-        if self.confirmed is None:
-            self.overlay.suspend()
-            logger.error("shared governance: the state was never confirmed (Redis "
-                         "unreachable since the start); serving no flow until it is")
-        elif time.monotonic() - self.confirmed > limit:
+        if time.monotonic() - self.confirmed > limit:
             self.overlay.suspend()
             logger.error("shared governance: state not confirmed for more than %g s; "
                          "serving no flow until Redis is reachable", limit)
@@ -257,10 +266,10 @@ class SharedGovernance:
         ``stop_serving_after`` would withhold every flow (None: no such bound; 0: the
         state is withheld, or was never confirmed)."""
         limit = self.settings.stop_serving_after
-        if limit is None:
-            return None
         if self.overlay.suspended or self.confirmed is None:
             return 0.0
+        if limit is None:
+            return None
         return max(0.0, limit - (time.monotonic() - self.confirmed))
 
     def record(self) -> dict[str, Any]:

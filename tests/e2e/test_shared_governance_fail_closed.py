@@ -4,9 +4,8 @@ tell the whole story: a decisions hash whose counter is missing (evicted under a
 changed under a counter that came back to the version a replica applied (a Redis
 restored from an older snapshot, then changed as often again). A process must govern
 by the decisions Redis holds, not by a version number that happens to match. And a
-process told to stop serving when it cannot confirm the state (``stop_serving_after``)
-that starts while Redis is unreachable has confirmed nothing: it serves no flow until
-it can. A withdrawn flow answers like a name that never existed
+process that starts while Redis is unreachable has read no state: it serves no flow
+until it can. A withdrawn flow answers like a name that never existed
 (``support.views.assert_view``)."""
 
 from __future__ import annotations
@@ -132,17 +131,21 @@ async def test_decisions_missing_under_a_counter_that_moved_fail_closed(
     await store.aclose()
 
 
+@pytest.mark.parametrize("stop_serving_after", [None, 60.0])
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_nothing(
-        mode: str) -> None:
-    """``stop_serving_after`` asks for no flow once the state went unconfirmed that
-    long. A replica started while Redis is down has confirmed no state at all: it
-    served every flow as defined (the one operators withdrew included) for the whole
-    bound. It serves none until it reads the state, then exactly what that allows."""
+async def test_a_replica_started_in_an_outage_serves_nothing_until_it_reads_the_state(
+        mode: str, stop_serving_after: float | None) -> None:
+    """A replica started while Redis is down has read no state at all: its definitions
+    never had an operator's decision applied. It served every flow as defined (the one
+    operators withdrew included) until Redis came back, for the whole bound under
+    ``stop_serving_after`` and for good without it. It serves none until it reads the
+    state, then exactly what that allows."""
     redis = RestartableRedis()
     redis.start()
     try:
-        governance = settings(redis.url, stop_serving_after=60.0)
+        options = {} if stop_serving_after is None else \
+            {"stop_serving_after": stop_serving_after}
+        governance = settings(redis.url, **options)
         store = GovernanceStore(governance.url, governance.prefix)
         withdrawn = await store.change("order_status", None, "withdrawn", by="ops")
         await store.aclose()
@@ -151,7 +154,7 @@ async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_not
         async with Client(starting.fastmcp, mode=mode) as client:
             await assert_view(client, set())
             report = {e.flow_name: e for e in starting.exposure_report()}
-            assert "stop_serving_after" in report["price_quote"].reason  # type: ignore[operator]
+            assert "has not read the shared state yet" in report["price_quote"].reason  # type: ignore[operator]
             redis.start()
             await until(lambda: _applied(starting, withdrawn.version), "the state")
             await assert_view(client, set(OWNERS) - {"order_status"})
@@ -163,9 +166,9 @@ async def test_a_replica_started_in_an_outage_with_stop_serving_after_serves_not
 async def test_a_starting_replica_that_fails_reading_the_state_serves_nothing(
         redis_url: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis answers, but this process fails on what it read for a reason no one
-    foresaw (here: its reader raises). Only an unreachable Redis is an outage, where a
-    starting replica serves as defined; anything else is a state it cannot read, and
-    what governance withdrew is unknown: it serves no flow until a read succeeds."""
+    foresaw (here: its reader raises). That is a state it cannot read, not an outage,
+    and what governance withdrew is unknown: it serves no flow until a read succeeds
+    (as when Redis cannot be reached at all)."""
     governance = settings(redis_url)
     store = GovernanceStore(governance.url, governance.prefix)
     withdrawn = await store.change("order_status", None, "withdrawn", by="ops")

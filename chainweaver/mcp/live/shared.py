@@ -7,21 +7,26 @@ and runs on the server's event loop for as long as the server's lifespan is ente
 the server's own follower builds the next snapshot and its notifier tells clients,
 exactly as for a local change.
 
-Entering the lifespan waits until the follower applied the shared state (or its first
-attempt to read it failed: the process then serves its definitions, as during an
-outage). The rest of the server's lifespan (Docket and its worker) starts after this
-part, and no request is served before the lifespan is entered: a process started after
-an operator archived a flow never publishes it, nor runs a task of it that was queued.
+Entering the lifespan waits until the follower applied the shared state, or its first
+attempt to read it failed: a server then serves no flow until a read succeeds (it
+answers, with empty lists), and a worker waits for that read before it takes a task
+(one taken now could only fail, for good, though its flow may well be published). The
+rest of the server's lifespan (Docket and its worker) starts after this part, and no
+request is served before the lifespan is entered: a process started after an operator
+archived a flow never publishes it, nor runs a task of it that was queued.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from chainweaver.governance import GovernanceSettings, SharedGovernance
 from chainweaver.registry import FlowRegistry
+
+logger = logging.getLogger("chainweaver.governance")
 
 
 class SharedRunner:
@@ -47,6 +52,10 @@ class SharedRunner:
                 self._task = asyncio.get_running_loop().create_task(
                     self.follower.run(self._ready))
             await _first_sync(self._ready, self._task)
+            if self.follower.role == "worker" and not self.follower.applied.is_set():
+                logger.warning("shared governance: this worker takes no task until it has "
+                               "read the shared state")
+                await _first_sync(self.follower.applied, self._task)
             yield
         finally:
             self._entered -= 1
@@ -58,7 +67,8 @@ class SharedRunner:
 
 
 async def _first_sync(ready: asyncio.Event | None, task: asyncio.Task[None] | None) -> None:
-    """Until the follower's first attempt to read the state ended (or it stopped)."""
+    """Until ``ready`` is set (the follower's first attempt to read the state ended, or
+    it applied a state), or the follower stopped."""
     if ready is None or task is None or ready.is_set():
         return
     waiting = asyncio.ensure_future(ready.wait())
