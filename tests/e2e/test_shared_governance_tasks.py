@@ -362,6 +362,53 @@ def task_server(queue: str) -> FlowServer:
     return FlowServer(executor, tasks=TaskSettings(url=queue, concurrency=0))
 
 
+@pytest.mark.parametrize("withdrawn", [False, True])
+async def test_a_worker_started_while_the_state_cannot_be_read_takes_no_task_until_it_can(
+        queue: str, withdrawn: bool) -> None:
+    """The governance Redis is down when the worker starts (its task queue is not).
+    It has read no state, so it cannot tell a flow operators withdrew from one they
+    did not: it ran every task it took as defined (a withdrawn flow's included). Now
+    it takes none, and fails none, until it read the state: then a task of a flow
+    still published runs (nothing is lost meanwhile), and one of a withdrawn flow does
+    not."""
+    from support.shared_governance import RestartableRedis
+
+    governance_redis = RestartableRedis()
+    governance_redis.start()
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    GATE["open"].set()
+    try:
+        shared = governance(governance_redis.url)
+        store = GovernanceStore(shared.url, shared.prefix)
+        if withdrawn:
+            await store.change(FLOW, None, "withdrawn", by="ops")
+        await store.aclose()
+        governance_redis.stop()
+        enqueuer = flow_server(queue, name, None, concurrency=0)  # follows no state
+        worker = flow_server(queue, name, shared)
+        async with Client(enqueuer.fastmcp) as client:
+            task = await call_tool_task(client, FLOW, {"n": 4})
+            async with working(worker):
+                follower = worker._shared.follower  # type: ignore[union-attr]
+
+                async def tried() -> bool:
+                    return follower.outage_since is not None
+
+                await until(tried, "the worker's first attempt to read the state")
+                await asyncio.sleep(1.0)  # time enough to have taken the task
+                assert (await stored(enqueuer, task))[0] in ("scheduled", "queued")
+                assert RAN == {}
+                governance_redis.start()
+                done = await finished(enqueuer, task)
+        if withdrawn:
+            assert (done, RAN) == (("failed", GONE), {})
+        else:
+            assert done == ("completed", {"n": 50})
+            assert RAN == {"hold": 1, "hold-finished": 1, "after": 1}
+    finally:
+        governance_redis.close()
+
+
 async def test_a_chainweaver_worker_process_refuses_an_archived_flow(
         redis_url: str, worker_queue: str, tmp_path: Path) -> None:
     """A task queued before the archive while no worker ran, and a task a lagging
