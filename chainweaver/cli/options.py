@@ -240,8 +240,8 @@ def _add_governance_options(parser: argparse.ArgumentParser) -> None:
                        help="its Redis key prefix (default: chainweaver:governance)")
     group.add_argument("--governance-stop-after", type=float, metavar="SECONDS",
                        help="serve no flow while the state could not be confirmed for "
-                            "longer than this, nor before it was first confirmed "
-                            "(default: keep serving the last state)")
+                            "longer than this (default: keep serving the last state; "
+                            "none is served before the state was first read)")
 
 
 HTTP_DEFAULTS: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "stateless": False,

@@ -242,8 +242,8 @@ class GovernanceSettings:
     applied, so a missed message is caught. ``heartbeat_interval``: how often it
     records what it applied (``chainweaver flows status``). ``stop_serving_after``
     (seconds, default None: never): when the state could not be confirmed for that
-    long (Redis unreachable), or was never confirmed since the process started, serve
-    no flow until it can. ``replica``: the name
+    long (Redis unreachable), serve no flow until it can (a process that has not read
+    the state since it started serves none, with or without it). ``replica``: the name
     status shows, one per process (default ``host:pid:`` and six random hex digits,
     new with every start).
     """

@@ -156,6 +156,8 @@ def test_the_ttl_never_outlasts_the_shared_state() -> None:
     assert 5.5 < (follower.sure_for() or 0) <= 6.0
     unbounded = SharedGovernance(GovernanceSettings("redis://127.0.0.1:1/0"),
                                  build_catalogue().registry)
+    assert unbounded.sure_for() == 0.0  # it serves nothing before it reads the state
+    unbounded.confirmed = time.monotonic()
     assert unbounded.sure_for() is None
 
 
