@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast
@@ -272,6 +273,7 @@ class FlowServer:
             self._exposure, views, self._gate, self._provider.card_primitives,
             security.auth, cache, self._fastmcp)
         self._watcher: FlowFileWatcher | None = None
+        self._parents: weakref.WeakSet[FastMCP] = weakref.WeakSet()  # mounted into
         self._unsubscribe = executor.registry.subscribe(weakly(follower))
         follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
@@ -313,7 +315,10 @@ class FlowServer:
         Use this instead of ``parent.mount(server.fastmcp)``: the gate then runs in
         the parent's middleware chain, so a refusal is the same JSON-RPC error as when
         this server stands alone. Requests routed in by a bare ``FastMCP.mount()`` are
-        refused (and logged as an error) whenever the gate has hooks.
+        refused (and logged as an error) whenever the gate has hooks. The parent then
+        serves ``subscriptions/listen`` and ``resources/subscribe``, so its clients hear
+        of this server's changes as its own clients do (``docs/mcp-server.md``,
+        "Composition"). A server is mounted into one parent once.
         """
         if not isinstance(parent, FastMCP) or parent is self._fastmcp:
             raise ExposureConfigError("mount_into needs another FastMCP server as parent")
@@ -325,6 +330,11 @@ class FlowServer:
             # the task runner as a tool: refused rather than half-working.
             raise ExposureConfigError("a FlowServer with tasks= cannot be mounted yet; serve "
                                       "it on its own")
+        if parent in self._parents:
+            # Its gate would admit every request twice, and its notices would have two
+            # names for each resource: one mount per parent.
+            raise ExposureConfigError("this FlowServer is mounted into that parent already")
+        self._parents.add(parent)
         route = Route.mounted(self._fastmcp, parent, namespace)
         parent.add_middleware(MountedGate(self._gate, route))
         parent.mount(self._fastmcp, namespace=namespace)

@@ -45,11 +45,12 @@ LISTEN = "subscriptions/listen"
 
 @dataclass(frozen=True)
 class Member:
-    """A FlowServer whose changes a server's clients hear: its notifier, and the
-    route they reach it by."""
+    """A FlowServer whose changes a server's clients hear: its notifier, the route
+    they reach it by, and whether it has resources to subscribe to."""
 
     notifier: ChangeNotifier
     route: Route
+    resources: bool
 
 
 class Subscriptions:
@@ -77,7 +78,7 @@ class Subscriptions:
                            server.name, LISTEN)
             return None
         subscriptions = held if isinstance(held, cls) else cls()
-        subscriptions.members.append(Member(notifier, route))
+        subscriptions.members.append(Member(notifier, route, resources))
         low.add_request_handler(LISTEN, mcp_types.SubscriptionsListenRequestParams,
                                 subscriptions.listen)
         if resources:
@@ -129,8 +130,9 @@ class Subscriptions:
         session_id = notifiable_session_id()
         if session_id is not None:
             for member in self.members:
-                member.notifier.subscribed(session_id, ctx.session,
-                                           member.route).add(str(params.uri))
+                if member.resources:
+                    member.notifier.subscribed(session_id, ctx.session,
+                                               member.route).add(str(params.uri))
         return mcp_types.EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: mcp_types.UnsubscribeRequestParams
@@ -138,6 +140,7 @@ class Subscriptions:
         session_id = notifiable_session_id()
         if session_id is not None:
             for member in self.members:
-                member.notifier.subscribed(session_id, ctx.session,
-                                           member.route).discard(str(params.uri))
+                if member.resources:
+                    member.notifier.subscribed(session_id, ctx.session,
+                                               member.route).discard(str(params.uri))
         return mcp_types.EmptyResult()
