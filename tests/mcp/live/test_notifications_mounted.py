@@ -19,6 +19,8 @@ from fastmcp import Client, FastMCP
 from fastmcp.server.transforms import Namespace
 from mcp import MCPError
 from mcp.client.subscriptions import listen
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.catalogue import READ, build_catalogue
 from support.notices import PROMPTS, RESOURCES, TOOLS, UPDATED, Heard, listening
 
@@ -89,13 +91,15 @@ class Mounted:
     events: list[AuditEvent]
 
 
-def mounted(parent: FastMCP | None = None, namespace: str = "shop") -> Mounted:
+def mounted(parent: FastMCP | None = None, namespace: str = "shop",
+            meter_provider: Any = None) -> Mounted:
     """A FlowServer with per-team views mounted into ``parent`` (a plain FastMCP)."""
     events: list[AuditEvent] = []
     switch = Switch()
     executor = catalogue()
     server = FlowServer(executor, expose_schemas=True, expose_prompts=True,
                         run_history=RunHistory(), serving=QUICK,
+                        meter_provider=meter_provider,
                         security=SecurityConfig(authenticator=switch,
                                                 audit_hook=events.append,
                                                 visible=visible_claim("teams")))
@@ -195,7 +199,8 @@ async def test_a_withdrawn_flow_is_never_named_to_the_parents_clients(mode: str)
 
 
 async def test_the_parents_subscription_requests_pass_the_mounted_gate() -> None:
-    shop = mounted()
+    reader = InMemoryMetricReader()
+    shop = mounted(meter_provider=MeterProvider(metric_readers=[reader]))
     notifier = shop.server._notifier
     notifier.max_streams_per_caller = 1
     async with AsyncExitStack() as stack:
@@ -226,6 +231,17 @@ async def test_the_parents_subscription_requests_pass_the_mounted_gate() -> None
         ("subscriptions/listen", "decision", "sam", "allowed", "ok"),
         ("subscriptions/listen", "completed", "sam", "denied", "too_many_listen_streams"),
         ("subscriptions/listen", "completed", "sam", "allowed", "ok")]  # sam's stream ends
+    # And counted by the mounted server, as its own requests are.
+    data = reader.get_metrics_data()
+    counted = {(point.attributes["name"], point.attributes["outcome"]): point.value
+               for resource in (data.resource_metrics if data else ())
+               for scope in resource.scope_metrics for metric in scope.metrics
+               if metric.name == "chainweaver.requests"
+               for point in metric.data.data_points
+               if point.attributes["kind"] == "subscription"}
+    assert counted == {("subscriptions/listen", "refused"): 2,
+                       ("subscriptions/listen", "cancelled"): 1,  # its client left
+                       ("resources/subscribe", "refused"): 1}
 
 
 @pytest.mark.parametrize("mode", MODES)
