@@ -253,10 +253,9 @@ class FlowServer:
             caller_known=security.authenticator is None))
         # Resources to subscribe to: schema resources, run records.
         self._subscribable = expose_schemas or run_log is not None
-        self._notifier.install(self._fastmcp, page_size=serving.page_size,
-                               provider=self._provider)
-        Subscriptions.serve(self._fastmcp, self._notifier, Route(self._fastmcp),
-                            resources=self._subscribable)
+        own = Route(self._fastmcp)  # how this server's own clients reach it
+        self._notifier.install(own, page_size=serving.page_size, provider=self._provider)
+        Subscriptions.serve(self._fastmcp, self._notifier, own, resources=self._subscribable)
         bound_echoes(self._fastmcp)  # no answer quotes more than a client can receive
         discovery_settings: Discovery = features["discovery"]
         # Answers are the same for every caller only without views, tokens and hooks.

@@ -136,12 +136,14 @@ class ChangeNotifier:
 
     # -------------------------------------------------------------- wiring
 
-    def install(self, server: FastMCP, *, page_size: int | None = None,
+    def install(self, route: Route, *, page_size: int | None = None,
                 provider: object = None) -> None:
-        """Serve lists by page of the caller's list (:mod:`.cursors`; ``provider``, the
-        flow provider, cuts the pages); ``server``'s transforms name what its own
-        clients are told. (Its subscription requests: :mod:`.subscriptions`.)"""
-        self.route = Route(server)
+        """Serve the server's lists by page of the caller's list (:mod:`.cursors`;
+        ``provider``, the flow provider, cuts the pages); ``route`` (the server's own)
+        names what its own clients are told. (Its subscription requests:
+        :mod:`.subscriptions`.)"""
+        self.route = route
+        server = route.server
         low = low_level_server(server)
         if low is None:
             return  # warned: cursors by FastMCP

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import mcp_types
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.transforms import Namespace
@@ -34,6 +35,7 @@ from chainweaver.mcp import (
     RunHistory,
     SecurityConfig,
     ServingConfig,
+    fastmcp_seams,
     visible_claim,
 )
 
@@ -280,3 +282,25 @@ async def test_a_flowserver_parent_tells_its_own_changes_and_its_mounted_ones(
 async def _resources(parent: FastMCP) -> list[Any]:
     async with Client(parent) as client:
         return await client.list_resources()
+
+
+async def test_a_parent_serving_its_own_listen_streams_keeps_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    parent = FastMCP("gateway")
+
+    async def its_own(ctx: Any, params: Any) -> Any:
+        raise MCPError(code=-32000, message="the parent's own listen handler")
+
+    fastmcp_seams.low_level_server(parent).add_request_handler(
+        "subscriptions/listen", mcp_types.SubscriptionsListenRequestParams, its_own)
+    with caplog.at_level("WARNING", logger="chainweaver.mcp.live.subscriptions"):
+        shop = mounted(parent)
+    assert any("serves subscriptions/listen with a handler of its own" in record.message
+               for record in caplog.records)
+    shop.switch.who = "olga"
+    async with Client(parent) as client:
+        with pytest.raises(MCPError, match="the parent's own listen handler"):
+            async with listen(client.session, tools_list_changed=True):
+                pass
+        # Everything else of the mounted server is served as before.
+        assert not (await client.call_tool("shop_price_quote", {"sku": "S"})).is_error
