@@ -94,7 +94,7 @@ class Mounted:
 
 
 def mounted(parent: FastMCP | None = None, namespace: str = "shop",
-            meter_provider: Any = None) -> Mounted:
+            meter_provider: Any = None, **security: Any) -> Mounted:
     """A FlowServer with per-team views mounted into ``parent`` (a plain FastMCP)."""
     events: list[AuditEvent] = []
     switch = Switch()
@@ -104,7 +104,8 @@ def mounted(parent: FastMCP | None = None, namespace: str = "shop",
                         meter_provider=meter_provider,
                         security=SecurityConfig(authenticator=switch,
                                                 audit_hook=events.append,
-                                                visible=visible_claim("teams")))
+                                                visible=visible_claim("teams"),
+                                                **security))
     parent = parent or FastMCP("gateway")
     server.mount_into(parent, namespace=namespace)
     return Mounted(executor, server, parent, switch, events)
@@ -202,9 +203,9 @@ async def test_a_withdrawn_flow_is_never_named_to_the_parents_clients(mode: str)
 
 async def test_the_parents_subscription_requests_pass_the_mounted_gate() -> None:
     reader = InMemoryMetricReader()
-    shop = mounted(meter_provider=MeterProvider(metric_readers=[reader]))
+    shop = mounted(meter_provider=MeterProvider(metric_readers=[reader]),
+                   max_listen_streams_per_caller=1)
     notifier = shop.server._notifier
-    notifier.max_streams_per_caller = 1
     async with AsyncExitStack() as stack:
         shop.switch.who = None  # the authenticator refuses
         nobody = await stack.enter_async_context(Client(shop.parent))
