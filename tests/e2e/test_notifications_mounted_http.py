@@ -1,7 +1,8 @@
 """A FlowServer mounted with ``mount_into`` into a plain FastMCP gateway served over
 real streamable HTTP on 127.0.0.1, with JWT bearer tokens verified by the gateway and
 per-team views: on both eras each caller hears of the mounted server's changes under
-the gateway's names, only in its own view, and of its own runs only."""
+the gateway's names, only in its own view, and of its own runs only (not of another
+caller's run of a flow both see)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ async def test_gateway_clients_hear_the_mounted_servers_changes_in_their_view(
     server.mount_into(parent, namespace="shop")
     registry = executor.registry
     async with gateway(parent) as url, \
-            follower(url, "sam", ["search-team"], mode) as (_, sam), \
+            follower(url, "sam", ["search-team", "pricing-team"], mode) as (_, sam), \
             follower(url, "olga", ["orders-team", "pricing-team"], mode) as (olga_client,
                                                                              olga):
         registry.register_flow(dataclasses.replace(registry.get_flow("product_search"),
@@ -91,6 +92,7 @@ async def test_gateway_clients_hear_the_mounted_servers_changes_in_their_view(
                                                    version="3.0.0"))
         assert await olga.take(3) == sorted([TOOLS, PROMPTS, f"{UPDATED} {ORDERS}"])
         assert await sam.take(0) == []
+        # Olga's run of a flow both see: told to her alone.
         await olga_client.call_tool("shop_price_quote", {"sku": "SKU-1"})
         told = await olga.take(2)
         assert {notice for notice in told if notice.startswith(UPDATED)} == {
