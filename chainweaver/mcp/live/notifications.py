@@ -184,7 +184,7 @@ class ChangeNotifier:
             on_connection_close(session, lambda: self._forget(session_id))
             while len(self._sessions) >= self.max_sessions:
                 del self._sessions[next(iter(self._sessions))]  # the least recent
-        known.session = session
+        known.renew(session)
         self._sessions[session_id] = known  # most recent last
         return known
 
@@ -396,9 +396,7 @@ class ChangeNotifier:
         """The URIs a 2025-11-25 session is subscribed to (to add to or take from), its
         client naming this server's resources through ``route``. Any URI may be
         subscribed to: a hidden one simply never fires."""
-        known = self.remember(session_id, session)
-        known.route = route
-        return known.uris
+        return self.remember(session_id, session).reached_by(route)
 
 
 def _events(change: ViewChange) -> list[ServerEvent]:
@@ -438,7 +436,7 @@ class SnapshotPins:
             known = self.notifier.remember(session_id, request.session)
             if self.notifier.callers_from_token:
                 # The token rides on every request (and says when it stops being good).
-                known.caller, known.expires = token_caller_and_expiry()
+                known.follow_token(*token_caller_and_expiry())
             else:
                 learn = known.admit  # an authenticator decides: the gate tells the record
         return pinned(name, self.live, learn)

@@ -22,7 +22,7 @@ from chainweaver.mcp.gate.composition import Route
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.view_changes import ViewChange
 
-logger = logging.getLogger("chainweaver.mcp.live.notifications")
+logger = logging.getLogger("chainweaver.mcp.live.sessions")
 
 
 @dataclass
@@ -42,14 +42,26 @@ class Session:
     def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
         self.caller, self.gate, self.expires = caller, gate, token_expiry()
 
+    def follow_token(self, caller: CallerIdentity, expires: float | None) -> None:
+        """Follow the verified token's ``caller`` (no authenticator decides callers)."""
+        self.caller, self.expires = caller, expires
+
+    def renew(self, session: ServerSession) -> None:
+        """The newest session object of its connection (the SDK makes one per request)."""
+        self.session = session
+
+    def reached_by(self, route: Route | None) -> set[str]:
+        """Its client names the server's resources through ``route``; the URIs it is
+        subscribed to (to add to or take from)."""
+        self.route = route
+        return self.uris
+
     def caller_now(self) -> CallerIdentity | None:
         """The caller to tell, None once the token it came with has expired: an expired
         credential hears nothing more until the client makes a request with a new one."""
         if self.expires is not None and self.expires <= time.time():
             return None
         return self.caller
-
-
 
 
 async def send_legacy(known: Session, change: ViewChange) -> bool:
