@@ -315,3 +315,24 @@ async def test_a_parent_serving_its_own_listen_streams_keeps_them(
                 pass
         # Everything else of the mounted server is served as before.
         assert not (await client.call_tool("shop_price_quote", {"sku": "S"})).is_error
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_parent_advertises_the_subscriptions_it_now_serves(mode: str) -> None:
+    shop = mounted()
+    shop.switch.who = "olga"
+    async with Client(shop.parent, mode=mode) as client:
+        capabilities = client.server_capabilities
+    assert capabilities is not None and capabilities.resources is not None
+    assert capabilities.resources.subscribe is True
+    assert capabilities.tools is not None and capabilities.tools.list_changed is True
+    assert capabilities.prompts is not None and capabilities.prompts.list_changed is True
+
+
+async def test_a_legacy_client_of_the_parent_unsubscribes() -> None:
+    shop = mounted()
+    uri = schema("order_status")
+    async with follower(shop.parent, "legacy", [uri], shop.switch, "olga") as (client, olga):
+        await client.session.unsubscribe_resource(uri)
+        new_version(shop.executor, "order_status")
+        assert await olga.take(2, quiet=0.15) == sorted([TOOLS, PROMPTS])  # no update
