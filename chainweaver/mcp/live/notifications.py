@@ -256,6 +256,7 @@ class ChangeNotifier:
         listed: dict[tuple[ViewChange, Route | None], ViewChange] = {}
 
         async def as_listed(change: ViewChange, route: Route | None) -> ViewChange:
+            route = route or self.route
             if (change, route) not in listed:
                 listed[change, route] = await self._as_listed(change, route)
             return listed[change, route]
@@ -335,6 +336,7 @@ class ChangeNotifier:
         named: dict[Route | None, frozenset[str]] = {}
 
         async def listed(route: Route | None) -> frozenset[str]:
+            route = route or self.route
             if route not in named:
                 named[route] = frozenset((await self._listed_uris(uris, route)).values())
             return named[route]
