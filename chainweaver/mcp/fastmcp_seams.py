@@ -9,9 +9,10 @@ because FastMCP moved a private name.
 - :func:`low_level_server`: FastMCP 4 has no public way to serve ``subscriptions/listen``
   or ``resources/subscribe``, nor to see a list request's cursor; the MCP SDK derives
   the ``listChanged``/``subscribe`` capabilities from the low-level server's handlers,
-  so they are registered there (with the SDK's public ``add_request_handler``).
-  Without it: no 2026-07-28 list-changed stream, no resource subscriptions, list
-  cursors not bound to the caller's view. Serving stateless HTTP, its notification
+  so they are registered there (with the SDK's public ``add_request_handler``), on
+  the server and on a parent it is mounted into with ``mount_into``. Without it: no
+  2026-07-28 list-changed stream, no resource subscriptions (on the server or through
+  a parent), list cursors not bound to the caller's view. Serving stateless HTTP, its notification
   options are replaced (:func:`advertise_no_notifications`).
 - :func:`on_connection_close`: the SDK's ``ServerSession`` (one per request) does not
   say when its connection ends. Without it: sessions are forgotten by age only.

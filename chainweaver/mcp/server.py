@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast
@@ -35,7 +36,7 @@ from chainweaver.mcp.discovery import ServerCards
 from chainweaver.mcp.fastmcp_seams import add_sdk_middleware, install_input_schema_lookup
 from chainweaver.mcp.gate.admission import input_schema_lookup, pinned_snapshot
 from chainweaver.mcp.gate.cache_hints import CacheHints, CachePolicy
-from chainweaver.mcp.gate.composition import gate_lifespan
+from chainweaver.mcp.gate.composition import Route, gate_lifespan
 from chainweaver.mcp.gate.echo import install as bound_echoes
 from chainweaver.mcp.gate.http_guard import HostOriginRules
 from chainweaver.mcp.gate.mounting import MountedCompletions, MountedGate
@@ -45,6 +46,7 @@ from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.following import RegistryFollower, weakly
 from chainweaver.mcp.live.notifications import ChangeNotifier, SnapshotPins
 from chainweaver.mcp.live.shared import SharedRunner, running, shared_runner
+from chainweaver.mcp.live.subscriptions import Subscriptions
 from chainweaver.mcp.moved_keywords import moved_keywords, moved_settings
 from chainweaver.mcp.process import flush_stray_stdout, freeze_gc
 from chainweaver.mcp.publish.card import ServerIdentity
@@ -179,7 +181,8 @@ class FlowServer:
                                         if security.authenticator is not None else None,
                                         max_streams=security.max_listen_streams,
                                         max_streams_per_caller=security
-                                        .max_listen_streams_per_caller)
+                                        .max_listen_streams_per_caller,
+                                        owner=owner)
         history = features["run_history"]
         self._run_log = run_log = RunLog.open(history, updated=self._notifier.run_updated) \
             if history is not None else None
@@ -248,8 +251,11 @@ class FlowServer:
         install_input_schema_lookup(self._fastmcp, input_schema_lookup(
             self._fastmcp, self._exposure, views,
             caller_known=security.authenticator is None))
-        self._notifier.install(self._fastmcp, resources=expose_schemas or run_log is not None,
-                               page_size=serving.page_size, provider=self._provider)
+        # Resources to subscribe to: schema resources, run records.
+        self._subscribable = expose_schemas or run_log is not None
+        own = Route(self._fastmcp)  # how this server's own clients reach it
+        self._notifier.install(own, page_size=serving.page_size, provider=self._provider)
+        Subscriptions.serve(self._fastmcp, self._notifier, own, resources=self._subscribable)
         bound_echoes(self._fastmcp)  # no answer quotes more than a client can receive
         discovery_settings: Discovery = features["discovery"]
         # Answers are the same for every caller only without views, tokens and hooks.
@@ -266,6 +272,7 @@ class FlowServer:
             self._exposure, views, self._gate, self._provider.card_primitives,
             security.auth, cache, self._fastmcp)
         self._watcher: FlowFileWatcher | None = None
+        self._parents: weakref.WeakSet[FastMCP] = weakref.WeakSet()  # mounted into
         self._unsubscribe = executor.registry.subscribe(weakly(follower))
         follower()  # a change made since the first snapshot was taken
         if serving.freeze_gc:
@@ -307,7 +314,10 @@ class FlowServer:
         Use this instead of ``parent.mount(server.fastmcp)``: the gate then runs in
         the parent's middleware chain, so a refusal is the same JSON-RPC error as when
         this server stands alone. Requests routed in by a bare ``FastMCP.mount()`` are
-        refused (and logged as an error) whenever the gate has hooks.
+        refused (and logged as an error) whenever the gate has hooks. The parent then
+        serves ``subscriptions/listen`` and ``resources/subscribe``, so its clients hear
+        of this server's changes as its own clients do (``docs/mcp-server.md``,
+        "Composition"). A server is mounted into one parent once.
         """
         if not isinstance(parent, FastMCP) or parent is self._fastmcp:
             raise ExposureConfigError("mount_into needs another FastMCP server as parent")
@@ -319,8 +329,16 @@ class FlowServer:
             # the task runner as a tool: refused rather than half-working.
             raise ExposureConfigError("a FlowServer with tasks= cannot be mounted yet; serve "
                                       "it on its own")
-        parent.add_middleware(MountedGate(self._gate, self._fastmcp, namespace))
+        if parent in self._parents:
+            # Its gate would admit every request twice, and its notices would have two
+            # names for each resource: one mount per parent.
+            raise ExposureConfigError("this FlowServer is mounted into that parent already")
+        self._parents.add(parent)
+        route = Route.mounted(self._fastmcp, parent, namespace)
+        parent.add_middleware(MountedGate(self._gate, route))
         parent.mount(self._fastmcp, namespace=namespace)
+        # The parent's clients hear this server's changes (live/subscriptions.py).
+        Subscriptions.serve(parent, self._notifier, route, resources=self._subscribable)
         if self._exposure.expose_schemas or self._exposure.expose_prompts:
             MountedCompletions.install(parent, namespace, self._provider.complete)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import anyio
@@ -19,8 +21,11 @@ def blocks(language: str) -> list[str]:
 
 def run_python_blocks() -> dict:
     namespace: dict = {}
-    for code in blocks("python"):
-        exec(compile(code, str(DOC), "exec", dont_inherit=True), namespace)
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        for code in blocks("python"):
+            exec(compile(code, str(DOC), "exec", dont_inherit=True), namespace)
+    namespace["printed"] = printed.getvalue()
     return namespace
 
 
@@ -35,6 +40,9 @@ def test_json_blocks_parse() -> None:
 async def test_python_examples_run_and_behave_as_described() -> None:
     # In a worker thread: a block may run its own event loop (asyncio.run).
     namespace = await anyio.to_thread.run_sync(run_python_blocks)
+    # A client of a mount_into gateway hears of the mounted server's change.
+    assert "['ResourceUpdated', 'ToolsListChanged']\n" \
+        "['chainweaver://greetings/flows/hello/schema']\n" in namespace["printed"]
     server = namespace["server"]
     async with Client(server.fastmcp) as client:
         result = await client.call_tool("hello", {"name": "Ada"})

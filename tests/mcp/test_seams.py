@@ -154,6 +154,26 @@ async def test_a_moved_low_level_server_degrades_only_notifications(
     assert "list cursors" in warned[0] and "Mcp-Param" in warned[1]
 
 
+async def test_a_moved_low_level_server_still_mounts_without_parent_subscriptions(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger=SEAM_LOGGER)
+    monkeypatch.setattr(fastmcp_seams, "LOW_LEVEL_SERVER", "_moved_in_a_new_release")
+    parent = FastMCP("parent")
+    flow_server(expose_schemas=True).mount_into(parent, namespace="shop")
+    async with Client(parent) as client:
+        result = await client.call_tool("shop_quote", {"order_id": "A-1"})
+        assert result.structured_content == {"order_id": "A-1", "cents": 120}
+        with pytest.raises(MCPError) as caught:  # the parent serves no listen stream
+            await client.session.send_request(
+                mcp_types.SubscriptionsListenRequest(
+                    params=mcp_types.SubscriptionsListenRequestParams(
+                        notifications=mcp_types.SubscriptionFilter(
+                            tools_list_changed=True))),
+                mcp_types.SubscriptionsListenResult)
+    assert caught.value.error.code == mcp_types.METHOD_NOT_FOUND
+    assert len([m for m in seam_warnings(caplog) if "_mcp_server" in m]) == 1
+
+
 async def test_a_moved_request_handler_map_keeps_serving(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=SEAM_LOGGER)

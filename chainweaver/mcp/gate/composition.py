@@ -28,13 +28,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastmcp import FastMCP
 from fastmcp.prompts import Prompt
 from fastmcp.resources import Resource, ResourceTemplate, TextResource
 from fastmcp.server.middleware import MiddlewareContext
-from fastmcp.server.transforms import Transform
+from fastmcp.server.transforms import Namespace, Transform
 from fastmcp.tools import Tool
 from pydantic import AnyUrl
 
@@ -171,6 +172,38 @@ async def published_uris(transforms: Sequence[Transform], uris: Sequence[str]
         if resource.name.isdigit() and int(resource.name) < len(uris):
             named[uris[int(resource.name)]] = str(resource.uri)
     return named
+
+
+@dataclass(frozen=True, eq=False)
+class Route:
+    """How the clients of one FastMCP server reach a FlowServer's components: its own
+    ``server`` directly (``parent`` None), or mounted into ``parent`` with
+    ``mount_into`` (``mount``: the namespace it was given, as a transform).
+    Transforms are read when asked, so one added later, on either server, counts."""
+
+    server: FastMCP  # the FlowServer's own FastMCP
+    parent: FastMCP | None = None
+    mount: tuple[Transform, ...] = ()
+
+    @classmethod
+    def mounted(cls, server: FastMCP, parent: FastMCP, namespace: str | None) -> Route:
+        return cls(server, parent, (Namespace(namespace),) if namespace else ())
+
+    def transforms(self) -> list[Transform]:
+        """The transforms a resource passes on its way to these clients, in the order
+        FastMCP lists it through them: the server's own, the mount's namespace, then
+        the parent's."""
+        parent = self.parent.transforms if self.parent is not None else ()
+        return [*self.server.transforms, *self.mount, *parent]
+
+    async def uris(self, uris: Sequence[str]) -> dict[str, str]:
+        """Each of ``uris`` (the server's own) as these clients list it; a URI hidden
+        on the way is left out (:func:`published_uris`)."""
+        return await published_uris(self.transforms(), uris)
+
+    async def runs_root(self) -> str:
+        """Where these clients reach the server's run resources (:func:`runs_root`)."""
+        return await runs_root(self.transforms())
 
 
 Listed = tuple[Sequence[Tool], Sequence[Resource], Sequence[ResourceTemplate],

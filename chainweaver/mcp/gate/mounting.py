@@ -2,9 +2,10 @@
 
 :class:`MountedGate` runs the server's security gate in the parent's middleware chain,
 so a refusal keeps its JSON-RPC shape, and every request for the server, run reads
-included, is admitted exactly as when it stands alone; :class:`MountedCompletions`
-answers the parent's completions for every FlowServer mounted there, then the parent's
-own handler.
+and the parent's subscription requests included, is admitted exactly as when it
+stands alone; :class:`MountedCompletions` answers the parent's completions for every
+FlowServer mounted there, then the parent's own handler. (The parent's subscriptions
+are served by :mod:`chainweaver.mcp.live.subscriptions`.)
 """
 
 from __future__ import annotations
@@ -18,22 +19,26 @@ import mcp_types
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.middleware import MiddlewareContext
-from fastmcp.server.transforms import Namespace, Transform
 
 from chainweaver.mcp.fastmcp_seams import completion_handler
 from chainweaver.mcp.gate import admission, log_level
 from chainweaver.mcp.gate.admission import Admission, caller_from_token
 from chainweaver.mcp.gate.composition import (
+    Route,
     find_component,
     flow_of,
     owned_by_another,
     owned_meta,
-    runs_root,
 )
 from chainweaver.mcp.gate.front_door import FrontDoor
 from chainweaver.mcp.gate.malformed import malformed_prompt_request, refuse_malformed
 from chainweaver.mcp.gate.requests import completion_target, gate_for
-from chainweaver.mcp.gate.security import LOG_LEVEL_METHOD, GateRefused, SecurityGate
+from chainweaver.mcp.gate.security import (
+    LOG_LEVEL_METHOD,
+    SUBSCRIPTION_METHODS,
+    GateRefused,
+    SecurityGate,
+)
 from chainweaver.mcp.hooks import CallerIdentity, RequestKind
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI, is_run_uri
@@ -47,22 +52,13 @@ class MountedGate(FrontDoor):
     reads a URI where the parent's clients reach this server's run resources and no
     other FlowServer's resource answers it: a run read is admitted as one whatever run
     it names, so another caller's run answers exactly like one that never existed.
-    ``server`` is the mounted FastMCP, ``namespace`` the one ``mount_into`` gave it.
+    ``route``: how the parent's clients reach the mounted server.
     """
 
-    def __init__(self, gate: SecurityGate, server: FastMCP, namespace: str | None = None
-                 ) -> None:
+    def __init__(self, gate: SecurityGate, route: Route) -> None:
         self.gate = gate
         self.pins = gate.pins  # the mounted server's snapshot, pinned in the parent's chain
-        self.server = server
-        self.namespace: tuple[Transform, ...] = (Namespace(namespace),) if namespace else ()
-
-    async def runs_root(self, parent: FastMCP) -> str:
-        """Where the parent's clients reach this server's run resources: through its
-        own transforms, the mount's namespace, then the parent's transforms (the order
-        FastMCP lists them in)."""
-        return await runs_root([*self.server.transforms, *self.namespace,
-                                *parent.transforms])
+        self.route = route
 
     async def on_request(self, context: MiddlewareContext, call_next: Any) -> Any:
         params = context.message
@@ -75,6 +71,12 @@ class MountedGate(FrontDoor):
         if context.method == "completion/complete":
             return await self.guard_listing("completion", completion_target(params),
                                              context, call_next)
+        if context.method in SUBSCRIPTION_METHODS:
+            # Served by the parent for every FlowServer mounted there (and itself):
+            # each gate admits it, and its notifier follows the caller it admitted.
+            # The mounted server's own chain never sees it: counted here.
+            return await self.gate.guard_listing("subscription", context.method, context,
+                                                 call_next, mounted=True, count=True)
         if context.method == LOG_LEVEL_METHOD:  # the parent's clients' level, for runs
             return await self.guard_listing("subscription", LOG_LEVEL_METHOD, context,
                                              log_level.setting(call_next,
@@ -100,7 +102,7 @@ class MountedGate(FrontDoor):
         with admission.admitted(probe):
             component = await find_component(parent, kind, name)
         meta = owned_meta(component, self.gate.owner)
-        root = RUNS_URI if kind == "prompt" else await self.runs_root(parent)
+        root = RUNS_URI if kind == "prompt" else await self.route.runs_root()
         run_read = kind == "resource" and is_run_uri(name, root) \
             and not owned_by_another(component, self.gate.owner)
         if meta is None and not run_read:

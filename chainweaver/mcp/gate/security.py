@@ -180,11 +180,12 @@ class SecurityGate(FrontDoor):
 
     async def guard_listing(self, kind: RequestKind, name: str, context: MiddlewareContext,
                              call_next: Any, *, mounted: bool = False,
-                             task_id: str | None = None) -> Any:
+                             task_id: str | None = None, count: bool | None = None) -> Any:
         """Authenticate, rate-limit and audit a list, a completion, a subscription or a
         task request (never authorized: the caller's view narrows what it shows or
         tells). ``mounted``: run by a parent's :class:`MountedGate`, for a request that
-        came in through the parent."""
+        came in through the parent; ``count``: whether its request metrics count it
+        here (default: unless mounted, when this server's own chain counts it)."""
         held = admission.current()
         nested = held.nested_in(self.owner) if held is not None else None
         if nested is not None:
@@ -213,7 +214,8 @@ class SecurityGate(FrontDoor):
         record = admission.gate_record(held, caller, self.views.of(self.exposure, caller),
                                        self.owner, kind, name, None, asked=gate)
         result = await self._run_admitted(record, context, call_next, gate, started,
-                                          task_id=task_id, count=not mounted)
+                                          task_id=task_id,
+                                          count=not mounted if count is None else count)
         await self._audit(gate, caller, "allowed", "ok", started=started, outcome="ok",
                           task_id=task_id)
         return result

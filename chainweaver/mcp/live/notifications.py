@@ -8,12 +8,15 @@ of each swap, waits ``debounce`` seconds so a burst becomes one message, diffs t
 snapshot clients last heard about against the newest (:mod:`.view_changes`), and tells
 each client what changed in its view: ``notifications/{tools,prompts,resources}/list_changed`` and
 ``notifications/resources/updated`` for subscribed schema resources. On 2026-07-28 it
-serves ``subscriptions/listen`` (the MCP SDK's :class:`ListenHandler`, one bus per
-stream); on 2025-11-25 it sends on each live session (stateful HTTP, stdio, memory).
-Stateless HTTP has no channel back to the client: nothing is sent there. A resource
-is named as the server's clients list it: through the transforms on the server (a
+publishes to each ``subscriptions/listen`` stream it follows (one bus per stream; the
+requests are served by :mod:`.subscriptions`, on the server and on every parent it
+is mounted into); on 2025-11-25 it sends on each live session (stateful HTTP, stdio,
+memory; :mod:`.sessions`). Stateless HTTP has no channel back to the client: nothing
+is sent there. A resource is named as the listener's client lists it, through the listener's
+:class:`~chainweaver.mcp.gate.composition.Route`: the transforms on the server (a
 ``Namespace("shop")`` sends ``chainweaver://shop/flows/x/schema`` and
-``chainweaver://shop/runs/<id>``; see :func:`.composition.published_uris`).
+``chainweaver://shop/runs/<id>``), then, for a client of a parent it is mounted into
+with ``mount_into``, the mount's namespace and the parent's transforms.
 
 With a view rule (``SecurityConfig(visible=...)``) each listener is told only what changed
 in *its caller's* view: both snapshots are narrowed to that view before they are
@@ -30,17 +33,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import anyio
-import mcp_types
-from fastmcp import Context, FastMCP
-from fastmcp.server.dependencies import get_context, get_http_request
+from fastmcp import FastMCP
 from fastmcp.server.middleware import MiddlewareContext
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (
@@ -52,7 +51,6 @@ from mcp.server.subscriptions import (
     ServerEvent,
     ToolsListChanged,
 )
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from chainweaver.mcp.fastmcp_seams import (
     advertise_no_notifications,
@@ -66,13 +64,12 @@ from chainweaver.mcp.gate.admission import (
     caller_from_token,
     pinned,
     token_caller_and_expiry,
-    token_expiry,
 )
-from chainweaver.mcp.gate.composition import published_uris
-from chainweaver.mcp.gate.security import refusal_error
+from chainweaver.mcp.gate.composition import Route
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
+from chainweaver.mcp.live.sessions import Session, notifiable_session_id, send_legacy
 from chainweaver.mcp.live.view_changes import NOTHING, ViewChange, view_changes
 from chainweaver.mcp.publish.exposure import Exposure
 from chainweaver.mcp.publish.live_exposure import LiveExposure
@@ -85,26 +82,16 @@ LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/l
                           "prompts/list"})
 
 
-@dataclass
-class _Session:
-    """A 2025-11-25 session to notify: its latest session object, its subscriptions,
-    and the caller last admitted on it (None: none yet, it is told nothing)."""
+@dataclass(frozen=True)
+class Stream:
+    """A 2026-07-28 listen stream to publish to: its handler, the caller it was opened
+    by, the request context the authenticator admitted that caller from, and how its
+    client names this server's resources."""
 
-    session: ServerSession
-    uris: set[str] = field(default_factory=set)
-    caller: CallerIdentity | None = None
-    gate: GateContext | None = None  # what the authenticator admitted the caller from
-    expires: float | None = None  # when the token it was last admitted with expires
-
-    def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
-        self.caller, self.gate, self.expires = caller, gate, token_expiry()
-
-    def caller_now(self) -> CallerIdentity | None:
-        """The caller to tell, None once the token it came with has expired: an expired
-        credential hears nothing more until the client makes a request with a new one."""
-        if self.expires is not None and self.expires <= time.time():
-            return None
-        return self.caller
+    handler: ListenHandler
+    caller: CallerIdentity | None
+    gate: GateContext | None
+    route: Route | None = None
 
 
 class ChangeNotifier:
@@ -119,7 +106,7 @@ class ChangeNotifier:
                  views: Views | None = None, callers_from_token: bool = True,
                  authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None
                  = None, max_streams: int = 10_000,
-                 max_streams_per_caller: int = 100) -> None:
+                 max_streams_per_caller: int = 100, owner: str = "") -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
         catalogue is built (the provider forgets components it no longer needs).
         ``views``: the server's per-caller views. ``callers_from_token``: no
@@ -128,45 +115,38 @@ class ChangeNotifier:
         ``max_streams`` / ``max_streams_per_caller``: open listen streams at once,
         server-wide and per caller id (anonymous callers are one caller); each is a task
         and a buffer until its client goes, so one over a cap is refused (-32001), never
-        queued."""
+        queued. ``owner``: the owner mark of the server's gate, whose admission a
+        listener follows."""
         self.max_streams = max_streams
         self.max_streams_per_caller = max_streams_per_caller
         self.live = live
+        self.owner = owner
         self.debounce = debounce
         self.on_rebuilt = on_rebuilt
         self.views = views or Views(None)
         self.callers_from_token = callers_from_token
         self._notified = live.latest  # the snapshot clients were last told about
-        self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
-        # 2026-07-28 listen streams: bus -> its handler, the caller it was opened by and
-        # the request context the authenticator admitted that caller from
-        self._streams: dict[InMemorySubscriptionBus,
-                            tuple[ListenHandler, CallerIdentity | None,
-                                  GateContext | None]] = {}
+        self._sessions: dict[str, Session] = {}  # 2025-11-25, by session id
+        self._streams: dict[InMemorySubscriptionBus, Stream] = {}  # 2026-07-28, by bus
         self._streams_of: Counter[str | None] = Counter()  # open streams by caller id
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
-        self._server: FastMCP | None = None  # whose transforms name what clients list
+        self.route: Route | None = None  # how the server's own clients name resources
 
     # -------------------------------------------------------------- wiring
 
-    def install(self, server: FastMCP, *, resources: bool, page_size: int | None = None,
+    def install(self, route: Route, *, page_size: int | None = None,
                 provider: object = None) -> None:
-        """Serve ``subscriptions/listen`` (and, with schema resources, subscribe), and
-        serve lists by page of the caller's list (:mod:`.cursors`; ``provider``, the
-        flow provider, cuts the pages)."""
-        self._server = server
+        """Serve the server's lists by page of the caller's list (:mod:`.cursors`;
+        ``provider``, the flow provider, cuts the pages); ``route`` (the server's own)
+        names what its own clients are told. (Its subscription requests:
+        :mod:`.subscriptions`.)"""
+        self.route = route
+        server = route.server
         low = low_level_server(server)
         if low is None:
-            return  # warned: no listen stream, no subscriptions, cursors by FastMCP
-        low.add_request_handler("subscriptions/listen",
-                                mcp_types.SubscriptionsListenRequestParams, self._listen)
-        if resources:
-            low.add_request_handler("resources/subscribe",
-                                    mcp_types.SubscribeRequestParams, self._subscribe)
-            low.add_request_handler("resources/unsubscribe",
-                                    mcp_types.UnsubscribeRequestParams, self._unsubscribe)
+            return  # warned: cursors by FastMCP
         for method in LIST_METHODS:
             entry = low.get_request_handler(method)
             if entry is not None:
@@ -189,22 +169,22 @@ class ChangeNotifier:
             yield
         finally:
             self._loop = None
-            for handler, _, _ in list(self._streams.values()):
-                handler.close()
+            for stream in list(self._streams.values()):
+                stream.handler.close()
             if self._pending is not None:
                 self._pending.cancel()
                 self._pending = None
 
-    def remember(self, session_id: str, session: ServerSession) -> _Session:
+    def remember(self, session_id: str, session: ServerSession) -> Session:
         """Keep a 2025-11-25 session to notify (its newest session object) until its
         connection ends."""
         known = self._sessions.pop(session_id, None)
         if known is None:
-            known = _Session(session)
+            known = Session(session)
             on_connection_close(session, lambda: self._forget(session_id))
             while len(self._sessions) >= self.max_sessions:
                 del self._sessions[next(iter(self._sessions))]  # the least recent
-        known.session = session
+        known.renew(session)
         self._sessions[session_id] = known  # most recent last
         return known
 
@@ -241,7 +221,7 @@ class ChangeNotifier:
         sessions = list(self._sessions.items())
         streams = list(self._streams.items())
         held = [(known.caller_now(), known.gate) for _, known in sessions]
-        held.extend((caller, gate) for _, (_, caller, gate) in streams)
+        held.extend((stream.caller, stream.gate) for _, stream in streams)
         callers: list[CallerIdentity | None] = [caller for caller, _ in held]
         if self.authenticate is not None:
             # Each listener's caller as the authenticator answers now, not as it did
@@ -271,25 +251,35 @@ class ChangeNotifier:
             logger.exception("could not compare snapshots; clients are not told this time")
             return
         self._notified = new
-        # Named as clients list them (once per distinct change: views share theirs).
-        listed = {change: await self._as_listed(change) for change in {*legacy, *listening}}
-        for (session_id, known), change in zip(sessions, legacy, strict=True):
-            if change and not await _send_legacy(known, listed[change]):
-                self._sessions.pop(session_id, None)
-        for (bus, _), change in zip(streams, listening, strict=True):
-            for event in _events(listed[change]):
-                await bus.publish(event)
+        # Named as each client lists them (once per distinct change and route: views
+        # and clients of one server share theirs).
+        listed: dict[tuple[ViewChange, Route | None], ViewChange] = {}
 
-    async def _as_listed(self, change: ViewChange) -> ViewChange:
-        """``change`` with its URIs as the server's clients list them."""
+        async def as_listed(change: ViewChange, route: Route | None) -> ViewChange:
+            route = route or self.route
+            if (change, route) not in listed:
+                listed[change, route] = await self._as_listed(change, route)
+            return listed[change, route]
+
+        for (session_id, known), change in zip(sessions, legacy, strict=True):
+            if change and not await send_legacy(known, await as_listed(change,
+                                                                        known.route)):
+                self._sessions.pop(session_id, None)
+        for (bus, stream), change in zip(streams, listening, strict=True):
+            if change:
+                for event in _events(await as_listed(change, stream.route)):
+                    await bus.publish(event)
+
+    async def _as_listed(self, change: ViewChange, route: Route | None) -> ViewChange:
+        """``change`` with its URIs as the clients ``route`` reaches list them."""
         if not change.updated:
             return change
         return dataclasses.replace(change, updated=frozenset(
-            (await self._listed_uris(sorted(change.updated))).values()))
+            (await self._listed_uris(sorted(change.updated), route)).values()))
 
-    async def _listed_uris(self, uris: list[str]) -> dict[str, str]:
-        transforms = self._server.transforms if self._server is not None else ()
-        return await published_uris(transforms, uris)
+    async def _listed_uris(self, uris: list[str], route: Route | None) -> dict[str, str]:
+        route = route or self.route
+        return await route.uris(uris) if route is not None else {uri: uri for uri in uris}
 
     def _changes(self, old: Exposure, new: Exposure,
                  callers: list[CallerIdentity | None]) -> list[ViewChange]:
@@ -325,14 +315,17 @@ class ChangeNotifier:
         except Exception:  # GateRefused, or anything else: tell this listener nothing
             return None
 
-    def admitted_caller(self) -> CallerIdentity | None:
+    def admitted(self) -> tuple[CallerIdentity | None, GateContext | None]:
         """The caller of the request being served, as notifications follow it: the one
-        the gate admitted, else (no ``authenticator``) the verified token's."""
+        this server's gate admitted (the request's admission holds one record per gate
+        it passed: a parent's and each mounted server's), else (no ``authenticator``)
+        the verified token's; and what the authenticator admitted it from."""
         held = admission.current()
-        caller = held.caller if held is not None else None
+        record = held.nested_in(self.owner) if held is not None else None
+        caller = record.caller if record is not None else None
         if caller is None and self.callers_from_token:
             caller = caller_from_token()
-        return caller
+        return caller, record.asked if record is not None else None
 
     async def run_updated(self, caller_id: str, flow_name: str, uris: list[str]) -> None:
         """A run's status changed: tell the sessions and listen streams of the caller
@@ -340,7 +333,13 @@ class ChangeNotifier:
         the listing's) were updated. Nobody else hears of it."""
         latest = self.live.latest
         exposed = latest.flow(flow_name)
-        uris = list((await self._listed_uris(uris)).values())
+        named: dict[Route | None, frozenset[str]] = {}
+
+        async def listed(route: Route | None) -> frozenset[str]:
+            route = route or self.route
+            if route not in named:
+                named[route] = frozenset((await self._listed_uris(uris, route)).values())
+            return named[route]
 
         async def sees(caller: CallerIdentity | None, gate: GateContext | None) -> bool:
             if caller is None or caller.id != caller_id:
@@ -352,109 +351,54 @@ class ChangeNotifier:
         for session_id, known in list(self._sessions.items()):
             if not await sees(known.caller_now(), known.gate):
                 continue
-            if not await _send_legacy(known, ViewChange(updated=frozenset(uris))):
+            if not await send_legacy(known, ViewChange(updated=await listed(known.route))):
                 self._sessions.pop(session_id, None)
-        for bus, (_, caller, gate) in list(self._streams.items()):
-            if await sees(caller, gate):
-                for uri in uris:
+        for bus, stream in list(self._streams.items()):
+            if await sees(stream.caller, stream.gate):
+                for uri in sorted(await listed(stream.route)):
                     await bus.publish(ResourceUpdated(uri=uri))
 
-    # --------------------------------------------------------- request handlers
+    # ------------------------------------------------------- listeners
 
-    async def _listen(self, ctx: Any, params: mcp_types.SubscriptionsListenRequestParams
-                      ) -> mcp_types.SubscriptionsListenResult:
-        # The gate admitted this request (it is gated like a list): the stream is told
-        # what changes in that caller's view, for as long as it stays open (under an
-        # authenticator: as it answers then, asked with this request's context again).
-        caller = self.admitted_caller()
-        held = admission.current()
-        key = caller.id if caller is not None else None
-        # Checked and taken with no await in between: concurrent listens cannot pass
-        # the caps together. The gate audits the refusal as a denial.
+    def stream(self, handler: ListenHandler, route: Route | None) -> Stream:
+        """A listen stream served by ``handler`` for the request being served (the
+        gate admitted it like a list: it follows that caller), its client reaching
+        this server through ``route``."""
+        caller, asked = self.admitted()
+        return Stream(handler, caller, asked, route)
+
+    def refusal(self, stream: Stream) -> str | None:
+        """Why ``stream`` cannot be opened now (a cap it is over), else None."""
         if len(self._streams) >= self.max_streams:
-            raise refusal_error("listen_streams_full")
+            return "listen_streams_full"
+        key = stream.caller.id if stream.caller is not None else None
         if self._streams_of[key] >= self.max_streams_per_caller:
-            raise refusal_error("too_many_listen_streams")
-        bus = InMemorySubscriptionBus()
-        handler = ListenHandler(bus)
-        self._streams[bus] = (handler, caller, held.asked if held is not None else None)
-        self._streams_of[key] += 1
-        ending = None
-        try:
-            # The stream ends (gracefully: its result is the last frame) when the token
-            # it was opened with expires; the client listens again with a new one.
-            expires = token_expiry()
-            if expires is not None:
-                ending = asyncio.get_running_loop().call_later(
-                    max(0.0, expires - time.time()), handler.close)
-            result: mcp_types.SubscriptionsListenResult = await handler(ctx, params)
-            return result
-        finally:
-            if ending is not None:
-                ending.cancel()
-            self._streams.pop(bus, None)
-            self._streams_of[key] -= 1
-            if not self._streams_of[key]:
-                del self._streams_of[key]
-
-    async def _subscribe(self, ctx: Any, params: mcp_types.SubscribeRequestParams
-                         ) -> mcp_types.EmptyResult:
-        # Any URI may be subscribed to (a hidden one simply never fires): the answer
-        # says nothing about what exists.
-        known = self._current_session(ctx)
-        if known is not None:
-            known.uris.add(str(params.uri))
-        return mcp_types.EmptyResult()
-
-    async def _unsubscribe(self, ctx: Any, params: mcp_types.UnsubscribeRequestParams
-                           ) -> mcp_types.EmptyResult:
-        known = self._current_session(ctx)
-        if known is not None:
-            known.uris.discard(str(params.uri))
-        return mcp_types.EmptyResult()
-
-    def _current_session(self, ctx: Any) -> _Session | None:
-        session_id = notifiable_session_id()
-        return None if session_id is None else self.remember(session_id, ctx.session)
-
-
-async def _send_legacy(known: _Session, change: ViewChange) -> bool:
-    session = known.session
-    try:
-        if change.tools:
-            await session.send_tool_list_changed()
-        if change.resources:
-            await session.send_resource_list_changed()
-        if change.prompts:
-            await session.send_prompt_list_changed()
-        for uri in sorted(change.updated & known.uris):
-            await session.send_resource_updated(uri)
-    except Exception:  # a closed session: forget it
-        logger.debug("dropping a session that cannot be notified", exc_info=True)
-        return False
-    return True
-
-
-def notifiable_session_id(context: Context | None = None) -> str | None:
-    """The current request's session id, when the server can notify that session
-    (``context``: the request's FastMCP context, when the caller has it at hand).
-
-    2025-11-25 only (2026-07-28 clients listen), and not over stateless HTTP, where
-    a request carries no session and nothing can reach the client afterwards.
-    """
-    try:
-        context = context or get_context()
-        request = context.request_context
-        if request is None or request.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return None
-        session_id = context.session_id
-    except RuntimeError:
+            return "too_many_listen_streams"
         return None
-    try:
-        http = get_http_request()
-    except RuntimeError:
-        return session_id  # stdio or in memory: one session per connection
-    return session_id if http.headers.get("mcp-session-id") else None
+
+    def open(self, bus: InMemorySubscriptionBus, stream: Stream) -> None:
+        """Publish what changes to ``bus`` until :meth:`close` (check :meth:`refusal`
+        first, with no await in between: concurrent listens cannot pass the caps
+        together)."""
+        self._streams[bus] = stream
+        self._streams_of[stream.caller.id if stream.caller is not None else None] += 1
+
+    def close(self, bus: InMemorySubscriptionBus) -> None:
+        """Stop publishing to ``bus`` (its stream ended, however it ended)."""
+        stream = self._streams.pop(bus, None)
+        if stream is None:
+            return
+        key = stream.caller.id if stream.caller is not None else None
+        self._streams_of[key] -= 1
+        if not self._streams_of[key]:
+            del self._streams_of[key]
+
+    def subscribed(self, session_id: str, session: ServerSession, route: Route | None
+                   ) -> set[str]:
+        """The URIs a 2025-11-25 session is subscribed to (to add to or take from), its
+        client naming this server's resources through ``route``. Any URI may be
+        subscribed to: a hidden one simply never fires."""
+        return self.remember(session_id, session).reached_by(route)
 
 
 def _events(change: ViewChange) -> list[ServerEvent]:
@@ -494,7 +438,7 @@ class SnapshotPins:
             known = self.notifier.remember(session_id, request.session)
             if self.notifier.callers_from_token:
                 # The token rides on every request (and says when it stops being good).
-                known.caller, known.expires = token_caller_and_expiry()
+                known.follow_token(*token_caller_and_expiry())
             else:
                 learn = known.admit  # an authenticator decides: the gate tells the record
         return pinned(name, self.live, learn)

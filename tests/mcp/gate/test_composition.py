@@ -169,6 +169,11 @@ def test_mount_into_checks_its_arguments() -> None:
         server.mount_into(server.fastmcp)
     with pytest.raises(ExposureConfigError, match="namespace"):
         server.mount_into(FastMCP("parent"), namespace="bad name\n")
+    parent = FastMCP("parent")
+    server.mount_into(parent, namespace="one")
+    with pytest.raises(ExposureConfigError, match="mounted into that parent already"):
+        server.mount_into(parent, namespace="two")  # one gate, one route per parent
+    server.mount_into(FastMCP("another"), namespace="two")  # another parent: fine
 
 
 # ------------------------------------------------- found by the adversarial review
