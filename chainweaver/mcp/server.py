@@ -190,6 +190,8 @@ class FlowServer:
         # on a shared backend may run in another, whose spill no client could read.
         outputs = run_log or RunLog.spill(task_links=task_settings is None
                                           or task_settings.url.startswith("memory://"))
+        # Before the snapshot follower subscribes: shared decisions govern a change first.
+        self._shared = shared_runner(features["governance"], executor.registry)
         self._provider = FlowProvider(
             self._exposure, executor, error_detail=security.error_detail,
             flow_timeout=serving.flow_timeout, owner=owner,
@@ -199,7 +201,9 @@ class FlowServer:
                                    step_authorizer=security.step_authorizer,
                                    refresh_caller=security.refresh_caller),
             views=views, run_log=run_log, outputs=outputs, components=components,
-            task_runner=flow_task_runner(security, metrics) if task_settings else None)
+            task_runner=flow_task_runner(
+                security, metrics, self._shared.follower if self._shared else None)
+            if task_settings else None)
         # Followed as long as anything serves: the FastMCP server (through its
         # middleware) keeps the follower alive, the registry only refers to it weakly.
         tool_forms = tool_form_names(resources=resources_as_tools, prompts=prompts_as_tools)
@@ -218,8 +222,6 @@ class FlowServer:
             runs=FlowTelemetry(gated, security.error_detail, metrics),
             body_limit=security.max_body_bytes, pins=self._pins,
             run_target=run_resources.target if run_resources is not None else None)
-        # Before the snapshot follower subscribes: shared decisions govern a change first.
-        self._shared = shared_runner(features["governance"], executor.registry)
         # Schemas are published already dereferenced (see contract.published_schema),
         # so FastMCP's per-list dereferencing pass would only cost time.
         self._fastmcp = FastMCP(

@@ -20,6 +20,7 @@ registry and shared-governance follower); the last test runs a real worker proce
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -405,6 +406,49 @@ async def test_a_worker_started_while_the_state_cannot_be_read_takes_no_task_unt
         else:
             assert done == ("completed", {"n": 50})
             assert RAN == {"hold": 1, "hold-finished": 1, "after": 1}
+    finally:
+        governance_redis.close()
+
+
+async def test_a_worker_that_stopped_serving_for_want_of_the_state_fails_no_task(
+        queue: str) -> None:
+    """The worker applied the state, then lost its governance Redis (its task queue is
+    still there) for longer than ``stop_serving_after``: it serves no flow. A task it
+    takes then was failed for good ("no longer published here"), though its flow
+    was published all along. Now it waits, running no step, and runs once the state
+    is read again."""
+    from support.shared_governance import RestartableRedis
+
+    governance_redis = RestartableRedis()
+    governance_redis.start()
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    GATE["open"].set()
+    try:
+        shared = dataclasses.replace(governance(governance_redis.url),
+                                     stop_serving_after=0.2)
+        enqueuer = flow_server(queue, name, None, concurrency=0)  # follows no state
+        worker = flow_server(queue, name, shared)
+        follower = worker._shared.follower  # type: ignore[union-attr]
+        async with working(worker), Client(enqueuer.fastmcp) as client:
+            await all_applied(0, worker)
+            governance_redis.stop()
+
+            async def suspended() -> bool:
+                return follower.overlay.suspended
+
+            await until(suspended, "the worker to stop serving")
+            task = await call_tool_task(client, FLOW, {"n": 5})
+
+            async def waiting() -> bool:
+                return (await task.status()).status_message == "waiting for the shared " \
+                    "governance state"
+
+            await until(waiting, "the worker to take the task and wait")
+            assert RAN == {}
+            governance_redis.start()
+            done = await finished(enqueuer, task)
+        assert done == ("completed", {"n": 60})
+        assert RAN == {"hold": 1, "hold-finished": 1, "after": 1}
     finally:
         governance_redis.close()
 

@@ -61,6 +61,7 @@ from chainweaver.run_events import RunObserver, fan_out
 
 if TYPE_CHECKING:
 
+    from chainweaver.governance import SharedGovernance
     from chainweaver.mcp.components.provider import FlowProvider
 
 logger = logging.getLogger("chainweaver.mcp")
@@ -73,6 +74,9 @@ logger = logging.getLogger("chainweaver.mcp")
 RUNNER_NAME = "chainweaver.flow_task"
 # Keys every flow task's payload has (how a flow task is told from fastmcp-tasks' own).
 FLOW_TASK_KEYS = frozenset({"tool", "version", "arguments"})
+# A worker that does not know the shared governance state now waits for it, polling.
+WAITING_FOR_GOVERNANCE = "waiting for the shared governance state"
+GOVERNANCE_POLL = 0.25  # seconds
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 
 
@@ -126,17 +130,21 @@ class FlowTaskRunner(FastMCPTool):
     _provider: FlowProvider = PrivateAttr()
     _audit: TaskAudit = PrivateAttr()
     _metrics: ServerMetrics | None = PrivateAttr(default=None)
+    _governance: SharedGovernance | None = PrivateAttr(default=None)
 
     @classmethod
     def build(cls, provider: FlowProvider, audit: TaskAudit,
-              metrics: ServerMetrics | None = None) -> FlowTaskRunner:
+              metrics: ServerMetrics | None = None,
+              governance: SharedGovernance | None = None) -> FlowTaskRunner:
         """The runner of ``provider``'s flows; ``metrics``: where its runs and steps are
-        counted (``chainweaver.runs`` and ``.steps``, like an inline run's)."""
+        counted (``chainweaver.runs`` and ``.steps``, like an inline run's);
+        ``governance``: the shared state this process follows, if any."""
         runner = cls(name=RUNNER_NAME, parameters={"type": "object"},
                      task_config=TaskConfig(mode="optional"))
         runner._provider = provider
         runner._audit = audit
         runner._metrics = metrics
+        runner._governance = governance
         return runner
 
     async def run(  # Docket injects the dependencies
@@ -166,6 +174,14 @@ class FlowTaskRunner(FastMCPTool):
             # stop any more (FlowTasksExtension audited the cancellation). Nothing runs.
             return ToolResult(content=[TextContent(type="text", text="cancelled")],
                               is_error=True)
+        governance = self._governance
+        if governance is not None and governance.overlay.suspended:
+            # The shared state is unknown here (unconfirmed past stop_serving_after, or
+            # not read yet): refused now, a task whose flow may well be published would
+            # fail for good. It waits, running no step, until the state is read again.
+            await write_status(docket, execution.key, WAITING_FOR_GOVERNANCE)
+            while governance.overlay.suspended:
+                await asyncio.sleep(GOVERNANCE_POLL)
         try:
             exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
         except MCPError:

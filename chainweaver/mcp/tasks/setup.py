@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fastmcp import FastMCP
     from fastmcp.tools.base import Tool
 
+    from chainweaver.governance import SharedGovernance
     from chainweaver.mcp.components.provider import FlowProvider
 
 logger = logging.getLogger("chainweaver.mcp")
@@ -117,13 +118,15 @@ def check_tasks(tasks: object, mode: object = None, settings: object = None
     return chosen
 
 
-def flow_task_runner(security: SecurityConfig, metrics: ServerMetrics
+def flow_task_runner(security: SecurityConfig, metrics: ServerMetrics,
+                     governance: SharedGovernance | None = None
                      ) -> Callable[[FlowProvider], Tool]:
     """How a provider builds the one task runner of its flows (see :mod:`.runner`); a
-    task leg's run counts in ``chainweaver.runs`` and ``.steps`` like an inline one."""
+    task leg's run counts in ``chainweaver.runs`` and ``.steps`` like an inline one,
+    and waits while ``governance`` (the shared state followed) is not known."""
     runner, audit = _tasks_extra()
     task_audit = audit(security.audit_hook, security.hook_timeout)
-    return lambda provider: runner.build(provider, task_audit, metrics)
+    return lambda provider: runner.build(provider, task_audit, metrics, governance)
 
 
 def add_tasks(fastmcp: FastMCP, provider: FlowProvider, security: SecurityConfig,
