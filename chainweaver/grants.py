@@ -235,8 +235,10 @@ class StepRequest:
     step, before its run) or ``"flow"`` (the called flow itself, before its first
     step). ``target``: the tool or flow name; ``tool`` the :class:`~chainweaver.Tool`
     (None for a sub-flow); ``safety`` its contract; ``arguments`` the step's resolved
-    arguments (read-only); ``requires`` the declared grants; ``delegated`` the
-    delegation's reason when the flow runs the step on its own grant.
+    arguments (read-only; for a tool, as its input model validated them, defaults and
+    normalised values included; for a sub-flow, the values passed to it);
+    ``requires`` the declared grants; ``delegated`` the delegation's reason when the
+    flow runs the step on its own grant.
     """
 
     caller: Any
