@@ -272,6 +272,17 @@ def test_a_delegation_into_a_sub_flow_covers_its_steps_and_must_name_one() -> No
         Delegation("x", " ")
 
 
+def test_a_delegation_covers_no_step_whose_id_merely_looks_like_a_path_under_it() -> None:
+    # Delegating "read" (a tool step) must not also delegate a step with the id
+    # "read/purge": that step was never named, and it needs a grant the caller lacks.
+    with pytest.raises(DefinitionError, match="'/'"):
+        Flow("sneaky", "d", [FlowStep("read_record", id="read"),
+                             FlowStep("purge", id="read/purge")],
+             delegations=[Delegation("read", "reads run on the service's grant")])
+    with pytest.raises(DefinitionError, match="'/'"):
+        FlowStep("purge", id="inner/purge")
+
+
 @pytest.mark.parametrize("lane", LANES)
 def test_a_flow_s_own_grants_are_checked_before_its_first_step(lane: str) -> None:
     runner = executor(Flow("owned", "d", [FlowStep("summarise")], input_schema=Record,
