@@ -23,6 +23,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
+from chainweaver.errors import ExposureConfigError
 from chainweaver.mcp import AuditEvent, CallerIdentity, FlowServer, GateContext, SecurityConfig
 
 pytestmark = pytest.mark.anyio
@@ -275,3 +276,42 @@ async def test_a_server_without_grants_or_hook_builds_no_guard() -> None:
     bare = FlowServer(executor)
     tool_ = bare._provider.flow_tool(bare._provider.exposure.current.tool("plain"))
     assert tool_._step_guard() is None
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_an_executor_s_own_step_authorizer_is_asked_through_the_server(mode: str
+                                                                            ) -> None:
+    # FlowExecutor(step_authorizer=...) served as it is: asked before every step of a
+    # call, with the caller the gate admitted (it was skipped for flows declaring
+    # grants, and refused every step of the others for want of a caller).
+    def own_tenant(request: StepRequest) -> StepDecision:
+        tenant = request.arguments.get("tenant", request.caller.claims["tenant"])
+        return StepDecision(tenant == request.caller.claims["tenant"], "other_tenant")
+
+    RAN.clear()
+    executor = FlowExecutor(FlowRegistry(), step_authorizer=own_tenant)
+    for item in (open_invoice, read_ledger):
+        executor.register_tool(item)
+    executor.registry.register_flow(Flow("open", "opens", [FlowStep("open_invoice")]))
+    executor.registry.register_flow(Flow("invoice", "reads", [FlowStep("open_invoice"),
+                                                              FlowStep("read_ledger")]))
+    server = FlowServer(executor, security=SecurityConfig(authenticator=Who()))
+    async with Client(server.fastmcp, mode=mode) as client:
+        for name in ("open", "invoice"):
+            assert not (await client.call_tool(name, {"tenant": "ann"})).is_error
+            theirs = await client.call_tool(name, {"tenant": "bob"}, raise_on_error=False)
+            assert theirs.is_error and "other_tenant" in text(theirs)
+    assert RAN == ["open_invoice", "open_invoice", "read_ledger:ann"]
+
+
+def test_a_step_authorizer_set_on_both_the_executor_and_the_server_is_refused() -> None:
+    def one(request: StepRequest) -> bool:
+        return True
+
+    def other(request: StepRequest) -> bool:
+        return True
+
+    executor = FlowExecutor(FlowRegistry(), step_authorizer=one)
+    with pytest.raises(ExposureConfigError, match="both"):
+        FlowServer(executor, security=SecurityConfig(step_authorizer=other))
+    FlowServer(executor, security=SecurityConfig(step_authorizer=one))  # the same hook
