@@ -176,8 +176,13 @@ class FlowTasksExtension(TasksExtension):
                    "arguments": arguments, "caller": caller_id,
                    "approval": exposed.needs_approval,
                    "client_can_answer": declared_elicitation(context)}
+        # Kept whenever the server declares a step grant anywhere, not only when this
+        # version's plan does now: the leg runs the plan its worker has then, and a
+        # sub-flow's newer version may ask for one (without the grant, the leg would be
+        # judged as the token's caller, not the gate's).
         grant = view_grant(self.provider.views, caller, steps=bool(exposed.plan.needs)
-                           or self.provider.runs.step_authorizer is not None)
+                           or self.provider.runs.step_authorizer is not None
+                           or self.provider.exposure.grant_claims is not None)
         if grant is not None:
             payload["grant"] = grant
         run = run_start(None, caller_id)
