@@ -13,6 +13,7 @@ no guard at all: it pays nothing.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import re
@@ -339,7 +340,7 @@ class StepGuard:
     """
 
     __slots__ = ("caller", "authorizer", "flow_name", "flow_version", "prefix",
-                 "delegations", "decisions", "approved")
+                 "delegations", "decisions", "approved", "loop", "context")
 
     def __init__(self, caller: CallerSource, authorizer: StepAuthorizer | None,
                  flow_name: str, flow_version: str, *, prefix: str = "",
@@ -355,6 +356,17 @@ class StepGuard:
         # What the run's approval covers (chainweaver.engine.approved.ApprovedGrants), set
         # once it is approved; None: nothing to compare.
         self.approved = approved
+        # The event loop an async run started on, and its context (a server's request
+        # lives there): an async hook asked from a worker thread is awaited there.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.context: contextvars.Context | None = None
+
+    def on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Await the hooks' awaitables on ``loop`` (the run's), in the current context,
+        wherever a check is asked from: an async hook (a database or HTTP client made on
+        the server's loop, the request's FastMCP context) works only there."""
+        self.loop = loop
+        self.context = contextvars.copy_context()
 
     def keep_approval(self, approved: Any) -> None:
         """From now on, compare every covered check with what the run's approval
@@ -370,9 +382,11 @@ class StepGuard:
         and the sub-flow's own delegations hold inside it."""
         prefix = f"{self.prefix}{step_id}/"
         own = tuple(Delegation(prefix + d.step, d.reason) for d in subflow_delegations)
-        return StepGuard(self.caller, self.authorizer, self.flow_name, self.flow_version,
-                         prefix=prefix, delegations=self.delegations + own,
-                         decisions=self.decisions, approved=self.approved)
+        guard = StepGuard(self.caller, self.authorizer, self.flow_name, self.flow_version,
+                          prefix=prefix, delegations=self.delegations + own,
+                          decisions=self.decisions, approved=self.approved)
+        guard.loop, guard.context = self.loop, self.context
+        return guard
 
     def delegated(self, path: str) -> str | None:
         for delegation in self.delegations:
@@ -402,7 +416,7 @@ class StepGuard:
         try:
             caller = self.caller()
             if inspect.isawaitable(caller):
-                caller = _blocking(caller)
+                caller = self._waited(caller)
         except Exception:
             caller = None
         refused = self.declared(request, caller)
@@ -410,7 +424,7 @@ class StepGuard:
             try:
                 answer = self.authorizer(_asked(request, caller))
                 if inspect.isawaitable(answer):
-                    answer = _blocking(answer)
+                    answer = self._waited(answer)
             except Exception as error:
                 answer = _hook_failed(self.authorizer, error)
             refused = _verdict(answer)
@@ -423,7 +437,7 @@ class StepGuard:
         try:
             caller = self.caller()
             if inspect.isawaitable(caller):
-                caller = await caller
+                caller = await self._awaited(caller)
         except Exception:
             caller = None
         refused = self.declared(request, caller)
@@ -431,13 +445,43 @@ class StepGuard:
             try:
                 answer = self.authorizer(_asked(request, caller))
                 if inspect.isawaitable(answer):
-                    answer = await answer
+                    answer = await self._awaited(answer)
             except Exception as error:
                 answer = _hook_failed(self.authorizer, error)
             refused = _verdict(answer)
         if refused is None and self.approved is not None:
             refused = await self.approved.holds_async(request, caller)
         return self._noted(request, refused)
+
+    def _elsewhere(self) -> asyncio.AbstractEventLoop | None:
+        """The run's loop, when it is running and this thread is not on it (a worker
+        thread, a sub-flow's private loop); else None."""
+        loop = self.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return None
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        return None if here is loop else loop
+
+    def _waited(self, awaitable: Awaitable[Any]) -> Any:
+        """``awaitable``'s result, from sync code: on the run's loop when it is
+        elsewhere; else (the sync lane) on a private one."""
+        loop = self._elsewhere()
+        if loop is None:
+            return _blocking(awaitable)
+        assert self.context is not None
+        return self.context.run(asyncio.run_coroutine_threadsafe, _awaited(awaitable),
+                                loop).result()
+
+    async def _awaited(self, awaitable: Awaitable[Any]) -> Any:
+        loop = self._elsewhere()
+        if loop is None:
+            return await awaitable
+        assert self.context is not None
+        return await asyncio.wrap_future(self.context.run(
+            asyncio.run_coroutine_threadsafe, _awaited(awaitable), loop))
 
     def _noted(self, request: StepRequest, refused: str | None) -> str | None:
         self.decisions.add(request.path or "(flow)", request.kind, request.target,

@@ -150,6 +150,8 @@ class Lanes:
         if checkpoints is not None and run_id is not None:
             # Before any ask: a run that cannot resume says so at once.
             state.durable = await Durable.open(checkpoints, run_id, state)
+        if guard is not None and not guard.prefix:  # a called flow (a sub-flow: its parent's)
+            guard.on_loop(asyncio.get_running_loop())
         if gate is not None:
             caller = await caller_now_async(guard) if guard is not None else None
             request, approved = under_grants(plan, gate, guard, caller,
@@ -212,9 +214,9 @@ class Lanes:
         steps = state.plan.steps
         running: dict[asyncio.Future, int] = {}
         stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
-        # A step asked about again (chainweaver.engine.approved) waits for this loop: it never
-        # runs on the loop itself.
-        on_loop = state.guard is None or state.guard.approved is None
+        # A checked step (chainweaver.grants: its async hooks, a step asked about again)
+        # may wait for this loop: it never runs on the loop itself.
+        on_loop = state.guard is None
         try:
             while True:
                 while state.ready and len(running) < self.max_concurrent:

@@ -365,3 +365,29 @@ def test_a_sub_flow_with_a_timeout_runs_its_steps_under_the_same_guard(lane: str
     assert result.error.type == "StepRefused" and "timed/purge" in result.error.message
     assert CALLS == ["read:a"]
     assert run(runner, "outer", lane, caller=ADMIN).success
+
+
+@pytest.mark.parametrize("timeout", [None, 30])
+def test_async_hooks_of_an_async_run_are_awaited_on_its_loop(timeout: float | None) -> None:
+    # read_record is a sync tool: the async lane runs it in a worker thread, and the
+    # check before it was answered there, the async hooks on a private event loop.
+    loops: list[bool] = []
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+
+        async def now() -> Caller:
+            loops.append(asyncio.get_running_loop() is loop)
+            return READER
+
+        async def on_this_loop(request: StepRequest) -> bool:
+            loops.append(asyncio.get_running_loop() is loop)
+            return True
+
+        inner = Flow("inner", "d", [FlowStep("read_record"), FlowStep("summarise")])
+        outer = Flow("outer", "d", [FlowStep(flow="inner", id="sub", timeout=timeout)])
+        runner = executor(inner, outer, step_authorizer=on_this_loop)
+        return await runner.execute_flow_async("outer", {"tenant": "a"}, caller=now)
+
+    assert asyncio.run(main()).success
+    assert loops == [True] * 6  # the sub-flow step, then each of its two steps

@@ -5,10 +5,12 @@ Both protocol eras; standalone, mounted and namespaced."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from fastmcp import Client, FastMCP
+from fastmcp.server.dependencies import get_context
 from pydantic import BaseModel
 
 from chainweaver import (
@@ -315,3 +317,48 @@ def test_a_step_authorizer_set_on_both_the_executor_and_the_server_is_refused() 
     with pytest.raises(ExposureConfigError, match="both"):
         FlowServer(executor, security=SecurityConfig(step_authorizer=other))
     FlowServer(executor, security=SecurityConfig(step_authorizer=one))  # the same hook
+
+
+class LoopBound:
+    """Async hooks made on the server's event loop, as an async database or HTTP
+    client is: used from another loop they fail, as such a client would, and they read
+    the request they serve through FastMCP's context."""
+
+    def __init__(self) -> None:
+        self.loop: Any = None
+        self.asked: list[str] = []
+
+    def check(self, what: str) -> None:
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("attached to a different event loop")
+        get_context()  # the request being served (raises outside one)
+        self.asked.append(what)
+
+    async def refresh(self, caller: CallerIdentity) -> CallerIdentity:
+        await asyncio.sleep(0)
+        self.check("refresh")
+        return caller
+
+    async def authorize(self, request: StepRequest) -> bool:
+        await asyncio.sleep(0)
+        self.check(request.path)
+        return True
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_async_hooks_run_on_the_server_s_loop_in_the_request_s_context(mode: str
+                                                                           ) -> None:
+    # invoice's tools are plain sync functions: the async lane runs them in worker
+    # threads, and the checks before them were answered there, each async hook on a
+    # private event loop outside the request (so both failed, and every step was
+    # refused).
+    hooks = LoopBound()
+    server, _, events = billing(refresh_caller=hooks.refresh,
+                                step_authorizer=hooks.authorize)
+    hooks.loop = asyncio.get_running_loop()  # the in-memory server runs on this loop
+    async with Client(server.fastmcp, mode=mode) as client:
+        result = await client.call_tool("invoice", {"tenant": "ann"}, raise_on_error=False)
+    assert not result.is_error, text(result)
+    assert RAN == ["open_invoice", "read_ledger:ann"]
+    assert hooks.asked == ["refresh", "open_invoice", "refresh", "read_ledger"]
+    assert [e for e in events if e.phase == "step"] == []
