@@ -169,3 +169,45 @@ async def test_a_task_keeps_its_callers_grants_when_a_sub_flow_asks_for_one_late
     (done,) = [e for e in audit if e.kind == "task" and e.phase == "completed"
                and e.task_status == "completed"]
     assert done.steps is not None and done.steps["denied"] == 0
+
+
+async def test_a_task_s_steps_see_the_caller_the_call_would_see() -> None:
+    # The step hooks of a task's leg are shown the caller the gate admitted: its id,
+    # subject, client id, scopes and claims (the subject and client id were lost, so a
+    # directory keyed by subject, or a rule over it, judged a task as nobody's).
+    seen: list[tuple[Any, ...]] = []
+
+    def by_subject(caller: CallerIdentity) -> CallerIdentity | None:
+        if caller.subject != "ann-subject":
+            return None  # the directory knows no such person
+        return caller
+
+    def who(request: Any) -> bool:
+        caller = request.caller
+        seen.append((caller.id, caller.subject, caller.client_id, caller.scopes,
+                     dict(caller.claims)))
+        return True
+
+    def authenticate_ann(gate: GateContext) -> CallerIdentity:
+        return CallerIdentity("ann", {"team": "billing"}, subject="ann-subject",
+                              client_id="desk", scopes=frozenset({"billing.read"}))
+
+    RAN.clear()
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(read_ledger)
+    executor.registry.register_flow(Flow("read", "reads", [FlowStep("read_ledger")]))
+    served = FlowServer(executor, tasks=TaskSettings(url="memory://", mode="optional"),
+                        security=SecurityConfig(authenticator=authenticate_ann,
+                                                refresh_caller=by_subject,
+                                                step_authorizer=who))
+    async with Client(served.fastmcp, mode="legacy") as legacy:  # no tasks: a call
+        called = await legacy.call_tool("read", {"account": "acme"})
+    async with Client(served.fastmcp) as client:
+        task = await call_tool_task(client, "read", {"account": "acme"},
+                                    raise_on_error=False)
+        tasked: Any = await task.result()
+    assert not called.is_error and not tasked.is_error, tasked.content
+    assert RAN == ["read_ledger", "read_ledger"]
+    assert seen[0] == ("ann", "ann-subject", "desk", frozenset({"billing.read"}),
+                       {"team": "billing"})
+    assert seen == [seen[0], seen[0]]

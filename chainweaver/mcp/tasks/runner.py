@@ -367,7 +367,15 @@ def view_grant(views: Views, caller: CallerIdentity, *, steps: bool = False
     every claim is kept, for the worker that runs (or resumes) the task."""
     visibility = views.visibility
     if steps:
-        return {"scopes": sorted(caller.scopes), "claims": dict(caller.claims)}
+        # The whole caller, as the step hooks of a call are shown it (a directory asked
+        # by refresh_caller may know it by its subject).
+        grant: dict[str, Any] = {"scopes": sorted(caller.scopes),
+                                 "claims": dict(caller.claims)}
+        if caller.subject is not None:
+            grant["subject"] = caller.subject
+        if caller.client_id is not None:
+            grant["client_id"] = caller.client_id
+        return grant
     if visibility is None:
         return None
     claims = {name: caller.claims[name] for name in visibility.claims
@@ -383,7 +391,10 @@ def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
         return None
     scopes = grant.get("scopes")
     claims = grant.get("claims")
+    subject, client_id = grant.get("subject"), grant.get("client_id")
     return CallerIdentity(caller_id, dict(claims) if isinstance(claims, dict) else {},
+                          subject=subject if isinstance(subject, str) else None,
+                          client_id=client_id if isinstance(client_id, str) else None,
                           scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
 
 
