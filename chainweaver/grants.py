@@ -417,7 +417,8 @@ class StepGuard:
             caller = self.caller()
             if inspect.isawaitable(caller):
                 caller = self._waited(caller)
-        except Exception:
+        except Exception as error:
+            _source_failed(error)
             caller = None
         refused = self.declared(request, caller)
         if refused is None and self.authorizer is not None:
@@ -438,7 +439,8 @@ class StepGuard:
             caller = self.caller()
             if inspect.isawaitable(caller):
                 caller = await self._awaited(caller)
-        except Exception:
+        except Exception as error:
+            _source_failed(error)
             caller = None
         refused = self.declared(request, caller)
         if refused is None and self.authorizer is not None:
@@ -487,6 +489,13 @@ class StepGuard:
         self.decisions.add(request.path or "(flow)", request.kind, request.target,
                            refused is None, refused or "ok", request.delegated)
         return refused
+
+
+def _source_failed(error: Exception) -> None:
+    """A caller source (``refresh_caller``) that raised: no caller, so the step is
+    refused (``no_caller``), and the operator's log says why."""
+    logger.warning("asking for the caller as it is now raised %s: step refused",
+                   type(error).__name__)
 
 
 def _hook_failed(hook: Any, error: Exception) -> StepDecision:

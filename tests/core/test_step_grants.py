@@ -391,3 +391,17 @@ def test_async_hooks_of_an_async_run_are_awaited_on_its_loop(timeout: float | No
 
     assert asyncio.run(main()).success
     assert loops == [True] * 6  # the sub-flow step, then each of its two steps
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_a_caller_source_that_raises_refuses_and_the_log_says_why(
+        lane: str, caplog: pytest.LogCaptureFixture) -> None:
+    def directory_down() -> Caller:
+        raise ConnectionError("directory unreachable")
+
+    runner = executor(Flow("lookup", "d", [FlowStep("read_record")]))
+    with caplog.at_level("WARNING", logger="chainweaver.grants"):
+        result = run(runner, "lookup", lane, caller=directory_down)
+    assert result.error.type == "StepRefused" and result.error.detail == "no_caller"
+    assert CALLS == []
+    assert "ConnectionError" in caplog.text and "step refused" in caplog.text
