@@ -88,6 +88,7 @@ from chainweaver.mcp.tasks.runner import (
     FlowTaskRunner,
     TaskAudit,
     mark_once,
+    step_checks,
     view_grant,
 )
 
@@ -185,6 +186,11 @@ class FlowTasksExtension(TasksExtension):
                            or self.provider.exposure.grant_claims is not None)
         if grant is not None:
             payload["grant"] = grant
+        checks = step_checks(self.provider.runs)
+        if checks:
+            # What this replica asks before every step: a worker that would not ask it
+            # does not run the task (FlowTaskRunner._runnable).
+            payload["step_checks"] = checks
         run = run_start(None, caller_id)
         payload["run"] = run.run_id  # every leg of the task continues this run's record
         held = admission.current()

@@ -44,7 +44,7 @@ from chainweaver.mcp.hooks import (
 )
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
-from chainweaver.mcp.runs.approval import ApprovalInTask
+from chainweaver.mcp.runs.approval import ApprovalInTask, RunSettings
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.recording import run_start
 from chainweaver.mcp.tasks.durable import (
@@ -271,7 +271,24 @@ class FlowTaskRunner(FastMCPTool):
                 f"flow {arguments['tool']!r} asks for approval where the task was created, "
                 "but not on this worker (start it with --approval elicit); the task did "
                 "not run"))
+        asked = arguments.get("step_checks")
+        missing = [check for check in (asked if isinstance(asked, list) else ())
+                   if check not in step_checks(self._provider.runs)]
+        if missing:
+            # A worker built without the replica's step authorizer (or refresh_caller)
+            # would run the steps unchecked (or for the caller as it was).
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"the steps of flow {arguments['tool']!r} are checked by "
+                f"{' and '.join(map(str, missing))} where the task was created, but not on "
+                "this worker (give it the same SecurityConfig); the task did not run"))
         return exposed
+
+
+def step_checks(runs: RunSettings) -> list[str]:
+    """The server-wide step hooks a run asks (``RunSettings``): the names of the
+    :class:`~chainweaver.mcp.SecurityConfig` settings that are set."""
+    return [name for name in ("step_authorizer", "refresh_caller")
+            if getattr(runs, name) is not None]
 
 
 class _StepReports(RunObserver):
