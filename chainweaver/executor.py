@@ -268,7 +268,8 @@ class FlowExecutor:
 
         ``run_id`` names the run for idempotency keys (a fresh id when left out).
 
-        ``caller`` is who the run is for (anything with ``scopes`` and ``claims``, such as
+        ``caller`` is who the run is for (anything with ``scopes``, a set or list of names
+        or one space-separated string, and ``claims``, a mapping, such as
         :class:`~chainweaver.grants.Caller`, or a callable returning the caller as it is
         now). When the flow declares grants (at any depth) or the executor has a
         ``step_authorizer``, every attempt of every step (call, retry, fallback,

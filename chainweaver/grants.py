@@ -44,6 +44,16 @@ def _claim_values(value: Any) -> frozenset[str]:
     return frozenset()
 
 
+def _scope_set(value: Any) -> frozenset[str]:
+    """A caller's scopes as a set: a list or set of names, or one space-separated
+    string (as an OAuth ``scope`` claim); anything else holds none."""
+    if isinstance(value, str):
+        return frozenset(value.split())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return frozenset(item for item in value if isinstance(item, str))
+    return frozenset()
+
+
 def _claim_holds(value: Any, accepted: frozenset[str]) -> bool:
     """Whether a claim's value holds one of ``accepted`` (see :func:`_claim_values`)."""
     if isinstance(value, str) and " " not in value:
@@ -128,11 +138,15 @@ class Grants:
         ``scope:<name>`` or ``claim:<name>`` (None: it holds every grant)."""
         if caller is None:
             return "caller"
-        held: frozenset[str] = getattr(caller, "scopes", frozenset())
+        held = getattr(caller, "scopes", None)
+        if not isinstance(held, frozenset):  # a caller of the application's own making
+            held = _scope_set(held)
         if not self.scopes <= held:  # one set operation on the common path
             return f"scope:{min(self.scopes - held)}"
         if self.claims:
-            claims = getattr(caller, "claims", None) or {}
+            claims = getattr(caller, "claims", None)
+            if not isinstance(claims, Mapping):
+                claims = {}
             for name, accepted in self.claims.items():
                 if not _claim_holds(claims.get(name), accepted):
                     return f"claim:{name}"

@@ -405,3 +405,28 @@ def test_a_caller_source_that_raises_refuses_and_the_log_says_why(
     assert result.error.type == "StepRefused" and result.error.detail == "no_caller"
     assert CALLS == []
     assert "ConnectionError" in caplog.text and "step refused" in caplog.text
+
+
+class AppUser:
+    """A caller of the application's own making: scopes in a list, or one string."""
+
+    def __init__(self, scopes: Any, claims: Any = None) -> None:
+        self.id = "app-user"
+        self.scopes = scopes
+        self.claims = claims
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_any_caller_with_scopes_and_claims_is_checked_as_it_says(lane: str) -> None:
+    # "Anything with scopes and claims": a list of scopes was refused with
+    # step_authorizer_error, and a flow's own grants raised TypeError out of the run.
+    runner = executor(Flow("lookup", "d", [FlowStep("read_record")],
+                           requires={"claims": {"team": ["ops"]}}))
+    for scopes in (["records.read"], ("records.read",), "records.read other.scope"):
+        result = run(runner, "lookup", lane, caller=AppUser(scopes, {"team": "ops"}))
+        assert result.success, (scopes, result.error)
+    for caller in (AppUser(["other"], {"team": "ops"}), AppUser(["records.read"], None),
+                   AppUser(None, {"team": "ops"}), AppUser(["records.read"], ["team"])):
+        result = run(runner, "lookup", lane, caller=caller)
+        assert result.error.type == "StepRefused" and result.error.detail == "missing_grant"
+    assert CALLS == ["read:a"] * 3
