@@ -36,7 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-from ..grants import StepGuard, StepRequest, _blocking
+from ..grants import StepRequest
 from ..plan import GrantNeed, Plan
 from ..results import ErrorInfo
 from ..run_events import (
@@ -49,6 +49,7 @@ from ..run_events import (
     ask_approval,
     hook_raised,
 )
+from ..step_guard import StepGuard, _blocking
 from .calling import run_coroutine_blocking
 
 logger = logging.getLogger("chainweaver.executor")

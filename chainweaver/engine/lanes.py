@@ -16,7 +16,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..checkpoints import CheckpointStore
-from ..grants import StepGuard
 from ..plan import Plan
 from ..results import ErrorInfo, ExecutionResult
 from ..run_events import (
@@ -26,6 +25,7 @@ from ..run_events import (
     ask_approval,
     notify,
 )
+from ..step_guard import StepGuard
 from . import outcome
 from .approved import (
     NO_APPROVAL,

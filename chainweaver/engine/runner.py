@@ -20,11 +20,12 @@ from typing import Any, Final, Literal, Protocol, cast
 from pydantic import BaseModel
 
 from ..conditions import ConditionError
-from ..grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
+from ..grants import Grants, StepKind, StepRequest
 from ..plan import Plan, PlannedStep
 from ..results import ErrorInfo, StepRecord
 from ..retry import MAX_BACKOFF_SECONDS
 from ..run_events import RunObserver, notify
+from ..step_guard import StepGuard, StepRefused
 from ..tools import Tool
 from .approved import RENEWAL_DENIED
 from .run_state import RunState

@@ -24,7 +24,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.grants import MAX_KEPT_DECISIONS, Decisions, StepGuard, fixed_caller
+from chainweaver.step_guard import MAX_KEPT_DECISIONS, Decisions, StepGuard, fixed_caller
 
 READ = ToolSafetyContract("read")
 CALLS: list[str] = []

@@ -34,7 +34,6 @@ from mcp_types import TextContent, ToolAnnotations
 
 from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
-from chainweaver.grants import StepGuard, fixed_caller
 from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots, set_slots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
@@ -55,6 +54,7 @@ from chainweaver.mcp.runs.reporting import RunReporter
 from chainweaver.mcp.runs.step_names import ALL_VISIBLE, StepNames, run_meta, step_names
 from chainweaver.run_events import ALWAYS_APPROVE, ApprovalHook, RunObserver, fan_out
 from chainweaver.safety import SideEffectLevel
+from chainweaver.step_guard import StepGuard, fixed_caller
 
 logger = logging.getLogger("chainweaver.mcp")
 
