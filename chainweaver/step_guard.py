@@ -8,6 +8,7 @@ and no hook has no guard at all: it pays nothing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import inspect
 import logging
@@ -222,17 +223,22 @@ class StepGuard:
         loop = self._elsewhere()
         if loop is None:
             return _blocking(awaitable)
-        assert self.context is not None
-        return self.context.run(asyncio.run_coroutine_threadsafe, _awaited(awaitable),
-                                loop).result()
+        return self._on_loop(awaitable, loop).result()
 
     async def _awaited(self, awaitable: Awaitable[Any]) -> Any:
         loop = self._elsewhere()
         if loop is None:
             return await awaitable
+        return await asyncio.wrap_future(self._on_loop(awaitable, loop))
+
+    def _on_loop(self, awaitable: Awaitable[Any], loop: asyncio.AbstractEventLoop
+                 ) -> concurrent.futures.Future[Any]:
+        # Started from a copy of the run's context (call_soon_threadsafe copies the one
+        # it is called in): one context cannot be entered by two threads at once, and
+        # the steps of parallel branches check at the same time.
         assert self.context is not None
-        return await asyncio.wrap_future(self.context.run(
-            asyncio.run_coroutine_threadsafe, _awaited(awaitable), loop))
+        return self.context.copy().run(asyncio.run_coroutine_threadsafe,
+                                       _awaited(awaitable), loop)
 
     def _noted(self, request: StepRequest, refused: str | None) -> str | None:
         self.decisions.add(request.path or "(flow)", request.kind, request.target,

@@ -4,6 +4,7 @@ as it is now, in both lanes; a refusal stops the run before the step has any eff
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -430,3 +431,36 @@ def test_any_caller_with_scopes_and_claims_is_checked_as_it_says(lane: str) -> N
         result = run(runner, "lookup", lane, caller=caller)
         assert result.error.type == "StepRefused" and result.error.detail == "missing_grant"
     assert CALLS == ["read:a"] * 3
+
+
+def _branch(index: int) -> Any:
+    def branch(tenant: str) -> dict:
+        time.sleep(0.001)  # a sync tool: each branch checks from a worker thread
+        return {f"branch_{index}": tenant}
+
+    branch.__name__ = f"branch_{index}"
+    return tool(safety=READ, requires=["records.read"])(branch)
+
+
+def test_parallel_branches_ask_their_async_hooks_at_once() -> None:
+    # Six branches of sync tools start together, each checked from its own worker
+    # thread, each awaiting the async hook on the run's loop: all at once, and never
+    # refused for it (the run's context could not be entered twice at a time).
+    class Out(BaseModel):
+        branch_0: str
+
+    async def allow(request: StepRequest) -> bool:
+        await asyncio.sleep(0)
+        return True
+
+    runner = executor(step_authorizer=allow)
+    for index in range(6):
+        runner.register_tool(_branch(index))
+    runner.registry.register_flow(Flow("wide", "d", [
+        FlowStep(f"branch_{index}", after=[]) for index in range(6)], output_schema=Out))
+
+    async def main() -> list[Any]:
+        return [await runner.execute_flow_async("wide", {"tenant": "a"}, caller=READER)
+                for _ in range(20)]
+
+    assert [result.error for result in asyncio.run(main())] == [None] * 20
