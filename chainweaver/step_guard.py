@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -90,7 +91,7 @@ class StepGuard:
     """
 
     __slots__ = ("caller", "authorizer", "flow_name", "flow_version", "prefix",
-                 "delegations", "decisions", "approved", "loop", "context")
+                 "delegations", "decisions", "approved", "loop", "context", "awaits")
 
     def __init__(self, caller: CallerSource, authorizer: StepAuthorizer | None,
                  flow_name: str, flow_version: str, *, prefix: str = "",
@@ -110,6 +111,9 @@ class StepGuard:
         # lives there): an async hook asked from a worker thread is awaited there.
         self.loop: asyncio.AbstractEventLoop | None = None
         self.context: contextvars.Context | None = None
+        # Whether a check awaits a hook (an async caller source or authorizer): such a
+        # check waits for the run's loop, so its step never runs on the loop itself.
+        self.awaits = _is_async(caller) or _is_async(authorizer)
 
     def on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Await the hooks' awaitables on ``loop`` (the run's), in the current context,
@@ -244,6 +248,17 @@ class StepGuard:
         self.decisions.add(request.path or "(flow)", request.kind, request.target,
                            refused is None, refused or "ok", request.delegated)
         return refused
+
+
+def _is_async(hook: Any) -> bool:
+    """Whether ``hook`` is an async function (a partial of one, an object whose
+    ``__call__`` is one)."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    if inspect.iscoroutinefunction(hook):
+        return True
+    # An object of a class with an async __call__ (looked up as a call would find it).
+    return inspect.iscoroutinefunction(inspect.getattr_static(hook, "__call__", None))
 
 
 def _source_failed(error: Exception) -> None:

@@ -214,9 +214,10 @@ class Lanes:
         steps = state.plan.steps
         running: dict[asyncio.Future, int] = {}
         stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
-        # A checked step (chainweaver.grants: its async hooks, a step asked about again)
-        # may wait for this loop: it never runs on the loop itself.
-        on_loop = state.guard is None
+        # A step whose check may wait for this loop (an async hook, chainweaver.step_guard;
+        # a step asked about again, chainweaver.engine.approved) never runs on it.
+        guard = state.guard
+        on_loop = guard is None or (guard.approved is None and not guard.awaits)
         try:
             while True:
                 while state.ready and len(running) < self.max_concurrent:

@@ -368,10 +368,20 @@ def test_a_sub_flow_with_a_timeout_runs_its_steps_under_the_same_guard(lane: str
     assert run(runner, "outer", lane, caller=ADMIN).success
 
 
+@tool(safety=READ, requires=["records.read"], blocking=False)
+def quick_read(tenant: str) -> Record:
+    CALLS.append(f"quick:{tenant}")
+    return Record(record=f"r-{tenant}")
+
+
+@pytest.mark.parametrize("first", ["read_record", "quick_read"])
 @pytest.mark.parametrize("timeout", [None, 30])
-def test_async_hooks_of_an_async_run_are_awaited_on_its_loop(timeout: float | None) -> None:
+def test_async_hooks_of_an_async_run_are_awaited_on_its_loop(timeout: float | None,
+                                                             first: str) -> None:
     # read_record is a sync tool: the async lane runs it in a worker thread, and the
-    # check before it was answered there, the async hooks on a private event loop.
+    # check before it was answered there, the async hooks on a private event loop;
+    # quick_read runs on the loop itself (non-blocking), where a check cannot wait
+    # for the loop.
     loops: list[bool] = []
 
     async def main() -> Any:
@@ -385,9 +395,10 @@ def test_async_hooks_of_an_async_run_are_awaited_on_its_loop(timeout: float | No
             loops.append(asyncio.get_running_loop() is loop)
             return True
 
-        inner = Flow("inner", "d", [FlowStep("read_record"), FlowStep("summarise")])
+        inner = Flow("inner", "d", [FlowStep(first), FlowStep("summarise")])
         outer = Flow("outer", "d", [FlowStep(flow="inner", id="sub", timeout=timeout)])
         runner = executor(inner, outer, step_authorizer=on_this_loop)
+        runner.register_tool(quick_read)
         return await runner.execute_flow_async("outer", {"tenant": "a"}, caller=now)
 
     assert asyncio.run(main()).success

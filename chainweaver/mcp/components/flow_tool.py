@@ -16,6 +16,7 @@ and an ``MCPError`` (a protocol error, meant as one) go through unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -256,7 +257,9 @@ class FlowTool(PlainSlots, FastMCPTool):
             return None
         caller = admission.caller()
         refresh = settings.refresh_caller
-        source = fixed_caller(caller) if refresh is None else (lambda: refresh(caller))
+        # A partial, not a lambda: the guard tells an async refresh_caller by it.
+        source = fixed_caller(caller) if refresh is None else functools.partial(refresh,
+                                                                                caller)
         flow = plan.flow
         return StepGuard(source, settings.step_authorizer, flow.name, flow.version,
                          delegations=tuple(flow.delegations))
