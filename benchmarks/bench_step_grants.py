@@ -35,7 +35,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.grants import StepGuard, fixed_caller
+from chainweaver.step_guard import StepGuard, fixed_caller
 
 READ = ToolSafetyContract("read")
 

@@ -29,13 +29,14 @@ from .checkpoints import CheckpointStore
 from .engine.lanes import Lanes
 from .errors import DuplicateToolError, FlowValidationError, ToolNotFoundError
 from .flows import Flow
-from .grants import StepAuthorizer, StepGuard, fixed_caller
+from .grants import StepAuthorizer
 from .mapping_checks import clean_input_model, clean_needs_approval
 from .plan import MAX_SUBFLOW_DEPTH, Plan, Problem, Resolver, compile_plan
 from .registry import FlowRegistry
 from .results import ErrorInfo, ExecutionResult, StepRecord
 from .run_events import ALWAYS_APPROVE, ApprovalHook, Cancellation, RunObserver
 from .safety import ToolSafetyContract, merge_safety_contracts
+from .step_guard import StepGuard, fixed_caller
 from .tools import Tool
 
 __all__ = ["ALWAYS_APPROVE", "ErrorInfo", "ExecutionResult", "FlowExecutor", "StepRecord"]
@@ -268,13 +269,14 @@ class FlowExecutor:
 
         ``run_id`` names the run for idempotency keys (a fresh id when left out).
 
-        ``caller`` is who the run is for (anything with ``scopes`` and ``claims``, such as
+        ``caller`` is who the run is for (anything with ``scopes``, a set or list of names
+        or one space-separated string, and ``claims``, a mapping, such as
         :class:`~chainweaver.grants.Caller`, or a callable returning the caller as it is
         now). When the flow declares grants (at any depth) or the executor has a
         ``step_authorizer``, every attempt of every step (call, retry, fallback,
         sub-flow) is checked first; a refusal fails the run with ``StepRefused`` at that
         step, before it runs (``docs/step-grants.md``). No caller holds no grant.
-        ``guard`` (a :class:`~chainweaver.grants.StepGuard`) replaces ``caller`` for
+        ``guard`` (a :class:`~chainweaver.step_guard.StepGuard`) replaces ``caller`` for
         servers that collect the decisions themselves.
         """
         to_run = self._plan_to_run(name, version, plan)

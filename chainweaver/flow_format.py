@@ -142,8 +142,10 @@ class StepFormat(_Part):
     tool: str | Absent = Field(None, pattern=NAME_PATTERN, description="The tool to call")
     flow: str | Absent = Field(None, pattern=NAME_PATTERN,
                                description="A registered flow to run as this step")
-    id: str | Absent = Field(None, min_length=1, description="Unique step id (default: the "
-                             "tool or flow name, when no other step uses it)")
+    # The constraints on the string itself: on the union, the schema would lose them.
+    id: Annotated[str, Field(min_length=1, pattern=r"^[^/]+$")] | Absent = Field(
+        None, description="Unique step id, without '/' (default: the tool or flow name, "
+        "when no other step uses it)")
     after: list[str] | Absent = Field(None, json_schema_extra={"uniqueItems": True},
                                       description="Step ids this step waits for (default: "
                                       "the previous step; [] starts at once)")

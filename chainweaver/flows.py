@@ -138,6 +138,12 @@ class FlowStep:
                            _string_mapping(label, "output_mapping", self.output_mapping))
         if self.id is not None and (not isinstance(self.id, str) or not self.id):
             raise DefinitionError(f"{label}: id must be a non-empty string")
+        if self.id is not None and "/" in self.id:
+            # "/" joins a sub-flow step's id to its steps' in step paths (delegations,
+            # the audit, approvals): an id holding one could pass for a path into a
+            # sub-flow, and a delegation of another step would cover it.
+            raise DefinitionError(f"{label}: id must not contain '/' (it separates a "
+                                  "sub-flow's steps in step paths)")
         if self.after is not None:
             if isinstance(self.after, str):
                 raise DefinitionError(f"{label}: after must be a list of step ids, "

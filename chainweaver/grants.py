@@ -4,32 +4,24 @@ A tool, a flow step or a flow (run as a sub-flow) may declare :class:`Grants`: s
 the caller must all hold, and claims whose value must be one of those listed. A flow
 may :class:`Delegation` a step: run it with a grant its caller lacks, for a stated
 reason. Before every attempt of a step (each tool call, retry, fallback and sub-flow
-run) a run with a caller asks its :class:`StepGuard`, which checks the declared grants
-against the caller as it is *now* and then asks the step authorizer hook, if any, with
-the step's resolved arguments. A run of a plan with no declared grants and no hook has
-no guard at all: it pays nothing.
+run) a run with a caller asks its :class:`~chainweaver.step_guard.StepGuard`, which
+checks the declared grants against the caller as it is *now* and then asks the step
+authorizer hook, if any, with a :class:`StepRequest` (the step's resolved arguments);
+the hook answers with a :class:`StepDecision`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from .errors import DefinitionError
 
-logger = logging.getLogger("chainweaver.grants")
 _REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 StepKind = Literal["tool", "fallback", "subflow", "flow"]
-# Decisions one run keeps for its audit; past this they are counted only.
-MAX_KEPT_DECISIONS = 16
-PATH_LIMIT = 128  # characters of a step path (or target) an audit entry keeps
 
 
 def _claim_values(value: Any) -> frozenset[str]:
@@ -40,6 +32,16 @@ def _claim_values(value: Any) -> frozenset[str]:
         return frozenset(item for item in value if isinstance(item, str))
     if isinstance(value, (bool, int, float)):
         return frozenset({str(value).lower() if isinstance(value, bool) else str(value)})
+    return frozenset()
+
+
+def _scope_set(value: Any) -> frozenset[str]:
+    """A caller's scopes as a set: a list or set of names, or one space-separated
+    string (as an OAuth ``scope`` claim); anything else holds none."""
+    if isinstance(value, str):
+        return frozenset(value.split())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return frozenset(item for item in value if isinstance(item, str))
     return frozenset()
 
 
@@ -127,11 +129,15 @@ class Grants:
         ``scope:<name>`` or ``claim:<name>`` (None: it holds every grant)."""
         if caller is None:
             return "caller"
-        held: frozenset[str] = getattr(caller, "scopes", frozenset())
+        held = getattr(caller, "scopes", None)
+        if not isinstance(held, frozenset):  # a caller of the application's own making
+            held = _scope_set(held)
         if not self.scopes <= held:  # one set operation on the common path
             return f"scope:{min(self.scopes - held)}"
         if self.claims:
-            claims = getattr(caller, "claims", None) or {}
+            claims = getattr(caller, "claims", None)
+            if not isinstance(claims, Mapping):
+                claims = {}
             for name, accepted in self.claims.items():
                 if not _claim_holds(claims.get(name), accepted):
                     return f"claim:{name}"
@@ -235,8 +241,10 @@ class StepRequest:
     step, before its run) or ``"flow"`` (the called flow itself, before its first
     step). ``target``: the tool or flow name; ``tool`` the :class:`~chainweaver.Tool`
     (None for a sub-flow); ``safety`` its contract; ``arguments`` the step's resolved
-    arguments (read-only); ``requires`` the declared grants; ``delegated`` the
-    delegation's reason when the flow runs the step on its own grant.
+    arguments (read-only; for a tool, as its input model validated them, defaults and
+    normalised values included; for a sub-flow, the values passed to it);
+    ``requires`` the declared grants; ``delegated`` the delegation's reason when the
+    flow runs the step on its own grant.
     """
 
     caller: Any
@@ -273,212 +281,6 @@ class StepDecision:
 StepAuthorizer = Callable[[StepRequest], "bool | StepDecision | Awaitable[Any]"]
 
 
-class StepRefused(Exception):
-    """Internal: a step the guard refused; the run stops there, before any effect."""
-
-    def __init__(self, reason: str, path: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.path = path
-
-
-@dataclass
-class Decisions:
-    """Every step decision of one run, for its audit: the first
-    :data:`MAX_KEPT_DECISIONS` as they were made, the rest counted."""
-
-    kept: list[dict[str, Any]] = field(default_factory=list)
-    refusal: dict[str, Any] | None = None  # the first refused attempt
-    allowed: int = 0
-    denied: int = 0
-    delegated: int = 0
-
-    def add(self, path: str, kind: str, target: str, allowed: bool, reason: str,
-            delegated: str | None) -> None:
-        if allowed:
-            self.allowed += 1
-        else:
-            self.denied += 1
-        if delegated is not None:
-            self.delegated += 1
-        if len(self.kept) < MAX_KEPT_DECISIONS or (not allowed and self.refusal is None):
-            entry = {"path": _cut(path), "kind": kind, "target": _cut(target),
-                     "decision": "allowed" if allowed else "denied", "reason": reason,
-                     "grant": "delegation" if delegated is not None else "caller"}
-            if len(self.kept) < MAX_KEPT_DECISIONS:
-                self.kept.append(entry)
-            if not allowed and self.refusal is None:
-                self.refusal = entry
-
-    def summary(self) -> dict[str, Any]:
-        total = self.allowed + self.denied
-        return {"allowed": self.allowed, "denied": self.denied,
-                "delegated": self.delegated, "omitted": max(0, total - len(self.kept)),
-                "steps": [dict(entry) for entry in self.kept],
-                "refused": None if self.refusal is None else dict(self.refusal)}
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= PATH_LIMIT else text[:PATH_LIMIT - 1] + "…"
-
-
-# The caller as it is now (may return an awaitable; None: no caller any more).
-CallerSource = Callable[[], Any]
-
-
-class StepGuard:
-    """Asks, before every attempt of every step of one run (and its sub-flows), whether
-    the caller may run it now.
-
-    ``caller``: a callable giving the caller as it is *now* (asked at every check, so
-    a revoked grant stops the run at its next step). ``authorizer``: the server-wide
-    step authorizer hook (None: declared grants only). ``delegations``: paths (in the
-    top flow) the flows delegate. ``decisions`` collects what was decided.
-    """
-
-    __slots__ = ("caller", "authorizer", "flow_name", "flow_version", "prefix",
-                 "delegations", "decisions", "approved")
-
-    def __init__(self, caller: CallerSource, authorizer: StepAuthorizer | None,
-                 flow_name: str, flow_version: str, *, prefix: str = "",
-                 delegations: tuple[Delegation, ...] = (),
-                 decisions: Decisions | None = None, approved: Any = None) -> None:
-        self.caller = caller
-        self.authorizer = authorizer
-        self.flow_name = flow_name
-        self.flow_version = flow_version
-        self.prefix = prefix
-        self.delegations = delegations
-        self.decisions = decisions if decisions is not None else Decisions()
-        # What the run's approval covers (chainweaver.engine.approved.ApprovedGrants), set
-        # once it is approved; None: nothing to compare.
-        self.approved = approved
-
-    def keep_approval(self, approved: Any) -> None:
-        """From now on, compare every covered check with what the run's approval
-        covers (:class:`chainweaver.engine.approved.ApprovedGrants`)."""
-        self.approved = approved
-
-    def path(self, step_id: str) -> str:
-        return f"{self.prefix}{step_id}"
-
-    def inner(self, step_id: str, subflow_delegations: tuple[Delegation, ...]
-              ) -> StepGuard:
-        """The guard of a sub-flow step's run: its steps' paths start with the step's,
-        and the sub-flow's own delegations hold inside it."""
-        prefix = f"{self.prefix}{step_id}/"
-        own = tuple(Delegation(prefix + d.step, d.reason) for d in subflow_delegations)
-        return StepGuard(self.caller, self.authorizer, self.flow_name, self.flow_version,
-                         prefix=prefix, delegations=self.delegations + own,
-                         decisions=self.decisions, approved=self.approved)
-
-    def delegated(self, path: str) -> str | None:
-        for delegation in self.delegations:
-            if delegation.covers(path):
-                return delegation.reason
-        return None
-
-    def request(self, path: str, kind: StepKind, target: str, tool: Any, safety: Any,
-                arguments: Mapping[str, Any], requires: Grants | None,
-                attempt: int = 1) -> StepRequest:
-        return StepRequest(None, self.flow_name, self.flow_version, path, kind, target,
-                           tool, safety, MappingProxyType(dict(arguments)), requires,
-                           self.delegated(path), attempt)
-
-    def declared(self, request: StepRequest, caller: Any) -> str | None:
-        """What ``caller`` (as it is now) lacks of the declared grants (None: nothing,
-        or the step is delegated)."""
-        if caller is None:
-            return "no_caller"
-        if request.requires is None or request.delegated is not None:
-            return None
-        return None if request.requires.held_by(caller) else "missing_grant"
-
-    def decide(self, request: StepRequest) -> str | None:
-        """Check ``request`` (from sync code: an async hook or caller source is awaited
-        on a private loop); the refusal's reason, or None when the step may run."""
-        try:
-            caller = self.caller()
-            if inspect.isawaitable(caller):
-                caller = _blocking(caller)
-        except Exception:
-            caller = None
-        refused = self.declared(request, caller)
-        if refused is None and self.authorizer is not None:
-            try:
-                answer = self.authorizer(_asked(request, caller))
-                if inspect.isawaitable(answer):
-                    answer = _blocking(answer)
-            except Exception as error:
-                answer = _hook_failed(self.authorizer, error)
-            refused = _verdict(answer)
-        if refused is None and self.approved is not None:
-            refused = self.approved.holds(request, caller)
-        return self._noted(request, refused)
-
-    async def decide_async(self, request: StepRequest) -> str | None:
-        """:meth:`decide` on the event loop (an async hook is awaited)."""
-        try:
-            caller = self.caller()
-            if inspect.isawaitable(caller):
-                caller = await caller
-        except Exception:
-            caller = None
-        refused = self.declared(request, caller)
-        if refused is None and self.authorizer is not None:
-            try:
-                answer = self.authorizer(_asked(request, caller))
-                if inspect.isawaitable(answer):
-                    answer = await answer
-            except Exception as error:
-                answer = _hook_failed(self.authorizer, error)
-            refused = _verdict(answer)
-        if refused is None and self.approved is not None:
-            refused = await self.approved.holds_async(request, caller)
-        return self._noted(request, refused)
-
-    def _noted(self, request: StepRequest, refused: str | None) -> str | None:
-        self.decisions.add(request.path or "(flow)", request.kind, request.target,
-                           refused is None, refused or "ok", request.delegated)
-        return refused
-
-
-def _hook_failed(hook: Any, error: Exception) -> StepDecision:
-    """A hook that raised refuses the step (and the operator's log says why)."""
-    logger.warning("step authorizer %s raised %s: step refused",
-                   getattr(hook, "__name__", "hook"), type(error).__name__)
-    return StepDecision(False, "step_authorizer_error")
-
-
-def _blocking(awaitable: Awaitable[Any]) -> Any:
-    # An async hook asked from the sync lane, which may itself run inside an event loop:
-    # a fresh loop on a worker thread serves both (and keeps this module below calling).
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, _awaited(awaitable)).result()
-
-
-def _asked(request: StepRequest, caller: Any) -> StepRequest:
-    return StepRequest(caller, request.flow_name, request.flow_version, request.path,
-                       request.kind, request.target, request.tool, request.safety,
-                       request.arguments, request.requires, request.delegated,
-                       request.attempt)
-
-
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
-
-
-def _verdict(answer: Any) -> str | None:
-    """None when the hook allowed the step; else the reason code. Only an explicit yes
-    allows."""
-    if isinstance(answer, StepDecision):
-        if answer.allowed is True:
-            return None
-        reason = answer.reason
-        return reason if isinstance(reason, str) and reason else "forbidden"
-    return None if answer is True else "forbidden"
-
-
 @dataclass(frozen=True)
 class Caller:
     """A caller for in-process runs (``execute_flow(..., caller=Caller(...))``): an id,
@@ -491,8 +293,3 @@ class Caller:
     def __post_init__(self) -> None:
         object.__setattr__(self, "scopes", frozenset(self.scopes))
         object.__setattr__(self, "claims", MappingProxyType(dict(self.claims)))
-
-
-def fixed_caller(caller: Any) -> CallerSource:
-    """A caller source for a caller that does not change during the run."""
-    return lambda: caller

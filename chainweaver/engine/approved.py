@@ -36,7 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-from ..grants import StepGuard, StepRequest, _blocking
+from ..grants import StepRequest
 from ..plan import GrantNeed, Plan
 from ..results import ErrorInfo
 from ..run_events import (
@@ -49,6 +49,7 @@ from ..run_events import (
     ask_approval,
     hook_raised,
 )
+from ..step_guard import StepGuard, _blocking
 from .calling import run_coroutine_blocking
 
 logger = logging.getLogger("chainweaver.executor")
@@ -228,10 +229,11 @@ class ApprovedGrants:
     def _on_loop(self, request: StepRequest, caller: Any, loop: asyncio.AbstractEventLoop
                  ) -> concurrent.futures.Future[str | None]:
         # The task asking again starts in the run's context (call_soon_threadsafe
-        # copies the context it is called in).
+        # copies the context it is called in), from a copy: one context cannot be
+        # entered by two threads at once.
         assert self.context is not None
-        return self.context.run(asyncio.run_coroutine_threadsafe,
-                                self._again(request, caller), loop)
+        return self.context.copy().run(asyncio.run_coroutine_threadsafe,
+                                       self._again(request, caller), loop)
 
     async def _again(self, request: StepRequest, caller: Any) -> str | None:
         """Ask again, on the run's loop, one question at a time: a check that waited

@@ -16,7 +16,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..checkpoints import CheckpointStore
-from ..grants import StepGuard
 from ..plan import Plan
 from ..results import ErrorInfo, ExecutionResult
 from ..run_events import (
@@ -26,6 +25,7 @@ from ..run_events import (
     ask_approval,
     notify,
 )
+from ..step_guard import StepGuard
 from . import outcome
 from .approved import (
     NO_APPROVAL,
@@ -150,6 +150,8 @@ class Lanes:
         if checkpoints is not None and run_id is not None:
             # Before any ask: a run that cannot resume says so at once.
             state.durable = await Durable.open(checkpoints, run_id, state)
+        if guard is not None and not guard.prefix:  # a called flow (a sub-flow: its parent's)
+            guard.on_loop(asyncio.get_running_loop())
         if gate is not None:
             caller = await caller_now_async(guard) if guard is not None else None
             request, approved = under_grants(plan, gate, guard, caller,
@@ -212,9 +214,10 @@ class Lanes:
         steps = state.plan.steps
         running: dict[asyncio.Future, int] = {}
         stopped: list[asyncio.Future] = []  # cancelled: awaited before returning
-        # A step asked about again (chainweaver.engine.approved) waits for this loop: it never
-        # runs on the loop itself.
-        on_loop = state.guard is None or state.guard.approved is None
+        # A step whose check may wait for this loop (an async hook, chainweaver.step_guard;
+        # a step asked about again, chainweaver.engine.approved) never runs on it.
+        guard = state.guard
+        on_loop = guard is None or (guard.approved is None and not guard.awaits)
         try:
             while True:
                 while state.ready and len(running) < self.max_concurrent:

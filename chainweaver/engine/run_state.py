@@ -8,10 +8,10 @@ import uuid
 from time import perf_counter
 from typing import Any, Protocol
 
-from ..grants import StepGuard
 from ..plan import Plan, PlannedStep
 from ..results import ErrorInfo, StepRecord
 from ..run_events import RunObserver
+from ..step_guard import StepGuard
 
 
 class Checkpointing(Protocol):

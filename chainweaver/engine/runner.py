@@ -20,11 +20,12 @@ from typing import Any, Final, Literal, Protocol, cast
 from pydantic import BaseModel
 
 from ..conditions import ConditionError
-from ..grants import Grants, StepGuard, StepKind, StepRefused, StepRequest
+from ..grants import Grants, StepKind, StepRequest
 from ..plan import Plan, PlannedStep
 from ..results import ErrorInfo, StepRecord
 from ..retry import MAX_BACKOFF_SECONDS
 from ..run_events import RunObserver, notify
+from ..step_guard import StepGuard, StepRefused
 from ..tools import Tool
 from .approved import RENEWAL_DENIED
 from .run_state import RunState
@@ -193,9 +194,10 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
             # The common case, without a nested generator: one call of one tool.
             tool = planned.tool
             if state.guard is not None:
-                yield from _checked(state, planned, "tool", tool.name, tool, arguments,
-                                    planned.grants, 1)
-            model = step_input(state, planned, tool, arguments)
+                model = yield from _checked_input(state, planned, "tool", tool, arguments,
+                                                  planned.grants, 1)
+            else:
+                model = step_input(state, planned, tool, arguments)
             if tool.takes_key:
                 model = keyed(state, planned, tool, model)
             record.attempts = 1
@@ -259,6 +261,29 @@ def _checked(state: RunState, planned: PlannedStep, kind: StepKind, target: str,
         refused = "step_authorizer_error"
     if refused is not None:
         raise StepRefused(refused, request.path)
+
+
+def _checked_input(state: RunState, planned: PlannedStep, kind: StepKind, tool: Tool,
+                   arguments: dict[str, Any], grants: Grants | None, attempt: int
+                   ) -> Generator[LaneRequest, Any, Any]:
+    """The model ``tool`` is called with in this attempt, once the run's guard allowed
+    it. The step authorizer is asked with the arguments the tool will actually get
+    (defaults filled in, values coerced and normalised by the tool's input model), not
+    the ones gathered from the context. Input that does not validate fails the step,
+    but a refusal comes first: a caller refused the step never learns what its input
+    validation says."""
+    guard = state.guard
+    assert guard is not None
+    try:
+        model = step_input(state, planned, tool, arguments)
+    except StepFailed:
+        yield from _checked(state, planned, kind, tool.name, tool, arguments, grants,
+                            attempt)
+        raise
+    if guard.authorizer is not None:  # only the hook reads the arguments
+        arguments = tool.input_schema.__pydantic_serializer__.to_python(model)
+    yield from _checked(state, planned, kind, tool.name, tool, arguments, grants, attempt)
+    return model
 
 
 def _refused(state: RunState, planned: PlannedStep, record: StepRecord,
@@ -343,11 +368,11 @@ def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
     assert tool is not None  # plans with missing tools never run
     if state.guard is not None:
         fallback = tool is planned.fallback
-        yield from _checked(state, planned, "fallback" if fallback else "tool", tool.name,
-                            tool, arguments,
-                            planned.fallback_grants if fallback else planned.grants,
-                            record.attempts + 1)
-    model = step_input(state, planned, tool, arguments)
+        model = yield from _checked_input(
+            state, planned, "fallback" if fallback else "tool", tool, arguments,
+            planned.fallback_grants if fallback else planned.grants, record.attempts + 1)
+    else:
+        model = step_input(state, planned, tool, arguments)
     if tool.takes_key:
         model = keyed(state, planned, tool, model)
     record.attempts += 1

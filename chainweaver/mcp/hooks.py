@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
-from chainweaver.grants import MAX_KEPT_DECISIONS, PATH_LIMIT
+from chainweaver.step_guard import MAX_KEPT_DECISIONS, PATH_LIMIT
 
 # "list" (tools/list, resources/list, resources/templates/list, prompts/list),
 # "completion" (completion/complete) and "subscription" (subscriptions/listen,

@@ -198,7 +198,7 @@ class FlowServer:
             runs=RunSettings.build(policy.approval == "elicit", approval_timeout, keys,
                                    serving.run_notifications,
                                    shared_nonces=approval_marks if task_settings else None,
-                                   step_authorizer=security.step_authorizer,
+                                   step_authorizer=_step_authorizer(security, executor),
                                    refresh_caller=security.refresh_caller),
             views=views, run_log=run_log, outputs=outputs, components=components,
             task_runner=flow_task_runner(
@@ -491,6 +491,20 @@ class FlowServer:
 
 
 C = TypeVar("C")
+
+
+def _step_authorizer(security: SecurityConfig, executor: FlowExecutor) -> Any:
+    """The one step authorizer every run the server starts asks: the server's, or the
+    executor's own (``FlowExecutor(step_authorizer=...)``), which a run started through
+    MCP asks as well as an in-process one. Both, and different: a configuration error
+    (which of them decides would be a guess)."""
+    own = executor.step_authorizer
+    served = security.step_authorizer
+    if own is not None and served is not None and own is not served:
+        raise ExposureConfigError(
+            "step_authorizer is set on both the FlowExecutor and SecurityConfig; set it in "
+            "one place (the server asks it before every step of every run)")
+    return served if served is not None else own
 
 
 def _serving_lifespan(inner: Callable[[FastMCP], Any], notifier: ChangeNotifier,

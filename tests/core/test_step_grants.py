@@ -4,6 +4,7 @@ as it is now, in both lanes; a refusal stops the run before the step has any eff
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
-from chainweaver.grants import MAX_KEPT_DECISIONS, Decisions, StepGuard, fixed_caller
+from chainweaver.step_guard import MAX_KEPT_DECISIONS, Decisions, StepGuard, fixed_caller
 
 READ = ToolSafetyContract("read")
 CALLS: list[str] = []
@@ -272,6 +273,17 @@ def test_a_delegation_into_a_sub_flow_covers_its_steps_and_must_name_one() -> No
         Delegation("x", " ")
 
 
+def test_a_delegation_covers_no_step_whose_id_merely_looks_like_a_path_under_it() -> None:
+    # Delegating "read" (a tool step) must not also delegate a step with the id
+    # "read/purge": that step was never named, and it needs a grant the caller lacks.
+    with pytest.raises(DefinitionError, match="'/'"):
+        Flow("sneaky", "d", [FlowStep("read_record", id="read"),
+                             FlowStep("purge", id="read/purge")],
+             delegations=[Delegation("read", "reads run on the service's grant")])
+    with pytest.raises(DefinitionError, match="'/'"):
+        FlowStep("purge", id="inner/purge")
+
+
 @pytest.mark.parametrize("lane", LANES)
 def test_a_flow_s_own_grants_are_checked_before_its_first_step(lane: str) -> None:
     runner = executor(Flow("owned", "d", [FlowStep("summarise")], input_schema=Record,
@@ -354,3 +366,112 @@ def test_a_sub_flow_with_a_timeout_runs_its_steps_under_the_same_guard(lane: str
     assert result.error.type == "StepRefused" and "timed/purge" in result.error.message
     assert CALLS == ["read:a"]
     assert run(runner, "outer", lane, caller=ADMIN).success
+
+
+@tool(safety=READ, requires=["records.read"], blocking=False)
+def quick_read(tenant: str) -> Record:
+    CALLS.append(f"quick:{tenant}")
+    return Record(record=f"r-{tenant}")
+
+
+@pytest.mark.parametrize("first", ["read_record", "quick_read"])
+@pytest.mark.parametrize("timeout", [None, 30])
+def test_async_hooks_of_an_async_run_are_awaited_on_its_loop(timeout: float | None,
+                                                             first: str) -> None:
+    # read_record is a sync tool: the async lane runs it in a worker thread, and the
+    # check before it was answered there, the async hooks on a private event loop;
+    # quick_read runs on the loop itself (non-blocking), where a check cannot wait
+    # for the loop.
+    loops: list[bool] = []
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+
+        async def now() -> Caller:
+            loops.append(asyncio.get_running_loop() is loop)
+            return READER
+
+        async def on_this_loop(request: StepRequest) -> bool:
+            loops.append(asyncio.get_running_loop() is loop)
+            return True
+
+        inner = Flow("inner", "d", [FlowStep(first), FlowStep("summarise")])
+        outer = Flow("outer", "d", [FlowStep(flow="inner", id="sub", timeout=timeout)])
+        runner = executor(inner, outer, step_authorizer=on_this_loop)
+        runner.register_tool(quick_read)
+        return await runner.execute_flow_async("outer", {"tenant": "a"}, caller=now)
+
+    assert asyncio.run(main()).success
+    assert loops == [True] * 6  # the sub-flow step, then each of its two steps
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_a_caller_source_that_raises_refuses_and_the_log_says_why(
+        lane: str, caplog: pytest.LogCaptureFixture) -> None:
+    def directory_down() -> Caller:
+        raise ConnectionError("directory unreachable")
+
+    runner = executor(Flow("lookup", "d", [FlowStep("read_record")]))
+    with caplog.at_level("WARNING", logger="chainweaver.grants"):
+        result = run(runner, "lookup", lane, caller=directory_down)
+    assert result.error.type == "StepRefused" and result.error.detail == "no_caller"
+    assert CALLS == []
+    assert "ConnectionError" in caplog.text and "step refused" in caplog.text
+
+
+class AppUser:
+    """A caller of the application's own making: scopes in a list, or one string."""
+
+    def __init__(self, scopes: Any, claims: Any = None) -> None:
+        self.id = "app-user"
+        self.scopes = scopes
+        self.claims = claims
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_any_caller_with_scopes_and_claims_is_checked_as_it_says(lane: str) -> None:
+    # "Anything with scopes and claims": a list of scopes was refused with
+    # step_authorizer_error, and a flow's own grants raised TypeError out of the run.
+    runner = executor(Flow("lookup", "d", [FlowStep("read_record")],
+                           requires={"claims": {"team": ["ops"]}}))
+    for scopes in (["records.read"], ("records.read",), "records.read other.scope"):
+        result = run(runner, "lookup", lane, caller=AppUser(scopes, {"team": "ops"}))
+        assert result.success, (scopes, result.error)
+    for caller in (AppUser(["other"], {"team": "ops"}), AppUser(["records.read"], None),
+                   AppUser(None, {"team": "ops"}), AppUser(["records.read"], ["team"])):
+        result = run(runner, "lookup", lane, caller=caller)
+        assert result.error.type == "StepRefused" and result.error.detail == "missing_grant"
+    assert CALLS == ["read:a"] * 3
+
+
+def _branch(index: int) -> Any:
+    def branch(tenant: str) -> dict:
+        time.sleep(0.001)  # a sync tool: each branch checks from a worker thread
+        return {f"branch_{index}": tenant}
+
+    branch.__name__ = f"branch_{index}"
+    return tool(safety=READ, requires=["records.read"])(branch)
+
+
+def test_parallel_branches_ask_their_async_hooks_at_once() -> None:
+    # Six branches of sync tools start together, each checked from its own worker
+    # thread, each awaiting the async hook on the run's loop: all at once, and never
+    # refused for it (the run's context could not be entered twice at a time).
+    class Out(BaseModel):
+        branch_0: str
+
+    async def allow(request: StepRequest) -> bool:
+        await asyncio.sleep(0)
+        return True
+
+    runner = executor(step_authorizer=allow)
+    for index in range(6):
+        runner.register_tool(_branch(index))
+    runner.registry.register_flow(Flow("wide", "d", [
+        FlowStep(f"branch_{index}", after=[]) for index in range(6)], output_schema=Out))
+
+    async def main() -> list[Any]:
+        return [await runner.execute_flow_async("wide", {"tenant": "a"}, caller=READER)
+                for _ in range(20)]
+
+    assert [result.error for result in asyncio.run(main())] == [None] * 20

@@ -62,3 +62,12 @@ def test_a_step_requires_mistake_names_the_step() -> None:
     with pytest.raises(FlowFileError, match=r"steps\[0\]\.requires"):
         flow_from_data(data)
     assert list(VALIDATOR.iter_errors(data))
+
+
+def test_a_step_id_holding_a_slash_is_refused_by_the_reader_and_the_schema() -> None:
+    # "/" separates a sub-flow step's id from its steps' in paths: an id holding one
+    # would pass for a path, and a delegation of "summarise" would cover it.
+    data = guarded(steps=["summarise", {"tool": "read_record", "id": "summarise/all"}])
+    with pytest.raises(FlowFileError, match=r"steps\[1\].*'/'"):
+        flow_from_data(data)
+    assert list(VALIDATOR.iter_errors(data))

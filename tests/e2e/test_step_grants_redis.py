@@ -65,10 +65,13 @@ async def export(order: str) -> Order:
 
 
 async def _refresh(caller: Any) -> Any:
-    """The caller as the directory says it is now: scopes revoked since are gone."""
+    """The caller as the directory says it is now: scopes revoked since are gone. The
+    directory knows a caller by its id, or by its subject (the test says which)."""
     from chainweaver.mcp import CallerIdentity
 
-    revoked = {item.decode() for item in await _redis().smembers(f"grants:revoked:{caller.id}")}
+    by = (await _redis().get("grants:directory_key") or b"id").decode()
+    who = caller.subject if by == "subject" else caller.id
+    revoked = {item.decode() for item in await _redis().smembers(f"grants:revoked:{who}")}
     return CallerIdentity(caller.id, caller.claims, subject=caller.subject,
                           scopes=caller.scopes - revoked)
 
@@ -83,11 +86,13 @@ async def _audit(event: Any) -> None:
 def _authenticate(gate: Any) -> Any:
     from chainweaver.mcp import CallerIdentity
 
-    return CallerIdentity("ann", {"sub": "ann"}, subject="ann",
+    return CallerIdentity("ann", {"sub": "ann-sub"}, subject="ann-sub",
                           scopes=frozenset({"orders.read", "orders.export"}))
 
 
-def build(url: str, concurrency: int) -> Any:
+def build(url: str, concurrency: int, checked: bool = True) -> Any:
+    """The replica's (concurrency 0) or a worker's server; ``checked``: with the
+    replica's refresh_caller (False: a worker configured without it)."""
     from chainweaver.mcp import FlowServer, SecurityConfig, TaskSettings
 
     executor = FlowExecutor(FlowRegistry())
@@ -98,7 +103,8 @@ def build(url: str, concurrency: int) -> Any:
     return FlowServer(executor, tasks=TaskSettings(url=url, concurrency=concurrency,
                                                    redelivery_timeout=REDELIVERY),
                       security=SecurityConfig(authenticator=_authenticate,
-                                              refresh_caller=_refresh, audit_hook=_audit))
+                                              refresh_caller=_refresh if checked else None,
+                                              audit_hook=_audit))
 
 
 def _worker(url: str, log_path: Path) -> subprocess.Popen:
@@ -110,8 +116,13 @@ def _worker(url: str, log_path: Path) -> subprocess.Popen:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("directory_key", ["id", "subject"])
 async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_now(
-        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        directory_key: str) -> None:
+    # The directory refresh_caller asks may know the caller by its subject: the resumed
+    # leg must show it the task's caller whole (its subject was lost, so the revocation
+    # was never found and the export ran).
     import redis.asyncio as redis
     from fastmcp import Client
     from fastmcp_tasks import call_tool_task
@@ -120,6 +131,7 @@ async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_
     url = redis_url.rsplit("/", 1)[0] + "/13"
     store = redis.Redis.from_url(url)
     await store.flushdb()
+    await store.set("grants:directory_key", directory_key)
     monkeypatch.setenv("GRANTS_REDIS", url)
     _CLIENT.clear()
     workers: list[subprocess.Popen] = []
@@ -131,7 +143,8 @@ async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_
             await until(lambda: store.exists("grants:crunching"), "crunch running", LIMIT, POLL)
             # The caller's export grant is revoked while its task is under way, and the
             # worker running it dies.
-            await store.sadd("grants:revoked:ann", "orders.export")
+            await store.sadd(f"grants:revoked:{'ann' if directory_key == 'id' else 'ann-sub'}",
+                             "orders.export")
             workers[0].send_signal(signal.SIGKILL)
             await asyncio.to_thread(workers[0].wait, 30)
             workers.append(_worker(url, tmp_path / "worker-1.log"))
@@ -151,6 +164,46 @@ async def test_a_task_resumed_after_its_worker_died_asks_for_the_grant_as_it_is_
     assert [(e["step_id"], e["reason"], e["caller"]) for e in audit
             if e["phase"] == "step"] == [("export", "missing_grant", "ann")]
     assert "failed at step 'export': StepRefused" in (tmp_path / "worker-1.log").read_text()
+
+
+@pytest.mark.anyio
+async def test_a_worker_without_the_replica_s_refresh_caller_does_not_run_its_task(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The replica checks every step against the caller as it is now; a worker built
+    # without refresh_caller would run the task for the caller as it was when the task
+    # was created (its revoked grant included): it refuses to run it, as a worker that
+    # would not ask for approval does.
+    import redis.asyncio as redis
+    from fastmcp import Client
+    from fastmcp_tasks import call_tool_task
+
+    url = redis_url.rsplit("/", 1)[0] + "/12"
+    store = redis.Redis.from_url(url)
+    await store.flushdb()
+    monkeypatch.setenv("GRANTS_REDIS", url)
+    _CLIENT.clear()
+    await store.sadd("grants:revoked:ann", "orders.export")
+    await store.hset("grants:runs", "crunch", 1)  # crunch does not stall this time
+    worker = asyncio.create_task(build(url, 1, checked=False).run_worker_async())
+    try:
+        async with Client(build(url, 0).fastmcp) as client:
+            task = await call_tool_task(client, "export_order", {"order": "A-2"},
+                                        raise_on_error=False)
+            done = await task.wait(timeout=LIMIT)
+    finally:
+        worker.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await worker
+    runs = {key.decode(): int(count)
+            for key, count in (await store.hgetall("grants:runs")).items()}
+    await store.aclose()
+    _CLIENT.clear()
+    assert done.status == "failed"
+    assert done.status_message == (
+        "the steps of flow 'export_order' are checked by refresh_caller where the task "
+        "was created, but not on this worker (give it the same SecurityConfig); the task "
+        "did not run")
+    assert runs == {"crunch": 1}  # no step ran: the export above all
 
 
 if __name__ == "__main__":  # a worker process: runs the tasks the replica enqueues

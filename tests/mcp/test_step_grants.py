@@ -5,10 +5,12 @@ Both protocol eras; standalone, mounted and namespaced."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from fastmcp import Client, FastMCP
+from fastmcp.server.dependencies import get_context
 from pydantic import BaseModel
 
 from chainweaver import (
@@ -23,6 +25,7 @@ from chainweaver import (
     ToolSafetyContract,
     tool,
 )
+from chainweaver.errors import ExposureConfigError
 from chainweaver.mcp import AuditEvent, CallerIdentity, FlowServer, GateContext, SecurityConfig
 
 pytestmark = pytest.mark.anyio
@@ -275,3 +278,87 @@ async def test_a_server_without_grants_or_hook_builds_no_guard() -> None:
     bare = FlowServer(executor)
     tool_ = bare._provider.flow_tool(bare._provider.exposure.current.tool("plain"))
     assert tool_._step_guard() is None
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_an_executor_s_own_step_authorizer_is_asked_through_the_server(mode: str
+                                                                            ) -> None:
+    # FlowExecutor(step_authorizer=...) served as it is: asked before every step of a
+    # call, with the caller the gate admitted (it was skipped for flows declaring
+    # grants, and refused every step of the others for want of a caller).
+    def own_tenant(request: StepRequest) -> StepDecision:
+        tenant = request.arguments.get("tenant", request.caller.claims["tenant"])
+        return StepDecision(tenant == request.caller.claims["tenant"], "other_tenant")
+
+    RAN.clear()
+    executor = FlowExecutor(FlowRegistry(), step_authorizer=own_tenant)
+    for item in (open_invoice, read_ledger):
+        executor.register_tool(item)
+    executor.registry.register_flow(Flow("open", "opens", [FlowStep("open_invoice")]))
+    executor.registry.register_flow(Flow("invoice", "reads", [FlowStep("open_invoice"),
+                                                              FlowStep("read_ledger")]))
+    server = FlowServer(executor, security=SecurityConfig(authenticator=Who()))
+    async with Client(server.fastmcp, mode=mode) as client:
+        for name in ("open", "invoice"):
+            assert not (await client.call_tool(name, {"tenant": "ann"})).is_error
+            theirs = await client.call_tool(name, {"tenant": "bob"}, raise_on_error=False)
+            assert theirs.is_error and "other_tenant" in text(theirs)
+    assert RAN == ["open_invoice", "open_invoice", "read_ledger:ann"]
+
+
+def test_a_step_authorizer_set_on_both_the_executor_and_the_server_is_refused() -> None:
+    def one(request: StepRequest) -> bool:
+        return True
+
+    def other(request: StepRequest) -> bool:
+        return True
+
+    executor = FlowExecutor(FlowRegistry(), step_authorizer=one)
+    with pytest.raises(ExposureConfigError, match="both"):
+        FlowServer(executor, security=SecurityConfig(step_authorizer=other))
+    FlowServer(executor, security=SecurityConfig(step_authorizer=one))  # the same hook
+
+
+class LoopBound:
+    """Async hooks made on the server's event loop, as an async database or HTTP
+    client is: used from another loop they fail, as such a client would, and they read
+    the request they serve through FastMCP's context."""
+
+    def __init__(self) -> None:
+        self.loop: Any = None
+        self.asked: list[str] = []
+
+    def check(self, what: str) -> None:
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("attached to a different event loop")
+        get_context()  # the request being served (raises outside one)
+        self.asked.append(what)
+
+    async def refresh(self, caller: CallerIdentity) -> CallerIdentity:
+        await asyncio.sleep(0)
+        self.check("refresh")
+        return caller
+
+    async def authorize(self, request: StepRequest) -> bool:
+        await asyncio.sleep(0)
+        self.check(request.path)
+        return True
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_async_hooks_run_on_the_server_s_loop_in_the_request_s_context(mode: str
+                                                                           ) -> None:
+    # invoice's tools are plain sync functions: the async lane runs them in worker
+    # threads, and the checks before them were answered there, each async hook on a
+    # private event loop outside the request (so both failed, and every step was
+    # refused).
+    hooks = LoopBound()
+    server, _, events = billing(refresh_caller=hooks.refresh,
+                                step_authorizer=hooks.authorize)
+    hooks.loop = asyncio.get_running_loop()  # the in-memory server runs on this loop
+    async with Client(server.fastmcp, mode=mode) as client:
+        result = await client.call_tool("invoice", {"tenant": "ann"}, raise_on_error=False)
+    assert not result.is_error, text(result)
+    assert RAN == ["open_invoice", "read_ledger:ann"]
+    assert hooks.asked == ["refresh", "open_invoice", "refresh", "read_ledger"]
+    assert [e for e in events if e.phase == "step"] == []

@@ -9,11 +9,22 @@ from typing import Any
 import pytest
 from fastmcp import Client
 from fastmcp_tasks import call_tool_task
+from support.polling import until
+from support.task_asks import LIMIT, answering, reply, update_task, waiting
 
-from chainweaver import Flow, FlowExecutor, FlowRegistry, FlowStep, ToolSafetyContract, tool
+from chainweaver import (
+    Flow,
+    FlowExecutor,
+    FlowGovernance,
+    FlowRegistry,
+    FlowStep,
+    ToolSafetyContract,
+    tool,
+)
 from chainweaver.mcp import (
     AuditEvent,
     CallerIdentity,
+    ExposurePolicy,
     FlowServer,
     GateContext,
     SecurityConfig,
@@ -96,3 +107,107 @@ async def test_a_task_keeps_its_callers_grants_for_the_worker() -> None:
     (done,) = [e for e in audit if e.kind == "task" and e.phase == "completed"
                and e.task_status == "completed"]
     assert done.steps is not None and done.steps["allowed"] == 1
+
+
+@tool(safety=READ)
+def load(account: str) -> dict:
+    RAN.append("load")
+    return {"account": account}
+
+
+@tool(safety=ToolSafetyContract("write", requires_approval=True, approval_reason="ships"))
+def ship(account: str) -> dict:
+    RAN.append("ship")
+    return {"shipped": account}
+
+
+async def test_a_task_keeps_its_callers_grants_when_a_sub_flow_asks_for_one_later() -> None:
+    # When the task is created its flow declares no grant at any depth; while it waits
+    # for approval, its sub-flow's new version runs a tool that needs billing.read. The
+    # answered leg must judge that step (and the view) as the task's caller, who holds
+    # the grant: it was judged as nobody (no token in memory) and the task failed as
+    # "no longer published here".
+    audit: list[AuditEvent] = []
+    flows = server(audit)
+    for item in (load, ship):
+        flows.executor.register_tool(item)
+    register = flows.executor.registry.register_flow
+    hidden = FlowGovernance(publish=False)
+    register(Flow("inner", "d", [FlowStep("load", id="inner_load")], governance=hidden))
+    register(Flow("shipping", "loads, then ships", [FlowStep("load"),
+                                                   FlowStep(flow="inner"),
+                                                   FlowStep("ship")]))
+    approving = FlowServer(flows.executor, tasks=TaskSettings(url="memory://",
+                                                              mode="optional"),
+                           policy=ExposurePolicy(allowed_side_effects=["read", "write"],
+                                                 approval="elicit"),
+                           security=flows.security)
+    async with answering(approving) as client:
+        task = await call_tool_task(client, "shipping", {"account": "acme"},
+                                    raise_on_error=False)
+        requests = await waiting(task)
+        register(Flow("inner", "d", [FlowStep("read_ledger")], version="2.0.0",
+                      governance=hidden))
+        for _ in range(2):  # the changed grant decisions may be asked about once more
+            await update_task(task, reply(requests, "accept", {"approve": True}))
+            asked = set(requests)
+
+            async def moved_on(asked: set[str] = asked) -> Any:
+                now = await task.status()
+                if now.status == "input_required" and set(now.input_requests) != asked:
+                    return now
+                return now if now.status in ("completed", "failed") else None
+
+            status = await until(moved_on, "the task to ask again or end", LIMIT)
+            if status.status != "input_required":
+                break
+            requests = status.input_requests
+        result: Any = await task.result()
+    assert status.status == "completed", status
+    assert not result.is_error, result.content
+    assert RAN == ["load", "read_ledger", "ship"]
+    (done,) = [e for e in audit if e.kind == "task" and e.phase == "completed"
+               and e.task_status == "completed"]
+    assert done.steps is not None and done.steps["denied"] == 0
+
+
+async def test_a_task_s_steps_see_the_caller_the_call_would_see() -> None:
+    # The step hooks of a task's leg are shown the caller the gate admitted: its id,
+    # subject, client id, scopes and claims (the subject and client id were lost, so a
+    # directory keyed by subject, or a rule over it, judged a task as nobody's).
+    seen: list[tuple[Any, ...]] = []
+
+    def by_subject(caller: CallerIdentity) -> CallerIdentity | None:
+        if caller.subject != "ann-subject":
+            return None  # the directory knows no such person
+        return caller
+
+    def who(request: Any) -> bool:
+        caller = request.caller
+        seen.append((caller.id, caller.subject, caller.client_id, caller.scopes,
+                     dict(caller.claims)))
+        return True
+
+    def authenticate_ann(gate: GateContext) -> CallerIdentity:
+        return CallerIdentity("ann", {"team": "billing"}, subject="ann-subject",
+                              client_id="desk", scopes=frozenset({"billing.read"}))
+
+    RAN.clear()
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(read_ledger)
+    executor.registry.register_flow(Flow("read", "reads", [FlowStep("read_ledger")]))
+    served = FlowServer(executor, tasks=TaskSettings(url="memory://", mode="optional"),
+                        security=SecurityConfig(authenticator=authenticate_ann,
+                                                refresh_caller=by_subject,
+                                                step_authorizer=who))
+    async with Client(served.fastmcp, mode="legacy") as legacy:  # no tasks: a call
+        called = await legacy.call_tool("read", {"account": "acme"})
+    async with Client(served.fastmcp) as client:
+        task = await call_tool_task(client, "read", {"account": "acme"},
+                                    raise_on_error=False)
+        tasked: Any = await task.result()
+    assert not called.is_error and not tasked.is_error, tasked.content
+    assert RAN == ["read_ledger", "read_ledger"]
+    assert seen[0] == ("ann", "ann-subject", "desk", frozenset({"billing.read"}),
+                       {"team": "billing"})
+    assert seen == [seen[0], seen[0]]

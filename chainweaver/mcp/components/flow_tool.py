@@ -16,6 +16,7 @@ and an ``MCPError`` (a protocol error, meant as one) go through unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -34,7 +35,6 @@ from mcp_types import TextContent, ToolAnnotations
 
 from chainweaver.checkpoints import CheckpointStore, CheckpointStoreError
 from chainweaver.executor import ExecutionResult, FlowExecutor
-from chainweaver.grants import StepGuard, fixed_caller
 from chainweaver.mcp.components.plain_slots import SET_BY_BUILD, PlainSlots, set_slots
 from chainweaver.mcp.config import ErrorDetail
 from chainweaver.mcp.gate import admission
@@ -55,6 +55,7 @@ from chainweaver.mcp.runs.reporting import RunReporter
 from chainweaver.mcp.runs.step_names import ALL_VISIBLE, StepNames, run_meta, step_names
 from chainweaver.run_events import ALWAYS_APPROVE, ApprovalHook, RunObserver, fan_out
 from chainweaver.safety import SideEffectLevel
+from chainweaver.step_guard import StepGuard, fixed_caller
 
 logger = logging.getLogger("chainweaver.mcp")
 
@@ -256,7 +257,9 @@ class FlowTool(PlainSlots, FastMCPTool):
             return None
         caller = admission.caller()
         refresh = settings.refresh_caller
-        source = fixed_caller(caller) if refresh is None else (lambda: refresh(caller))
+        # A partial, not a lambda: the guard tells an async refresh_caller by it.
+        source = fixed_caller(caller) if refresh is None else functools.partial(refresh,
+                                                                                caller)
         flow = plan.flow
         return StepGuard(source, settings.step_authorizer, flow.name, flow.version,
                          delegations=tuple(flow.delegations))

@@ -88,6 +88,7 @@ from chainweaver.mcp.tasks.runner import (
     FlowTaskRunner,
     TaskAudit,
     mark_once,
+    step_checks,
     view_grant,
 )
 
@@ -176,10 +177,20 @@ class FlowTasksExtension(TasksExtension):
                    "arguments": arguments, "caller": caller_id,
                    "approval": exposed.needs_approval,
                    "client_can_answer": declared_elicitation(context)}
+        # Kept whenever the server declares a step grant anywhere, not only when this
+        # version's plan does now: the leg runs the plan its worker has then, and a
+        # sub-flow's newer version may ask for one (without the grant, the leg would be
+        # judged as the token's caller, not the gate's).
         grant = view_grant(self.provider.views, caller, steps=bool(exposed.plan.needs)
-                           or self.provider.runs.step_authorizer is not None)
+                           or self.provider.runs.step_authorizer is not None
+                           or self.provider.exposure.grant_claims is not None)
         if grant is not None:
             payload["grant"] = grant
+        checks = step_checks(self.provider.runs)
+        if checks:
+            # What this replica asks before every step: a worker that would not ask it
+            # does not run the task (FlowTaskRunner._runnable).
+            payload["step_checks"] = checks
         run = run_start(None, caller_id)
         payload["run"] = run.run_id  # every leg of the task continues this run's record
         held = admission.current()

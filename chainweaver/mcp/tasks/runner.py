@@ -44,7 +44,7 @@ from chainweaver.mcp.hooks import (
 )
 from chainweaver.mcp.publish.exposure import ExposedFlow
 from chainweaver.mcp.publish.run_uris import RUNS_URI
-from chainweaver.mcp.runs.approval import ApprovalInTask
+from chainweaver.mcp.runs.approval import ApprovalInTask, RunSettings
 from chainweaver.mcp.runs.metrics import ServerMetrics, StepCounter
 from chainweaver.mcp.runs.recording import run_start
 from chainweaver.mcp.tasks.durable import (
@@ -295,7 +295,24 @@ class FlowTaskRunner(FastMCPTool):
                 f"flow {arguments['tool']!r} asks for approval where the task was created, "
                 "but not on this worker (start it with --approval elicit); the task did "
                 "not run"))
+        asked = arguments.get("step_checks")
+        missing = [check for check in (asked if isinstance(asked, list) else ())
+                   if check not in step_checks(self._provider.runs)]
+        if missing:
+            # A worker built without the replica's step authorizer (or refresh_caller)
+            # would run the steps unchecked (or for the caller as it was).
+            raise MCPError(code=INTERNAL_ERROR, message=(
+                f"the steps of flow {arguments['tool']!r} are checked by "
+                f"{' and '.join(map(str, missing))} where the task was created, but not on "
+                "this worker (give it the same SecurityConfig); the task did not run"))
         return exposed
+
+
+def step_checks(runs: RunSettings) -> list[str]:
+    """The server-wide step hooks a run asks (``RunSettings``): the names of the
+    :class:`~chainweaver.mcp.SecurityConfig` settings that are set."""
+    return [name for name in ("step_authorizer", "refresh_caller")
+            if getattr(runs, name) is not None]
 
 
 class _StepReports(RunObserver):
@@ -391,7 +408,15 @@ def view_grant(views: Views, caller: CallerIdentity, *, steps: bool = False
     every claim is kept, for the worker that runs (or resumes) the task."""
     visibility = views.visibility
     if steps:
-        return {"scopes": sorted(caller.scopes), "claims": dict(caller.claims)}
+        # The whole caller, as the step hooks of a call are shown it (a directory asked
+        # by refresh_caller may know it by its subject).
+        grant: dict[str, Any] = {"scopes": sorted(caller.scopes),
+                                 "claims": dict(caller.claims)}
+        if caller.subject is not None:
+            grant["subject"] = caller.subject
+        if caller.client_id is not None:
+            grant["client_id"] = caller.client_id
+        return grant
     if visibility is None:
         return None
     claims = {name: caller.claims[name] for name in visibility.claims
@@ -407,7 +432,10 @@ def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
         return None
     scopes = grant.get("scopes")
     claims = grant.get("claims")
+    subject, client_id = grant.get("subject"), grant.get("client_id")
     return CallerIdentity(caller_id, dict(claims) if isinstance(claims, dict) else {},
+                          subject=subject if isinstance(subject, str) else None,
+                          client_id=client_id if isinstance(client_id, str) else None,
                           scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
 
 
