@@ -8,7 +8,16 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints, overload
+from typing import (
+    Annotated,
+    Any,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    overload,
+)
 
 from pydantic import (
     BaseModel,
@@ -100,14 +109,14 @@ def check_model(owner: str, label: str, value: object, *, optional: bool = False
         raise DefinitionError(f"{owner}: {label} must be a pydantic model class{suffix}"
                               + (" (a subclass of BaseModel, not BaseModel itself)"
                                  if value is BaseModel else ""))
-    assert isinstance(value, type)  # noqa: S101 - for type checkers: a model class
-    if value.__pydantic_complete__:
+    model = cast("type[BaseModel]", value)
+    if model.__pydantic_complete__:
         return
     try:
-        value.model_rebuild()
+        model.model_rebuild()
     except (PydanticUserError, PydanticUndefinedAnnotation) as error:
         raise DefinitionError(
-            f"{owner}: {label} {value.__name__} is not fully defined: {error.message}"
+            f"{owner}: {label} {model.__name__} is not fully defined: {error.message}"
         ) from None
 
 
