@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from .flows import MAX_TIMEOUT_SECONDS
+from .flows import MAX_TIMEOUT_SECONDS, STEP_ID_PATTERN
 from .retry import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 from .versions import MAX_VERSION_LENGTH
 
@@ -142,8 +142,9 @@ class StepFormat(_Part):
     tool: str | Absent = Field(None, pattern=NAME_PATTERN, description="The tool to call")
     flow: str | Absent = Field(None, pattern=NAME_PATTERN,
                                description="A registered flow to run as this step")
-    id: str | Absent = Field(None, min_length=1, description="Unique step id (default: the "
-                             "tool or flow name, when no other step uses it)")
+    id: str | Absent = Field(None, pattern=STEP_ID_PATTERN, description="Unique step id "
+                             "(default: the tool or flow name, when no other step uses it); "
+                             "no '/' and no control characters")
     after: list[str] | Absent = Field(None, json_schema_extra={"uniqueItems": True},
                                       description="Step ids this step waits for (default: "
                                       "the previous step; [] starts at once)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import Enum
@@ -25,6 +26,10 @@ from .retry import RetryPolicy
 from .safety import ToolSafetyContract
 from .tools import check_model, check_name
 from .versions import version_key
+
+# A step id is text (shown in reports, graphs and records) and a part of step paths.
+STEP_ID_PATTERN = r"^[^/\u0000-\u001f\u007f-\u009f]+$"
+_NOT_IN_IDS = re.compile(r"[/\x00-\x1f\x7f-\x9f]")
 
 
 class FlowLifecycle(Enum):
@@ -138,6 +143,9 @@ class FlowStep:
                            _string_mapping(label, "output_mapping", self.output_mapping))
         if self.id is not None and (not isinstance(self.id, str) or not self.id):
             raise DefinitionError(f"{label}: id must be a non-empty string")
+        if self.id is not None and _NOT_IN_IDS.search(self.id):
+            raise DefinitionError(f"{label}: id must not hold '/' (it joins the ids of a "
+                                  "sub-flow's steps: 'outer/inner') or control characters")
         if self.after is not None:
             if isinstance(self.after, str):
                 raise DefinitionError(f"{label}: after must be a list of step ids, "

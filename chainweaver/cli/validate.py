@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FlowFileError
+from ..errors import FlowFileError, printable
 from ..executor import FlowExecutor
 from ..files import find_flow_files, flow_from_data, read_flow_data
 from ..flows import Flow
@@ -128,7 +128,7 @@ class Validation:
         try:
             data = read_flow_data(path)
             if isinstance(data, dict) and isinstance(data.get("name"), str):
-                name = data["name"]
+                name = printable(data["name"])  # a report line, never a terminal command
             if self.executor is None and isinstance(data, dict):
                 data = self._without_unfound_models(data)
             self.flows[path] = flow_from_data(data, path)
