@@ -360,7 +360,7 @@ def _safety(f: _Fields, value: Any) -> ToolSafetyContract | None:
                                     optional=True),
     }
     for key in ("idempotent", "requires_approval", "open_world"):
-        if key in data:
+        if key in data and not (key == "idempotent" and data[key] is None):  # null: default
             options[key] = f.boolean(data[key], f"safety.{key}")
     return ToolSafetyContract(**options)
 
@@ -456,7 +456,7 @@ def _prompts(f: _Fields, value: Any) -> list[FlowPrompt]:
 
 
 def _task_mode(f: _Fields, value: Any) -> str | None:
-    if value is not None and value not in TASK_MODES:
+    if value not in TASK_MODES:  # null too: an optional key is left out, never null
         raise f.error("task_mode", f"must be one of {', '.join(TASK_MODES)}, "
                       f"got {_show(value)}")
     return cast("str | None", value)
@@ -493,7 +493,7 @@ def flow_from_data(data: Any, path: str | os.PathLike = "<data>", *,
         "input_schema": _schema(f, top.get("input_schema"), "input_schema", f"{base}Input"),
         "output_schema": _schema(f, top.get("output_schema"), "output_schema",
                                  f"{base}Output"),
-        "task_mode": _task_mode(f, top.get("task_mode")),
+        "task_mode": _task_mode(f, top["task_mode"]) if "task_mode" in top else None,
         "requires": (_requires(f, top["requires"], "requires") if "requires" in top
                      else None),
         "delegations": _delegations(f, top.get("delegations", [])),
