@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from .flows import MAX_TIMEOUT_SECONDS, STEP_ID_PATTERN
+from .flows import MAX_STEPS, MAX_TIMEOUT_SECONDS, STEP_ID_PATTERN
 from .retry import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 from .versions import MAX_VERSION_LENGTH
 
@@ -237,7 +237,7 @@ class FlowFileFormat(_Part):
     output_schema: SchemaRef = Field(None, description="'package.module:Model' or an inline "
                                      "JSON Schema object")
     steps: list[Annotated[str, Field(pattern=NAME_PATTERN)] | StepFormat] = Field(
-        min_length=1, description="A tool name, or a step")
+        min_length=1, max_length=MAX_STEPS, description="A tool name, or a step")
     prompts: list[PromptFormat] = []
     task_mode: Literal["forbidden", "optional", "required"] | Absent = Field(
         None, description="Whether MCP clients may run the flow as a background task "

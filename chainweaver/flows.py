@@ -27,6 +27,10 @@ from .safety import ToolSafetyContract
 from .tools import check_model, check_name
 from .versions import version_key
 
+# Checking a flow's graph grows with the square of its steps: past this a flow is a
+# mistake (or a file written to stall whoever loads it), not a workflow.
+MAX_STEPS = 1000
+
 # A step id is text (shown in reports, graphs and records) and a part of step paths.
 STEP_ID_PATTERN = r"^[^/\u0000-\u001f\u007f-\u009f]+$"
 _NOT_IN_IDS = re.compile(r"[/\x00-\x1f\x7f-\x9f]")
@@ -252,6 +256,9 @@ class Flow:
         steps = tuple(self.steps)
         if not steps:
             raise DefinitionError(f"flow {self.name!r} needs at least one step")
+        if len(steps) > MAX_STEPS:
+            raise DefinitionError(f"flow {self.name!r} has {len(steps)} steps, more than "
+                                  f"{MAX_STEPS} (MAX_STEPS): split it into sub-flows")
         for index, step in enumerate(steps):
             if not isinstance(step, FlowStep):
                 got = type(step).__name__

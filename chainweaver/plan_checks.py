@@ -135,6 +135,7 @@ def check_conflicts(planned: Sequence[Step], ancestors: list[int],
                     f"steps {earlier.id!r} and {later.id!r} may run at the same time and "
                     f"both write context key {shared[0]!r}; make one run after the other "
                     "or rename with output_mapping", later.id, shared[0], fatal=True))
+                break  # one problem per step: n steps writing one key are not n*n lines
 
 
 def check_output(flow: Flow, input_keys: set[str] | None,
