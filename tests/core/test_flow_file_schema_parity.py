@@ -76,6 +76,8 @@ def minimal(**parts: Any) -> dict[str, Any]:
     minimal(output_schema={"type": "string"}),
     minimal(output_schema={"properties": {}}),
     minimal(task_mode=None),
+    # A mapping of claim values iterated over its keys: {"type": null} accepted "type".
+    minimal(requires={"claims": {"team": {"type": None}}}),
 ])
 def test_what_the_reader_refuses_the_schema_refuses(data: dict[str, Any]) -> None:
     assert not loads(data)
