@@ -86,10 +86,20 @@ class FlowFileError(DefinitionError):
 
     def __init__(self, path: object, field: str | None, problem: str) -> None:
         self.path = str(path)
-        self.field = field
-        self.problem = problem
+        # A field path holds the file's own keys: shown, never obeyed by a terminal.
+        self.field = None if field is None else printable(field)
+        self.problem = printable(problem)
         where = f"{self.path}: {field}" if field else self.path
         super().__init__(f"{where}: {problem}")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character escaped (``\\x1b``, ``\\n``), so that text
+    from a file printed in a message can neither move a terminal's cursor nor break the
+    one line the message is."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def install_hint(*extras: str) -> str:

@@ -11,6 +11,7 @@ import difflib
 import importlib
 import math
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -46,7 +47,7 @@ from .grants import Delegation, Grants
 from .inline_schema import InlineSchemaError, model_from_json_schema
 from .mappings import Const, MappingSource, Pointer
 from .prompts import FlowPrompt, PromptArgument, PromptMessage, repeated_names
-from .retry import RetryPolicy, exception_class
+from .retry import CLASS_PATH_PATTERN, RetryPolicy, exception_class, imported_attribute
 from .safety import SideEffectLevel, ToolSafetyContract
 from .tools import check_model, check_name
 from .versions import version_key
@@ -133,8 +134,9 @@ def _check_scalar(f: _Fields, value: Any, field: str | None,
 class _Fields:
     """Typed access to one file's values; every failure names the file and field."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, imports: bool = False) -> None:
         self.path = path
+        self.imports = imports  # may a model or exception reference import its module
 
     def error(self, field: str | None, problem: str) -> FlowFileError:
         return FlowFileError(self.path, field, problem)
@@ -254,7 +256,7 @@ def _retry(f: _Fields, value: Any, field: str) -> RetryPolicy:
         for index, item in enumerate(f.items(data["retry_on"], f"{field}.retry_on")):
             here = f"{field}.retry_on[{index}]"
             try:
-                exception_class(f.string(item, here))
+                exception_class(f.string(item, here), imports=f.imports)
             except ValueError as error:
                 raise f.error(here, str(error)) from None
             options["retry_on"].append(item)
@@ -358,28 +360,35 @@ def _safety(f: _Fields, value: Any) -> ToolSafetyContract | None:
                                     optional=True),
     }
     for key in ("idempotent", "requires_approval", "open_world"):
-        if key in data:
+        if key in data and not (key == "idempotent" and data[key] is None):  # null: default
             options[key] = f.boolean(data[key], f"safety.{key}")
     return ToolSafetyContract(**options)
 
 
-def import_model(reference: str) -> type[BaseModel]:
-    """The pydantic model class ``"package.module:ModelName"``; ValueError says what is wrong."""
+def import_model(reference: str, *, imports: bool = True) -> type[BaseModel]:
+    """The pydantic model class ``"package.module:ModelName"``; ValueError says what is wrong.
+
+    With ``imports=False`` (what flow files get) the module must already be imported:
+    a flow file names a model, it never makes anyone import a module."""
     module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{reference!r} is not a model reference like "
+    if not module_name or not attribute \
+            or not re.fullmatch(CLASS_PATH_PATTERN, reference):
+        raise ValueError(f"{_show(reference)} is not a model reference like "
                          "'package.module:ModelName'")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise ValueError(f"cannot import module {module_name!r}: {error}") from None
-    except Exception as error:  # the module's own code failed while importing
-        raise ValueError(f"importing module {module_name!r} failed: "
-                         f"{type(error).__name__}: {error}") from None
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
+    if not imports:
+        target = imported_attribute(reference)
+    else:
+        try:
+            target = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            raise ValueError(f"cannot import module {module_name!r}: {error}") from None
+        except Exception as error:  # the module's own code failed while importing
+            raise ValueError(f"importing module {module_name!r} failed: "
+                             f"{type(error).__name__}: {error}") from None
+        for part in attribute.split("."):
+            if not hasattr(target, part):
+                raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
+            target = getattr(target, part)
     if not (isinstance(target, type) and issubclass(target, BaseModel)):
         raise ValueError(f"{reference!r} is not a pydantic model class")
     return target
@@ -390,7 +399,7 @@ def _schema(f: _Fields, value: Any, field: str, model_name: str) -> type[BaseMod
         return None
     if isinstance(value, str):
         try:
-            model = import_model(value)
+            model = import_model(value, imports=f.imports)
         except ValueError as error:
             raise f.error(field, str(error)) from None
         with f.core(field):
@@ -447,7 +456,7 @@ def _prompts(f: _Fields, value: Any) -> list[FlowPrompt]:
 
 
 def _task_mode(f: _Fields, value: Any) -> str | None:
-    if value is not None and value not in TASK_MODES:
+    if value not in TASK_MODES:  # null too: an optional key is left out, never null
         raise f.error("task_mode", f"must be one of {', '.join(TASK_MODES)}, "
                       f"got {_show(value)}")
     return cast("str | None", value)
@@ -459,12 +468,14 @@ def _model_base_name(flow_name: str) -> str:
 
 
 def flow_from_data(data: Any, path: str | os.PathLike = "<data>", *,
-                   limits: FlowFileLimits = DEFAULT_LIMITS) -> Flow:
+                   limits: FlowFileLimits = DEFAULT_LIMITS, imports: bool = False) -> Flow:
     """Build a :class:`Flow` from parsed file content; ``path`` is used in errors.
 
-    ``data`` is first checked against ``limits`` (see :class:`FlowFileLimits`)."""
+    ``data`` is first checked against ``limits`` (see :class:`FlowFileLimits`). Model
+    references and ``retry_on`` paths name things in modules already imported (the
+    tools modules and what they import); nothing is imported unless ``imports=True``."""
     check_limits(data, path, limits)
-    f = _Fields(Path(path))
+    f = _Fields(Path(path), imports)
     top = f.mapping(data, None, FLOW_KEYS, required=("name", "description", "steps"))
     name = f.string(top["name"], "name")
     with f.core("name"):
@@ -482,7 +493,7 @@ def flow_from_data(data: Any, path: str | os.PathLike = "<data>", *,
         "input_schema": _schema(f, top.get("input_schema"), "input_schema", f"{base}Input"),
         "output_schema": _schema(f, top.get("output_schema"), "output_schema",
                                  f"{base}Output"),
-        "task_mode": _task_mode(f, top.get("task_mode")),
+        "task_mode": _task_mode(f, top["task_mode"]) if "task_mode" in top else None,
         "requires": (_requires(f, top["requires"], "requires") if "requires" in top
                      else None),
         "delegations": _delegations(f, top.get("delegations", [])),

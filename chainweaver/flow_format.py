@@ -15,11 +15,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from .flows import MAX_TIMEOUT_SECONDS
+from .flows import MAX_STEPS, MAX_TIMEOUT_SECONDS, STEP_ID_PATTERN
 from .retry import CLASS_PATH_PATTERN, MAX_ATTEMPTS, MAX_BACKOFF_SECONDS
 from .versions import MAX_VERSION_LENGTH
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+_IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+MODEL_REFERENCE_PATTERN = rf"^{_IDENTIFIERS}:{_IDENTIFIERS}$"
 CLASS_NAME_PATTERN = CLASS_PATH_PATTERN  # a built-in exception name or a module path
 # Step and retry keys may be left out, but the reader takes no null for them: the schema
 # must not offer one (SkipJsonSchema keeps None out of it).
@@ -139,17 +142,19 @@ class StepFormat(_Part):
              "then": {"required": ["fallback"]}},
         ]})
 
-    tool: str | Absent = Field(None, pattern=NAME_PATTERN, description="The tool to call")
-    flow: str | Absent = Field(None, pattern=NAME_PATTERN,
-                               description="A registered flow to run as this step")
-    # The constraints on the string itself: on the union, the schema would lose them.
-    id: Annotated[str, Field(min_length=1, pattern=r"^[^/]+$")] | Absent = Field(
-        None, description="Unique step id, without '/' (default: the tool or flow name, "
-        "when no other step uses it)")
+    # Constraints sit on the type, not on Field(None, ...): on an optional field pydantic
+    # would leave a pattern out of the JSON Schema and write "gt"/"le", which no
+    # validator reads, so the schema would accept steps the reader refuses.
+    tool: Name | Absent = Field(None, description="The tool to call")
+    flow: Name | Absent = Field(None, description="A registered flow to run as this step")
+    id: Annotated[str, Field(pattern=STEP_ID_PATTERN)] | Absent = Field(
+        None, description="Unique step id (default: the tool or flow name, when no other "
+        "step uses it); no '/' and no control characters")
     after: list[str] | Absent = Field(None, json_schema_extra={"uniqueItems": True},
                                       description="Step ids this step waits for (default: "
                                       "the previous step; [] starts at once)")
-    when: str | Absent = Field(None, description="Condition over context keys: names, "
+    when: Annotated[str, Field(min_length=1)] | Absent = Field(
+        None, description="Condition over context keys: names, "
                                "literals, comparisons, in, is None, and, or, not")
     input_mapping: dict[str, str | PointerFormat | ConstFormat] = Field(
         {}, description="Tool input field -> context key, {pointer: /key/inner} or "
@@ -157,11 +162,11 @@ class StepFormat(_Part):
     output_mapping: dict[str, str] = Field({}, description="Context key -> output field "
                                            "(only these keys are written)")
     retry: RetryFormat | Absent = None
-    timeout: float | Absent = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS,
-                                    description="Seconds per attempt")
+    timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] | Absent = Field(
+        None, description="Seconds per attempt")
     on_error: Literal["fail", "skip", "fallback"] = "fail"
-    fallback: str | Absent = Field(None, pattern=NAME_PATTERN, description="Tool to run on "
-                                   "the same input when the step fails (on_error: fallback)")
+    fallback: Name | Absent = Field(None, description="Tool to run on the same input when "
+                                    "the step fails (on_error: fallback)")
     requires: RequiresFormat | Absent = Field(None, description="Grants the caller must "
                                               "hold for this step (beside its tool's own)")
 
@@ -180,6 +185,8 @@ class GovernanceFormat(_Part):
 
 
 class SafetyFormat(_Part):
+    """The flow's own safety contract (``idempotent: null`` means the level's default)."""
+
     side_effects: Literal["none", "read", "write", "external", "destructive"]
     idempotent: bool | None = None
     requires_approval: bool = False
@@ -188,7 +195,7 @@ class SafetyFormat(_Part):
 
 
 class PromptArgumentFormat(_Part):
-    name: str
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
     required: bool = False
 
@@ -206,7 +213,11 @@ class PromptFormat(_Part):
     messages: list[PromptMessageFormat] = Field(min_length=1)
 
 
-SchemaRef = str | dict[str, Any] | None
+# "package.module:Model", or an inline JSON Schema of an object (its keywords are
+# checked by the reader, docs/flow-files.md lists them).
+SchemaRef = Annotated[str, Field(pattern=MODEL_REFERENCE_PATTERN)] | Annotated[
+    dict[str, Any], Field(json_schema_extra={"required": ["type"], "properties": {
+        "type": {"const": "object"}}})] | None
 
 
 class FlowFileFormat(_Part):
@@ -215,7 +226,7 @@ class FlowFileFormat(_Part):
     model_config = ConfigDict(extra="forbid", title="ChainWeaver flow file")
 
     name: str = Field(pattern=NAME_PATTERN)
-    version: str = Field("1.0.0", max_length=MAX_VERSION_LENGTH,
+    version: str = Field("1.0.0", min_length=1, max_length=MAX_VERSION_LENGTH,
                          description="A semver or PEP 440 version")
     title: str | None = None
     description: str
@@ -226,7 +237,7 @@ class FlowFileFormat(_Part):
     output_schema: SchemaRef = Field(None, description="'package.module:Model' or an inline "
                                      "JSON Schema object")
     steps: list[Annotated[str, Field(pattern=NAME_PATTERN)] | StepFormat] = Field(
-        min_length=1, description="A tool name, or a step")
+        min_length=1, max_length=MAX_STEPS, description="A tool name, or a step")
     prompts: list[PromptFormat] = []
     task_mode: Literal["forbidden", "optional", "required"] | Absent = Field(
         None, description="Whether MCP clients may run the flow as a background task "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import Enum
@@ -25,6 +26,14 @@ from .retry import RetryPolicy
 from .safety import ToolSafetyContract
 from .tools import check_model, check_name
 from .versions import version_key
+
+# Checking a flow's graph grows with the square of its steps: past this a flow is a
+# mistake (or a file written to stall whoever loads it), not a workflow.
+MAX_STEPS = 1000
+
+# A step id is text (shown in reports, graphs and records) and a part of step paths.
+STEP_ID_PATTERN = r"^[^/\u0000-\u001f\u007f-\u009f]+$"
+_NOT_IN_IDS = re.compile(r"[/\x00-\x1f\x7f-\x9f]")
 
 
 class FlowLifecycle(Enum):
@@ -138,12 +147,9 @@ class FlowStep:
                            _string_mapping(label, "output_mapping", self.output_mapping))
         if self.id is not None and (not isinstance(self.id, str) or not self.id):
             raise DefinitionError(f"{label}: id must be a non-empty string")
-        if self.id is not None and "/" in self.id:
-            # "/" joins a sub-flow step's id to its steps' in step paths (delegations,
-            # the audit, approvals): an id holding one could pass for a path into a
-            # sub-flow, and a delegation of another step would cover it.
-            raise DefinitionError(f"{label}: id must not contain '/' (it separates a "
-                                  "sub-flow's steps in step paths)")
+        if self.id is not None and _NOT_IN_IDS.search(self.id):
+            raise DefinitionError(f"{label}: id must not hold '/' (it joins the ids of a "
+                                  "sub-flow's steps: 'outer/inner') or control characters")
         if self.after is not None:
             if isinstance(self.after, str):
                 raise DefinitionError(f"{label}: after must be a list of step ids, "
@@ -250,6 +256,9 @@ class Flow:
         steps = tuple(self.steps)
         if not steps:
             raise DefinitionError(f"flow {self.name!r} needs at least one step")
+        if len(steps) > MAX_STEPS:
+            raise DefinitionError(f"flow {self.name!r} has {len(steps)} steps, more than "
+                                  f"{MAX_STEPS} (MAX_STEPS): split it into sub-flows")
         for index, step in enumerate(steps):
             if not isinstance(step, FlowStep):
                 got = type(step).__name__

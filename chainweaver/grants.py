@@ -82,7 +82,9 @@ class Grants:
                 raise DefinitionError(f"grants: claim name {name!r} must be a non-empty "
                                       "string")
             items = [values] if isinstance(values, str) else values
-            if not isinstance(items, Iterable) or not all(
+            # A mapping iterates over its keys: {"type": None} would accept "type".
+            if isinstance(items, (Mapping, bytes)) or not isinstance(items, Iterable) \
+                    or not all(
                     isinstance(v, str) and v for v in items):
                 raise DefinitionError(f"grants: claim {name!r} must list accepted values "
                                       f"(strings), got {values!r}")

@@ -302,7 +302,7 @@ def _field_type(schema: object, where: str, name: str) -> Any:
             raise InlineSchemaError(_join(where, "type"),
                                     "a list of types must be [type, 'null']")
         kind, nullable = others[0], True
-    if kind is not None and kind not in TYPE_KEYWORDS:
+    if kind is not None and (not isinstance(kind, str) or kind not in TYPE_KEYWORDS):
         raise InlineSchemaError(_join(where, "type"), f"unknown type {kind!r} (use one of "
                                 f"{', '.join(TYPE_KEYWORDS)})")
     _check_keywords(schema, where, TYPE_KEYWORDS[kind] if kind else frozenset())

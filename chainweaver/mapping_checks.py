@@ -59,6 +59,62 @@ def constant_problem(model: type[BaseModel], name: str, const: Const) -> str | N
     return None
 
 
+def _json_types(schema: Any, root: dict[str, Any], depth: int = 0) -> frozenset[str] | None:
+    """The JSON types a property schema accepts (None: any, or not known here)."""
+    if not isinstance(schema, Mapping) or depth > 16:
+        return None
+    if "$ref" in schema or ("allOf" in schema and len(schema["allOf"]) == 1):
+        schema = resolve_property(dict(schema), root) if "anyOf" not in schema else schema
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return frozenset([kind])
+    if isinstance(kind, list):
+        return frozenset(kind)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            branches = [_json_types(branch, root, depth + 1) for branch in schema[key]]
+            if any(branch is None for branch in branches):
+                return None
+            return frozenset().union(*branches)  # type: ignore[arg-type]
+    values = schema["enum"] if isinstance(schema.get("enum"), list) \
+        else [schema["const"]] if "const" in schema else None
+    if values is None:
+        return None
+    return frozenset(_VALUE_TYPES.get(type(value), "object") for value in values)
+
+
+_VALUE_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean",
+                type(None): "null", list: "array", dict: "object"}
+
+
+def input_type_problem(flow_model: type[BaseModel], key: str, model: type[BaseModel],
+                       name: str) -> str | None:
+    """Why a value of the flow input's field ``key`` can fail field ``name`` of
+    ``model`` that it feeds as is (None: every such value has a type the field takes).
+    By JSON type (an integer fits a number), and an optional input field without a
+    default feeding a required field; constraints are left to the run."""
+    try:
+        flow_root, root = model_json_schema(flow_model), model_json_schema(model)
+    except Exception:  # an unpublishable model: nothing to compare
+        return None
+    given = _json_types(flow_root.get("properties", {}).get(key), flow_root)
+    taken = _json_types(root.get("properties", {}).get(name), root)
+    if given is None or taken is None:
+        return None
+    accepted = taken | {"integer"} if "number" in taken else taken
+    if not given <= accepted:
+        return (f"the flow input's {key!r} may be {' or '.join(sorted(given - accepted))}, "
+                f"which the field (of type {' or '.join(sorted(taken))}) does not take")
+    wanted = model.model_fields.get(name)
+    offered = flow_model.model_fields.get(key)
+    if wanted is not None and offered is not None and wanted.is_required() \
+            and not offered.is_required() and offered.default is None \
+            and "null" not in taken:
+        return (f"the flow input's {key!r} is optional without a default, and the field "
+                "is required")
+    return None
+
+
 def pointer_problem(model: type[BaseModel], name: str, pointer: Pointer) -> str | None:
     """Why ``pointer`` (whose root is field ``name`` of ``model``) can never find a value
     there, by the model's JSON Schema (None: it may)."""
@@ -243,6 +299,9 @@ def clean_input_model(flow: Flow, tools: Mapping[str, Tool]) -> type[BaseModel] 
     input_model = flow.input_schema if flow.input_schema is not None \
         else derived_input_model(flow, facts[flow.order[0]][0].input_schema)
     input_keys = _fields(input_model)[0]
+    for step, (tool, _, _) in zip(steps, facts, strict=True):
+        if not _input_fits(input_model, input_keys, step, tool.input_schema):
+            return None  # InputTypeError, or a field an earlier step writes first
     if flow.dependencies == _chain(len(steps)):
         clean = _chain_clean(steps, facts, input_keys)
     else:
@@ -296,12 +355,36 @@ def _writes(step: FlowStep, tool: Tool, tools: Mapping[str, Tool],
 
 def _fed(step: FlowStep, required: frozenset[str], available: set[str] | frozenset[str]
          ) -> bool:
-    """Whether every mapped key and unmapped required field of a step is available."""
+    """Whether every mapped key and unmapped required field of a step, and every name
+    its condition reads, is available."""
+    if step.condition is not None and not all(name in available
+                                              for name in step.condition.names):
+        return False
     mapping = step.input_mapping
     if not mapping:
         return required <= available
     return all(key in available for key in mapping.values()) and all(
         name in mapping or name in available for name in required)
+
+
+def _input_fits(input_model: type[BaseModel], input_keys: frozenset[str], step: FlowStep,
+                model: type[BaseModel]) -> bool:
+    """Whether every field of ``model`` that a key of the flow input may feed takes
+    every type the input accepts there (remembered per model pair and mapping)."""
+    known = (input_model, model, tuple(step.input_mapping.items()))
+    fits = _FITS.get(known)
+    if fits is None:
+        if len(_FITS) >= _MAX_MODELS:
+            _FITS.clear()
+        fits = _FITS[known] = all(
+            input_type_problem(input_model, key, model, name) is None
+            for name in model.model_fields
+            for key in [step.input_mapping.get(name, name)]
+            if isinstance(key, str) and key in input_keys)
+    return fits
+
+
+_FITS: dict[tuple[Any, ...], bool] = {}
 
 
 def _chain_clean(steps: Sequence[FlowStep], facts: list[_Facts], input_keys: frozenset[str]

@@ -32,7 +32,9 @@ from .mapping_checks import check_computed
 from .mappings import ComputedSource, Const, Pointer
 from .plan_checks import (
     Problem,
+    check_condition,
     check_conflicts,
+    check_input_types,
     check_output,
     check_retry,
     check_sink_fallback,
@@ -229,6 +231,8 @@ def compile_plan(flow: Flow, resolver: Resolver,
             condition_sources = tuple(FieldSource(name, name, False, False, candidates(name))
                                       for name in step.condition.names)
         check_sources(label, step_id, sources, input_keys, problems)
+        check_condition(label, step_id, condition_sources, input_keys, problems)
+        check_input_types(label, step_id, sources, input_model, model, problems)
         problems.extend(Problem(kind, message, step_id, field) for kind, message, field
                         in check_computed(label, model, computed, planned, input_model))
         check_retry(label, step_id, step, tool, subflow, resolver.safety, problems)

@@ -12,6 +12,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from .flows import Flow, FlowStep
+from .mapping_checks import input_type_problem
 from .safety import ToolSafetyContract
 from .tools import Tool
 
@@ -67,6 +68,38 @@ def check_sources(label: str, step_id: str, sources: Sequence[Source],
                 "provides", step_id, source.field))
 
 
+def check_condition(label: str, step_id: str, sources: Sequence[Source],
+                    input_keys: set[str] | None, problems: list[Problem]) -> None:
+    """A ``when`` name nothing can provide always reads None: a typo, never intended."""
+    if input_keys is None:
+        return
+    for source in sources:
+        if not source.candidates and source.key not in input_keys:
+            problems.append(Problem(
+                "MissingContextKeyError", f"{label} has a condition reading {source.key!r}, "
+                "which neither the flow input nor a step it runs after provides (it would "
+                "always be None)", step_id, source.key))
+
+
+def check_input_types(label: str, step_id: str, sources: Sequence[Source],
+                      input_model: type[BaseModel] | None, model: type[BaseModel] | None,
+                      problems: list[Problem]) -> None:
+    """A field fed as is by the flow input (no step writes its key first) must take
+    every type the flow input accepts there, or an input the flow publishes as valid
+    fails the step."""
+    if input_model is None or model is None:
+        return
+    for source in sources:
+        if source.candidates or source.key not in input_model.model_fields:
+            continue
+        why = input_type_problem(input_model, source.key, model, source.field)
+        if why is not None:
+            problems.append(Problem(
+                "InputTypeError", f"{label} takes field {source.field!r} from the flow "
+                f"input as is, but {why}: an input the flow accepts would fail the step",
+                step_id, source.field))
+
+
 def check_retry(label: str, step_id: str, step: FlowStep, tool: Tool | None,
                 subflow: Flow | None,
                 safety_of: Callable[[Flow], ToolSafetyContract | None],
@@ -102,6 +135,7 @@ def check_conflicts(planned: Sequence[Step], ancestors: list[int],
                     f"steps {earlier.id!r} and {later.id!r} may run at the same time and "
                     f"both write context key {shared[0]!r}; make one run after the other "
                     "or rename with output_mapping", later.id, shared[0], fatal=True))
+                break  # one problem per step: n steps writing one key are not n*n lines
 
 
 def check_output(flow: Flow, input_keys: set[str] | None,

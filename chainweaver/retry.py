@@ -8,8 +8,10 @@ import difflib
 import pkgutil
 import random
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import DefinitionError
 
@@ -17,11 +19,43 @@ MAX_ATTEMPTS = 100  # a retry policy's limits: beyond them a policy is a mistake
 MAX_BACKOFF_SECONDS = 3600
 
 
-def exception_class(entry: object) -> type[BaseException]:
+NOT_IMPORTED = ("a flow file only names what is already imported (a --tools module, or "
+                "a module it imports) and never imports a module itself")
+
+
+def imported_attribute(path: str) -> Any:
+    """The object ``package.module:Name`` or ``package.module.Name`` names, found in a
+    module that is already imported: nothing is imported, so no module's code runs.
+    ValueError says what is missing."""
+    module_name, colon, attribute = path.partition(":")
+    if colon:
+        module = sys.modules.get(module_name)
+    else:  # the longest imported prefix is the module, the rest attributes
+        parts = path.split(".")
+        module = None
+        for cut in range(len(parts) - 1, 0, -1):
+            module = sys.modules.get(".".join(parts[:cut]))
+            if module is not None:
+                module_name, attribute = ".".join(parts[:cut]), ".".join(parts[cut:])
+                break
+        else:
+            module_name = ".".join(parts[:-1])
+    if module is None:
+        raise ValueError(f"module {module_name!r} is not imported: {NOT_IMPORTED}")
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    return target
+
+
+def exception_class(entry: object, *, imports: bool = True) -> type[BaseException]:
     """The exception class a ``retry_on`` entry names; ValueError says why there is none.
 
     An entry is an exception class, the name of a built-in exception, or an importable
-    ``package.module.ClassName`` (or ``package.module:ClassName``) path.
+    ``package.module.ClassName`` (or ``package.module:ClassName``) path. With
+    ``imports=False`` (flow files) a path is found only in modules already imported.
     """
     if isinstance(entry, type):
         if issubclass(entry, BaseException):
@@ -44,17 +78,26 @@ def exception_class(entry: object) -> type[BaseException]:
     if not _CLASS_PATH.fullmatch(entry):
         raise ValueError(f"{entry[:100]!r} is not an exception class name or an "
                          "importable 'package.module.ClassName'")
+    try:  # what is imported already is found without importing anything
+        target = imported_attribute(entry)
+    except ValueError as error:
+        if not imports:
+            raise ValueError(f"{entry!r} is not an exception class: {error}") from None
+        target = _import_class(entry)
+    if isinstance(target, type) and issubclass(target, BaseException):
+        return target
+    raise ValueError(f"{entry!r} is not an exception class")
+
+
+def _import_class(entry: str) -> Any:
     try:
-        target = pkgutil.resolve_name(entry)
+        return pkgutil.resolve_name(entry)
     except (ImportError, AttributeError, ValueError) as error:
         raise ValueError(f"{entry!r} is not an exception class: cannot import it "
                          f"({type(error).__name__}: {error})") from None
     except Exception as error:  # the module's own code failed while importing
         raise ValueError(f"{entry!r}: importing it failed: {type(error).__name__}: "
                          f"{error}") from None
-    if isinstance(target, type) and issubclass(target, BaseException):
-        return target
-    raise ValueError(f"{entry!r} is not an exception class")
 
 
 _BUILTIN_EXCEPTIONS = sorted(

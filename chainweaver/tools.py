@@ -7,9 +7,25 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args, get_origin, get_type_hints, overload
+from types import UnionType
+from typing import (
+    Annotated,
+    Any,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    overload,
+)
 
-from pydantic import BaseModel, PydanticUndefinedAnnotation, PydanticUserError, create_model
+from pydantic import (
+    BaseModel,
+    PydanticSchemaGenerationError,
+    PydanticUndefinedAnnotation,
+    PydanticUserError,
+    create_model,
+)
 
 from .errors import DefinitionError, InvalidNameError
 from .grants import Grants
@@ -77,7 +93,7 @@ def check_name(kind: str, name: object) -> str:
 
 
 def _is_model_class(value: object) -> bool:
-    return isinstance(value, type) and issubclass(value, BaseModel)
+    return isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
 
 
 def check_model(owner: str, label: str, value: object, *, optional: bool = False) -> None:
@@ -88,16 +104,19 @@ def check_model(owner: str, label: str, value: object, *, optional: bool = False
     """
     if value is None and optional:
         return
-    if not isinstance(value, type) or not issubclass(value, BaseModel):
+    if not _is_model_class(value):
         suffix = " or None" if optional else ""
-        raise DefinitionError(f"{owner}: {label} must be a pydantic model class{suffix}")
-    if value.__pydantic_complete__:
+        raise DefinitionError(f"{owner}: {label} must be a pydantic model class{suffix}"
+                              + (" (a subclass of BaseModel, not BaseModel itself)"
+                                 if value is BaseModel else ""))
+    model = cast("type[BaseModel]", value)
+    if model.__pydantic_complete__:
         return
     try:
-        value.model_rebuild()
+        model.model_rebuild()
     except (PydanticUserError, PydanticUndefinedAnnotation) as error:
         raise DefinitionError(
-            f"{owner}: {label} {value.__name__} is not fully defined: {error.message}"
+            f"{owner}: {label} {model.__name__} is not fully defined: {error.message}"
         ) from None
 
 
@@ -192,7 +211,9 @@ def _tool_from_function(
     requires: Any = None,
     blocking: bool = True,
 ) -> Tool:
-    tool_name = name or fn.__name__
+    tool_name = name or getattr(fn, "__name__", None)
+    if tool_name is None:  # a functools.partial, a callable object: nothing to name it by
+        raise DefinitionError(f"cannot name a tool for {fn!r}: pass name=")
     try:
         hints = get_type_hints(fn, include_extras=True)
     except NameError as error:  # e.g. a string annotation naming a class local to a function
@@ -200,8 +221,13 @@ def _tool_from_function(
             f"tool {tool_name!r}: cannot resolve the type hints ({error}); "
             "define the annotated classes at module level"
         ) from error
+    except TypeError:  # a functools.partial, a callable object: no hints to read
+        raise DefinitionError(f"tool {tool_name!r}: cannot read the type hints of "
+                              f"{type(fn).__name__} {fn!r}; make the tool a function "
+                              "(def or async def)") from None
     params = list(inspect.signature(fn).parameters.values())
     returned = hints.get("return")
+    _check_return(tool_name, returned, output_schema)
     if output_schema is None and _is_model_class(returned):
         output_schema = returned
     # The key is injected, never an input field: it is left out of the model.
@@ -225,6 +251,10 @@ def _tool_from_function(
     for param in params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise DefinitionError(f"tool {tool_name!r}: *args/**kwargs are not supported")
+        if param.kind is param.POSITIONAL_ONLY:  # the tool is called with keywords
+            raise DefinitionError(f"tool {tool_name!r}: parameter {param.name!r} is "
+                                  "positional-only; a tool's fields are passed by name "
+                                  "(remove the '/')")
         if param.name not in hints:
             raise DefinitionError(
                 f"tool {tool_name!r}: parameter {param.name!r} needs a type hint"
@@ -232,7 +262,7 @@ def _tool_from_function(
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (hints[param.name], default)
     model_name = "".join(part.title() for part in re.split(r"[_.-]", tool_name)) + "Input"
-    input_model = create_model(model_name, **fields)
+    input_model = _input_model(tool_name, model_name, fields)
     names = tuple(fields)
 
     call: Callable[..., Any]
@@ -249,6 +279,53 @@ def _tool_from_function(
     return Tool(tool_name, description or _first_paragraph(fn.__doc__),
                 input_model, output_schema, call, safety, takes_key=key is not None,
                 requires=requires, blocking=blocking)
+
+
+def _input_model(tool_name: str, model_name: str, fields: dict[str, Any]
+                 ) -> type[BaseModel]:
+    """The input model of a tool's parameters; a parameter pydantic cannot take as a
+    field (an annotation it has no schema for, a reserved name) is named, never a
+    pydantic traceback or a field silently dropped."""
+    for name, spec in fields.items():
+        try:
+            single = create_model(model_name, **{name: spec})
+        except Exception as error:  # pydantic raises several types for one field
+            if hasattr(BaseModel, name):
+                first = "the name is taken by pydantic's BaseModel; rename it"
+            elif isinstance(error, PydanticSchemaGenerationError):
+                first = ("pydantic cannot validate it or describe it in JSON Schema (use "
+                         "JSON types, or a pydantic model)")
+            else:
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DefinitionError(f"tool {tool_name!r}: parameter {name!r} (annotated "
+                                  f"{_shown_hint(spec[0])}) cannot be an input field: "
+                                  f"{first}") from None
+        if name not in single.model_fields:  # '_x': pydantic makes it private, not a field
+            raise DefinitionError(f"tool {tool_name!r}: parameter {name!r} cannot be an "
+                                  "input field: a name starting with '_' is private to "
+                                  "pydantic; rename it")
+    return create_model(model_name, **fields)
+
+
+def _shown_hint(hint: Any) -> str:
+    if hint is type(None):
+        return "None"
+    return hint.__qualname__ if isinstance(hint, type) else repr(hint)
+
+
+def _check_return(tool_name: str, returned: Any, output_schema: Any) -> None:
+    """A return annotation that can be neither a dict nor a model would fail every call
+    at run time: say so when the tool is defined."""
+    if output_schema is not None or returned is None or returned is Any:
+        return
+    kind = get_origin(returned) or returned
+    if kind in (Union, UnionType):
+        return  # one of them may fit; the output is checked when it comes
+    if kind is type(None) or (isinstance(kind, type)
+                              and not issubclass(kind, (Mapping, BaseModel))):
+        raise DefinitionError(f"tool {tool_name!r}: returns {_shown_hint(returned)} by its "
+                              "annotation, but a tool returns a dict or a pydantic model "
+                              "(annotate -> dict, or return a model)")
 
 
 def _keyword_key(fn: Callable[..., Any], key: str) -> Callable[..., Any]:

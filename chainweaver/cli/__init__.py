@@ -32,6 +32,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..errors import printable
 from .commands import build_parser, run_command
 from .errors import EXIT_BROKEN_PIPE, EXIT_MISSING, CommandError
 from .output import PROG
@@ -74,6 +75,6 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return run_command(args)
     except CommandError as error:
-        message = " ".join(str(error).split("\n"))
+        message = printable(" ".join(str(error).split("\n")))  # one line, no escapes
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return error.code

@@ -8,10 +8,12 @@ from ..flows import Flow
 def _mermaid_text(text: str) -> str:
     # Mermaid entity codes: labels may hold conditions with quotes and comparisons, and
     # ids may hold anything: "#" first (the codes start with it), a backtick would start
-    # a markdown string, a line break would end the node.
+    # a markdown string, a line break would end the node; no control character (a
+    # condition's string literal may hold one) reaches the terminal.
     return (text.replace("#", "#35;").replace("&", "#amp;").replace('"', "#quot;")
             .replace("<", "#lt;").replace(">", "#gt;").replace("`", "#96;")
-            .replace("\r", " ").replace("\n", " "))
+            .replace("\r", " ").replace("\n", " ")) if text.isprintable() \
+        else _mermaid_text("".join(c if c.isprintable() else " " for c in text))
 
 
 def mermaid(flow: Flow) -> str:

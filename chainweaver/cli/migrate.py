@@ -113,7 +113,7 @@ def migrate_file(source: Path, out: Path, *, partial: bool = False) -> Outcome:
         return outcome
     target = out / target_name(source)
     try:
-        flow_from_data(converted, target)
+        flow_from_data(converted, target, imports=True)  # migrate imports, as documented
     except FlowFileError as error:
         where = f"{error.field}: " if error.field else ""
         hint = (" (the reference returned the whole context: give the source an "

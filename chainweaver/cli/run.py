@@ -111,6 +111,24 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_INVALID
 
 
+MAX_INPUT_BYTES = 16 * 2**20  # as much as a server's default max_body_bytes
+
+
+def _read_bounded(file: str) -> str | None:
+    """The text of ``file`` (``-``: stdin), None when it is over MAX_INPUT_BYTES: never
+    more is read (``/dev/zero`` or an endless pipe would fill the memory)."""
+    if file == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream without bytes (tests replace stdin)
+            text = sys.stdin.read(MAX_INPUT_BYTES + 1)
+            return None if len(text.encode()) > MAX_INPUT_BYTES else text
+        content = stream.read(MAX_INPUT_BYTES + 1)
+    else:
+        with Path(file).open("rb") as opened:
+            content = opened.read(MAX_INPUT_BYTES + 1)
+    return None if len(content) > MAX_INPUT_BYTES else content.decode("utf-8")
+
+
 def read_input(text: str | None, file: str | None) -> dict[str, Any]:
     """The flow input from ``--input`` or ``--input-file`` (``-``: stdin); ``{}`` when
     neither is given. Anything but a JSON object is a usage error."""
@@ -118,14 +136,20 @@ def read_input(text: str | None, file: str | None) -> dict[str, Any]:
     if file is not None:
         source = f"--input-file {file}"
         try:
-            text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+            text = _read_bounded(file)
         except FileNotFoundError:
             raise CommandError(EXIT_USAGE, f"{source}: no such file") from None
         except (OSError, UnicodeDecodeError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else error
             raise CommandError(EXIT_USAGE, f"{source}: cannot be read: {reason}") from None
+        if text is None:
+            raise CommandError(EXIT_USAGE, f"{source}: larger than {MAX_INPUT_BYTES} bytes "
+                               "(an input is read whole into memory)")
     if text is None:
         return {}
+
+    def not_json(name: str) -> Any:
+        raise CommandError(EXIT_USAGE, f"{source}: not JSON: {name} is not a JSON value")
 
     def integer(digits: str) -> int:
         try:
@@ -136,7 +160,7 @@ def read_input(text: str | None, file: str | None) -> dict[str, Any]:
                                f"too long (at most {sys.get_int_max_str_digits()})") from None
 
     try:
-        value = json.loads(text, parse_int=integer)
+        value = json.loads(text, parse_int=integer, parse_constant=not_json)
     except json.JSONDecodeError as error:
         raise CommandError(EXIT_USAGE, f"{source}: not JSON: {error.msg} at line "
                            f"{error.lineno}, column {error.colno}") from None

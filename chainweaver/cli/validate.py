@@ -13,7 +13,6 @@ pre-commit hook.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FlowFileError
+from ..errors import FlowFileError, printable
 from ..executor import FlowExecutor
 from ..files import find_flow_files, flow_from_data, read_flow_data
 from ..flows import Flow
@@ -129,7 +128,7 @@ class Validation:
         try:
             data = read_flow_data(path)
             if isinstance(data, dict) and isinstance(data.get("name"), str):
-                name = data["name"]
+                name = printable(data["name"])  # a report line, never a terminal command
             if self.executor is None and isinstance(data, dict):
                 data = self._without_unfound_models(data)
             self.flows[path] = flow_from_data(data, path)
@@ -137,17 +136,18 @@ class Validation:
             self.add(path, error.field, "FlowFileError", error.problem, name)
 
     def _without_unfound_models(self, data: dict[str, Any]) -> dict[str, Any]:
-        """Without ``--tools``, a model reference to a module that cannot be found from
-        here (the tools module a ``--tools`` file puts on the path, as serve would) is
-        left unchecked, and said so in the summary, rather than reported as a problem:
-        the rest of the file is still checked. With ``--tools`` it is a problem."""
+        """Without ``--tools``, a model reference to a module that is not imported (the
+        tools module, which ``--tools`` would import, as serve does) is left unchecked,
+        and said so in the summary, rather than reported as a problem: the rest of the
+        file is still checked. With ``--tools`` it is a problem. A flow file never makes
+        ``validate`` import a module (its code would run)."""
         kept = dict(data)
         for key in ("input_schema", "output_schema"):
             reference = data.get(key)
             if not isinstance(reference, str):
                 continue
             module, colon, attribute = reference.partition(":")
-            if module and colon and attribute and not _findable(module):
+            if module and colon and attribute and module not in sys.modules:
                 kept[key] = None
                 self.unchecked_models.add(module)
         return kept
@@ -190,14 +190,6 @@ class Validation:
                          + ("" if self.executor else " (steps not checked against tools"
                             f"{_models(unchecked)}: give --tools)"))
         return "\n".join(lines)
-
-
-def _findable(module: str) -> bool:
-    """Whether ``module`` can be found from here (without importing it)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _models(modules: list[str]) -> str:

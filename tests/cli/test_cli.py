@@ -830,3 +830,17 @@ def test_a_broken_tools_module_is_reported_by_file_and_line_without_a_traceback(
     assert completed.stderr == (f"chainweaver: error: --tools {tmp_path}/half_done.py: "
                                 f"importing it failed at {tmp_path}/half_done.py:4: "
                                 "SyntaxError: '(' was never closed\n")
+
+
+def test_the_command_table_of_the_docs_lists_every_command() -> None:
+    import argparse
+
+    from chainweaver.cli.commands import build_parser
+
+    [commands] = [action for action in build_parser()._actions
+                  if isinstance(action, argparse._SubParsersAction)]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    table = page[page.index("| command | what it does |"):page.index("## See what")]
+    listed = {line.split("`chainweaver ", 1)[1].split()[0].rstrip("`")
+              for line in table.splitlines() if line.startswith("| `chainweaver ")}
+    assert listed == set(commands.choices)

@@ -332,3 +332,33 @@ def test_the_installed_command_asks_on_a_real_terminal() -> None:
     assert done.returncode == 0, done.stderr
     assert "Run it? [y/N]" in done.stderr
     assert json.loads(done.stdout)["refund_id"] == "R-A-1001"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"order_id": NaN}', "NaN is not a JSON value"),
+    ('{"order_id": "A-1001", "n": -Infinity}', "-Infinity is not a JSON value"),
+])
+def test_an_input_with_nan_or_infinity_is_not_json(capsys: pytest.CaptureFixture, text: str,
+                                                   problem: str) -> None:
+    code, out, err = run(capsys, "run", "order_status", FLOWS, "--tools", TOOLS,
+                         "--input", text)
+    assert (code, out, err) == (2, "", f"chainweaver: error: --input: not JSON: {problem}\n")
+
+
+def test_an_input_file_is_read_up_to_a_bound(capsys: pytest.CaptureFixture,
+                                             tmp_path: Path) -> None:
+    # /dev/zero, or an endless pipe, as --input-file filled the memory: what is over
+    # 16 MiB is refused after reading one byte past it.
+    from chainweaver.cli.run import MAX_INPUT_BYTES
+    big = tmp_path / "big.json"
+    big.write_bytes(b'{"order_id": "' + b"x" * MAX_INPUT_BYTES + b'"}')
+    code, out, err = run(capsys, "run", "order_status", FLOWS, "--tools", TOOLS,
+                         "--input-file", str(big))
+    assert (code, out) == (2, "")
+    assert err == (f"chainweaver: error: --input-file {big}: larger than 16777216 bytes "
+                   "(an input is read whole into memory)\n")
+    fits = tmp_path / "fits.json"
+    fits.write_text(json.dumps({"order_id": "A-1001"}) + " " * 1000)
+    code, out, _ = run(capsys, "run", "order_status", FLOWS, "--tools", TOOLS,
+                       "--input-file", str(fits), "--no-progress")
+    assert code == 0 and json.loads(out)["order_id"] == "A-1001"

@@ -305,3 +305,29 @@ def test_the_installed_command_validates_without_importing_mcp(tmp_path: Path) -
     assert clean.returncode == 0
     assert json.loads(clean.stdout) == {"files": 6, "flows": 6, "tools_checked": True,
                                         "models_unchecked": [], "problems": []}
+
+
+def test_a_flow_file_never_makes_validate_import_a_module(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 'this' prints the Zen of Python when imported: a model reference naming it must
+    # leave it unimported, with or without --tools, and say why with --tools.
+    for name in ("this", "antigravity"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    write(tmp_path, {"zen.flow.yaml": "name: zen\ndescription: Z.\nsteps: [find_order]\n"
+                                      "input_schema: this:Zen\n",
+                     "sub.flow.yaml": "name: sub\ndescription: S.\nsteps: [find_order]\n"
+                                      "output_schema: antigravity.sub:Model\n"})
+    code, out, err = run(capsys, "validate", str(tmp_path), "--json")
+    assert (code, json.loads(out)["models_unchecked"]) == (0, ["antigravity.sub", "this"])
+    code, out, err = run(capsys, "validate", str(tmp_path), "--tools", TOOLS, "--json")
+    assert code == 1
+    assert {p["field"]: p["message"] for p in problems(out)} == {
+        "input_schema": "module 'this' is not imported: a flow file only names what is "
+                        "already imported (a --tools module, or a module it imports) and "
+                        "never imports a module itself",
+        "output_schema": "module 'antigravity.sub' is not imported: a flow file only names "
+                         "what is already imported (a --tools module, or a module it "
+                         "imports) and never imports a module itself"}
+    assert "Zen of Python" not in out + err
+    assert "this" not in sys.modules and "antigravity" not in sys.modules

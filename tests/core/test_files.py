@@ -480,7 +480,7 @@ BAD_FILES = [
     ("noref.flow.yaml", flow_yaml("steps: [find_order]\ninput_schema: flow_tools.OrderQuery\n"),
      "input_schema", "is not a model reference like 'package.module:ModelName'"),
     ("nomodule.flow.yaml", flow_yaml("steps: [find_order]\ninput_schema: no_such_pkg.models:X\n"),
-     "input_schema", "cannot import module 'no_such_pkg.models'"),
+     "input_schema", "module 'no_such_pkg.models' is not imported"),
     ("noattr.flow.yaml", flow_yaml("steps: [find_order]\noutput_schema: flow_tools:Nope\n"),
      "output_schema", "module 'flow_tools' has no attribute 'Nope'"),
     ("notmodel.flow.yaml", flow_yaml("steps: [find_order]\ninput_schema: flow_tools:find_order\n"),
@@ -550,15 +550,51 @@ def test_yaml_keys_must_be_strings(tmp_path: Path) -> None:
         load_flows(path)
 
 
-def test_a_model_reference_whose_module_fails_to_import(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "broken_models.py").write_text("raise RuntimeError('no database')\n")
+def test_a_flow_file_never_imports_the_module_it_references(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A flow file names models; importing a module would run its code, on the word of
+    # whoever wrote the file (antigravity opens a browser, this prints to stdout).
+    (tmp_path / "side_effect_models.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('x')\n"
+        "from pydantic import BaseModel\nclass Query(BaseModel):\n    q: str\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    path = write(tmp_path, "x.flow.json", {**MINIMAL, "input_schema": "broken_models:Query"})
+    monkeypatch.delitem(sys.modules, "side_effect_models", raising=False)
+    for key, reference in [("input_schema", "side_effect_models:Query"),
+                           ("output_schema", "antigravity:Query")]:
+        path = write(tmp_path, "x.flow.json", {**MINIMAL, key: reference})
+        with pytest.raises(FlowFileError) as raised:
+            load_flows(path)
+        module = reference.partition(":")[0]
+        assert (raised.value.field, raised.value.problem) == (
+            key, f"module {module!r} is not imported: a flow file only names what is "
+            "already imported (a --tools module, or a module it imports) and never imports "
+            "a module itself")
+        assert module not in sys.modules
+    assert not (tmp_path / "ran").exists()
+    # Once the operator's code imported it, the same reference loads.
+    monkeypatch.setitem(sys.modules, "side_effect_models",
+                        importlib.import_module("side_effect_models"))
+    path = write(tmp_path, "x.flow.json", {**MINIMAL, "input_schema": "side_effect_models:Query"})
+    [flow] = load_flows(path)
+    assert flow.input_schema is sys.modules["side_effect_models"].Query
+
+
+def test_a_retry_on_path_in_a_flow_file_never_imports_its_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "antigravity", raising=False)
+    step = {"tool": "find_order", "retry": {"retry_on": ["antigravity.Busy"]}}
+    path = write(tmp_path, "x.flow.json", {**MINIMAL, "steps": [step]})
     with pytest.raises(FlowFileError) as raised:
         load_flows(path)
     assert (raised.value.field, raised.value.problem) == (
-        "input_schema", "importing module 'broken_models' failed: RuntimeError: no database")
+        "steps[0].retry.retry_on[0]", "'antigravity.Busy' is not an exception class: module "
+        "'antigravity' is not imported: a flow file only names what is already imported "
+        "(a --tools module, or a module it imports) and never imports a module itself")
+    assert "antigravity" not in sys.modules
+    # An exception class of a module that is imported is found without an import.
+    step["retry"] = {"retry_on": ["json.JSONDecodeError", "json.decoder:JSONDecodeError"]}
+    [flow] = load_flows(write(tmp_path, "x.flow.json", {**MINIMAL, "steps": [step]}))
+    assert flow.steps[0].retry is not None
 
 
 def test_the_same_flow_version_in_two_files_is_an_error(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from chainweaver import FlowExecutor, FlowFileError, FlowRegistry, tool
 from chainweaver.files import (
@@ -400,3 +401,79 @@ def test_the_watcher_marks_a_hostile_edit_stale_and_keeps_serving(tmp_path: Path
     assert watcher.stale[str(good)].startswith(f"{good}: ")
     assert "at line" in watcher.stale[str(good)]
     assert watcher.stale_flows() == {"ping": watcher.stale[str(good)]}
+
+
+# ------------------------------------------------------------------ flows that stall
+
+
+def test_a_flow_has_at_most_max_steps_steps(tmp_path: Path) -> None:
+    # Checking a flow's graph grows with the square of its steps: a 1 MiB file of
+    # 30,000 steps took minutes to load. Past MAX_STEPS it is refused at once.
+    from chainweaver import DefinitionError, Flow, FlowStep
+    from chainweaver.flow_format import flow_file_schema
+    from chainweaver.flows import MAX_STEPS
+
+    assert MAX_STEPS == 1000
+    steps = [FlowStep("echo", id=f"s{i}") for i in range(MAX_STEPS)]
+    assert len(Flow("big", "d", steps).steps) == MAX_STEPS
+    with pytest.raises(DefinitionError, match=r"^flow 'big' has 1001 steps, more than 1000 "
+                       r"\(MAX_STEPS\): split it into sub-flows$"):
+        Flow("big", "d", [*steps, FlowStep("echo", id="one_more")])
+    path = tmp_path / "big.flow.json"
+    path.write_text(json.dumps({"name": "big", "description": "d",
+                                "steps": [{"tool": "echo", "id": f"s{i}"}
+                                          for i in range(30_000)]}))
+    with pytest.raises(FlowFileError) as raised:
+        load_flows(path)
+    assert raised.value.field == "steps" and "30000 steps, more than 1000" in str(raised.value)
+    assert flow_file_schema()["properties"]["steps"]["maxItems"] == MAX_STEPS
+
+
+class Made(BaseModel):
+    value: int
+
+
+def test_steps_that_all_write_one_key_at_once_are_one_problem_each() -> None:
+    from chainweaver import Flow, FlowStep
+
+    @tool
+    def make(x: int) -> Made:
+        return Made(value=x)
+
+    executor = FlowExecutor(FlowRegistry())
+    executor.register_tool(make)
+    flow = Flow("wide", "d", [FlowStep("make", id=f"s{i}", after=()) for i in range(200)],
+                output_schema=Made)
+    problems = [p for p in executor.flow_problems(flow) if p.kind == "ConflictingWritesError"]
+    # Each step after the first is reported once (with the first step it races),
+    # not once per pair (19,900 lines).
+    assert [p.step_id for p in problems] == [f"s{i}" for i in range(1, 200)]
+    assert problems[0].message.startswith("steps 's0' and 's1' may run at the same time")
+
+
+def test_yaml_is_read_by_libyaml_when_it_is_installed(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # PyYAML's pure Python reader takes seconds for a file near max_bytes; with libyaml
+    # the limits are checked on its events and the pure reader is only asked for errors.
+    yaml = pytest.importorskip("yaml")
+    if not getattr(yaml, "__with_libyaml__", False):
+        pytest.skip("PyYAML without libyaml: the pure Python reader is all there is")
+    text = (HEAD_YAML + "input_schema:\n  type: object\n  examples: [2024-05-01, 1e5, "
+            "'x', 0x1f, .5, null, ~, yes, {a: [1, 2]}]\n")
+    path = tmp_path / "fast.flow.yaml"
+    path.write_text(text)
+    expected = read_flow_data(path)
+    assert expected["input_schema"]["examples"] == [
+        "2024-05-01", "1e5", "x", 31, 0.5, None, None, True, {"a": [1, 2]}]
+
+    def no_pure_reader(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the pure Python composer ran")
+
+    monkeypatch.setattr(yaml.SafeLoader, "compose_node", no_pure_reader)
+    assert read_flow_data(path) == expected
+    for problem in ("a: &x 1\nb: *x\n", f"deep: {'[' * 70}{']' * 70}\n",
+                    "big: 1.0e+400\n", f"long: {'x' * 70000}\n"):
+        bad = tmp_path / "bad.flow.yaml"
+        bad.write_text(HEAD_YAML + problem)
+        with pytest.raises(FlowFileError, match="not allowed|over a limit"):
+            read_flow_data(bad)

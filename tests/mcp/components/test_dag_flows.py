@@ -260,7 +260,9 @@ def test_unknown_safety_names_the_sub_flow_and_fallback_behind_it() -> None:
 
 
 class TextIn(BaseModel):
-    x: str
+    # Any, not str: a str input feeding the sub-flow's int field is found statically
+    # (InputTypeError) and never published; an untyped one reaches the run.
+    x: Any
 
 
 @tool(safety=READ)
