@@ -28,6 +28,7 @@ again, with the request context it admitted the caller from, before anything is 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
@@ -230,14 +231,30 @@ class ChangeNotifier:
 
     def _schedule(self) -> None:
         if self._pending is None and self._loop is not None:
-            self._pending = self._loop.create_task(self._flush())
+            # In a context of its own: the change may come from inside a request (a
+            # tool that changes the registry), and nothing a notice does, asking the
+            # authenticator again above all, may read that request's caller.
+            self._pending = self._loop.create_task(self._flush(),
+                                                   context=contextvars.Context())
 
     async def _flush(self) -> None:
+        # One notice at a time (a change while one is told, its listeners asked about
+        # again, is told after it): two at once would ask every listener twice and
+        # could tell an older snapshot last.
+        try:
+            while await self._notify_after_debounce():
+                pass
+        finally:
+            if self._pending is asyncio.current_task():
+                self._pending = None
+
+    async def _notify_after_debounce(self) -> bool:
+        """Tell clients what changed since the snapshot they last heard of; False:
+        nothing changed (or the snapshots could not be compared)."""
         await asyncio.sleep(self.debounce)
-        self._pending = None  # a change from now on schedules another notice
         old, new = self._notified, self.live.latest
         if new is old:
-            return
+            return False
         sessions = list(self._sessions.items())
         streams = list(self._streams.items())
         held = [(known.caller_now(), known.gate) for _, known in sessions]
@@ -269,7 +286,7 @@ class ChangeNotifier:
             legacy, listening = await anyio.to_thread.run_sync(compare)
         except Exception:
             logger.exception("could not compare snapshots; clients are not told this time")
-            return
+            return False
         self._notified = new
         # Named as clients list them (once per distinct change: views share theirs).
         listed = {change: await self._as_listed(change) for change in {*legacy, *listening}}
@@ -279,6 +296,7 @@ class ChangeNotifier:
         for (bus, _), change in zip(streams, listening, strict=True):
             for event in _events(listed[change]):
                 await bus.publish(event)
+        return True
 
     async def _as_listed(self, change: ViewChange) -> ViewChange:
         """``change`` with its URIs as the server's clients list them."""
