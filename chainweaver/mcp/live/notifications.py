@@ -103,9 +103,30 @@ class _Session:
     def caller_now(self) -> CallerIdentity | None:
         """The caller to tell, None once the token it came with has expired: an expired
         credential hears nothing more until the client makes a request with a new one."""
-        if self.expires is not None and self.expires <= time.time():
-            return None
-        return self.caller
+        return None if _expired(self.expires) else self.caller
+
+
+@dataclass
+class _Stream:
+    """A 2026-07-28 listen stream to notify: its handler, the caller the gate admitted
+    for it (None: it is told nothing), the request context the authenticator admitted
+    that caller from, and when the bearer token it was opened with expires."""
+
+    handler: ListenHandler
+    caller: CallerIdentity | None
+    gate: GateContext | None
+    expires: float | None
+
+    def caller_now(self) -> CallerIdentity | None:
+        """The caller to tell, None once its token expired (the stream ends then, by a
+        timer on the event loop's clock; that clock stands still while the host is
+        suspended, so the wall clock is asked at every notice too)."""
+        return None if _expired(self.expires) else self.caller
+
+
+def _expired(expires: float | None) -> bool:
+    """Whether a token expiring at ``expires`` (its ``exp``; None: never) has expired."""
+    return expires is not None and expires <= time.time()
 
 
 class ChangeNotifier:
@@ -139,11 +160,7 @@ class ChangeNotifier:
         self.callers_from_token = callers_from_token
         self._notified = live.latest  # the snapshot clients were last told about
         self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
-        # 2026-07-28 listen streams: bus -> its handler, the caller it was opened by and
-        # the request context the authenticator admitted that caller from
-        self._streams: dict[InMemorySubscriptionBus,
-                            tuple[ListenHandler, CallerIdentity | None,
-                                  GateContext | None]] = {}
+        self._streams: dict[InMemorySubscriptionBus, _Stream] = {}  # 2026-07-28, by bus
         self._streams_of: Counter[str | None] = Counter()  # open streams by caller id
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -190,8 +207,8 @@ class ChangeNotifier:
             yield
         finally:
             self._loop = None
-            for handler, _, _ in list(self._streams.values()):
-                handler.close()
+            for stream in list(self._streams.values()):
+                stream.handler.close()
             if self._pending is not None:
                 self._pending.cancel()
                 self._pending = None
@@ -258,7 +275,7 @@ class ChangeNotifier:
         sessions = list(self._sessions.items())
         streams = list(self._streams.items())
         held = [(known.caller_now(), known.gate) for _, known in sessions]
-        held.extend((caller, gate) for _, (_, caller, gate) in streams)
+        held.extend((stream.caller_now(), stream.gate) for _, stream in streams)
         callers: list[CallerIdentity | None] = [caller for caller, _ in held]
         if self.authenticate is not None:
             # Each listener's caller as the authenticator answers now, not as it did
@@ -339,7 +356,10 @@ class ChangeNotifier:
         if caller is None or gate is None or self.authenticate is None:
             return caller
         try:
-            return await self.authenticate(gate)
+            # In no request's context (a run's status is told from inside its call):
+            # the hook names the caller from ``gate`` alone.
+            return await asyncio.create_task(self.authenticate(gate),
+                                             context=contextvars.Context())
         except Exception:  # GateRefused, or anything else: tell this listener nothing
             return None
 
@@ -372,8 +392,8 @@ class ChangeNotifier:
                 continue
             if not await _send_legacy(known, ViewChange(updated=frozenset(uris))):
                 self._sessions.pop(session_id, None)
-        for bus, (_, caller, gate) in list(self._streams.items()):
-            if await sees(caller, gate):
+        for bus, stream in list(self._streams.items()):
+            if await sees(stream.caller_now(), stream.gate):
                 for uri in uris:
                     await bus.publish(ResourceUpdated(uri=uri))
 
@@ -395,13 +415,14 @@ class ChangeNotifier:
             raise refusal_error("too_many_listen_streams")
         bus = InMemorySubscriptionBus()
         handler = ListenHandler(bus)
-        self._streams[bus] = (handler, caller, held.asked if held is not None else None)
+        expires = token_expiry()
+        self._streams[bus] = _Stream(handler, caller,
+                                     held.asked if held is not None else None, expires)
         self._streams_of[key] += 1
         ending = None
         try:
             # The stream ends (gracefully: its result is the last frame) when the token
             # it was opened with expires; the client listens again with a new one.
-            expires = token_expiry()
             if expires is not None:
                 ending = asyncio.get_running_loop().call_later(
                     max(0.0, expires - time.time()), handler.close)

@@ -69,8 +69,8 @@ async def test_a_listen_stream_is_forgotten_however_it_ends() -> None:
             assert await settled(server, 1) == 1
         assert await settled(server, 0) == 0
         async with listen(client.session, tools_list_changed=True) as stream:
-            for handler, _, _ in list(server._notifier._streams.values()):
-                handler.close()  # the server ends it (as at the token's expiry)
+            for open_stream in list(server._notifier._streams.values()):
+                open_stream.handler.close()  # the server ends it (as at the token's expiry)
             assert [event async for event in stream] == []  # ended gracefully
         assert await settled(server, 0) == 0
         async with AsyncExitStack() as streams:
