@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,7 +139,8 @@ class ChangeNotifier:
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
                  on_rebuilt: Callable[[Exposure], None] | None = None,
                  views: Views | None = None, callers_from_token: bool = True,
-                 authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None
+                 authenticate: Callable[[GateContext], Coroutine[Any, Any, CallerIdentity]]
+                 | None
                  = None, max_streams: int = 10_000,
                  max_streams_per_caller: int = 100) -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
