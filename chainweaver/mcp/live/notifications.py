@@ -82,6 +82,8 @@ logger = logging.getLogger("chainweaver.mcp.live.notifications")
 
 # Authenticator calls in flight at once when listeners' callers are asked again.
 MAX_ASKING = 16
+# The gate's authenticator: the caller a request context names (raises to refuse).
+Authenticate = Callable[[GateContext], Coroutine[Any, Any, CallerIdentity]]
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})
 
@@ -139,9 +141,7 @@ class ChangeNotifier:
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
                  on_rebuilt: Callable[[Exposure], None] | None = None,
                  views: Views | None = None, callers_from_token: bool = True,
-                 authenticate: Callable[[GateContext], Coroutine[Any, Any, CallerIdentity]]
-                 | None
-                 = None, max_streams: int = 10_000,
+                 authenticate: Authenticate | None = None, max_streams: int = 10_000,
                  max_streams_per_caller: int = 100) -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
         catalogue is built (the provider forgets components it no longer needs).
