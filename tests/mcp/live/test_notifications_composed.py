@@ -1,7 +1,7 @@
 """Change notifications under a ``Namespace`` on ``server.fastmcp`` name resources as
 the client lists them (``chainweaver://shop/...``), on both protocol eras: a client
 subscribed to a namespaced schema or to its runs is told of them, and told nothing of
-a flow outside its view."""
+a flow outside its view, nor of a resource the server disabled."""
 
 from __future__ import annotations
 
@@ -75,3 +75,18 @@ async def test_a_listen_stream_hears_of_namespaced_resources() -> None:
     async with Client(server.fastmcp) as client, \
             listening(client.session, heard, [SCHEMA, HIDDEN_SCHEMA, RUNS]):
         await told_under_namespace(client, executor, heard)
+
+
+async def test_a_resource_the_server_disabled_is_not_named_in_notices() -> None:
+    # server.fastmcp.disable() only marks what it hides; lists leave it out at the end.
+    executor = build_catalogue()
+    server = FlowServer(executor, expose_schemas=True)
+    disabled = "chainweaver://flows/order_status/schema"
+    server.fastmcp.disable(names={disabled})
+    heard = Heard()
+    async with Client(server.fastmcp) as client, \
+            listening(client.session, heard, [disabled]):
+        assert disabled not in {str(resource.uri) for resource in
+                                await client.list_resources()}
+        new_version(executor, "order_status")
+        assert await heard.take(1) == [TOOLS]
