@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 import mcp_types
@@ -377,25 +377,30 @@ class ChangeNotifier:
         """A run's status changed: tell the sessions and listen streams of the caller
         that started it, while its flow is in their view, that ``uris`` (the run's and
         the listing's) were updated. Nobody else hears of it."""
+        sessions = [(session_id, known) for session_id, known in self._sessions.items()
+                    if _is(known.caller_now(), caller_id)]
+        streams = [(bus, stream) for bus, stream in self._streams.items()
+                   if _is(stream.caller_now(), caller_id)]
+        if not (sessions or streams):
+            return  # the common case, at every run's start and end (inside its call)
         latest = self.live.latest
         exposed = latest.flow(flow_name)
-        uris = list((await self._listed_uris(uris)).values())
 
         async def sees(caller: CallerIdentity | None, gate: GateContext | None) -> bool:
-            if caller is None or caller.id != caller_id:
-                return False
             now = await self.caller_now(caller, gate)
-            return now is not None and now.id == caller_id and \
-                self.views.of(latest, now).allows(exposed)
+            return _is(now, caller_id) and self.views.of(latest, now).allows(exposed)
 
-        for session_id, known in list(self._sessions.items()):
+        listed: dict[str, str] = {}  # as clients list them, once someone is told
+        for session_id, known in sessions:
             if not await sees(known.caller_now(), known.gate):
                 continue
-            if not await _send_legacy(known, ViewChange(updated=frozenset(uris))):
+            listed = listed or await self._listed_uris(uris)
+            if not await _send_legacy(known, ViewChange(updated=frozenset(listed.values()))):
                 self._sessions.pop(session_id, None)
-        for bus, stream in list(self._streams.items()):
+        for bus, stream in streams:
             if await sees(stream.caller_now(), stream.gate):
-                for uri in uris:
+                listed = listed or await self._listed_uris(uris)
+                for uri in listed.values():
                     await bus.publish(ResourceUpdated(uri=uri))
 
     # --------------------------------------------------------- request handlers
@@ -495,6 +500,10 @@ def notifiable_session_id(context: Context | None = None) -> str | None:
     except RuntimeError:
         return session_id  # stdio or in memory: one session per connection
     return session_id if http.headers.get("mcp-session-id") else None
+
+
+def _is(caller: CallerIdentity | None, caller_id: str) -> TypeGuard[CallerIdentity]:
+    return caller is not None and caller.id == caller_id
 
 
 def _events(change: ViewChange) -> list[ServerEvent]:
