@@ -35,7 +35,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 import anyio
@@ -74,6 +73,7 @@ from chainweaver.mcp.gate.security import refusal_error
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
+from chainweaver.mcp.live.listeners import Session, Stream
 from chainweaver.mcp.live.view_changes import NOTHING, ViewChange, view_changes
 from chainweaver.mcp.publish.exposure import Exposure
 from chainweaver.mcp.publish.live_exposure import LiveExposure
@@ -86,49 +86,6 @@ MAX_ASKING = 16
 Authenticate = Callable[[GateContext], Coroutine[Any, Any, CallerIdentity]]
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})
-
-
-@dataclass
-class _Session:
-    """A 2025-11-25 session to notify: its latest session object, its subscriptions,
-    and the caller last admitted on it (None: none yet, it is told nothing)."""
-
-    session: ServerSession
-    uris: set[str] = field(default_factory=set)
-    caller: CallerIdentity | None = None
-    gate: GateContext | None = None  # what the authenticator admitted the caller from
-    expires: float | None = None  # when the token it was last admitted with expires
-
-    def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
-        self.caller, self.gate, self.expires = caller, gate, token_expiry()
-
-    def caller_now(self) -> CallerIdentity | None:
-        """The caller to tell, None once the token it came with has expired: an expired
-        credential hears nothing more until the client makes a request with a new one."""
-        return None if _expired(self.expires) else self.caller
-
-
-@dataclass
-class _Stream:
-    """A 2026-07-28 listen stream to notify: its handler, the caller the gate admitted
-    for it (None: it is told nothing), the request context the authenticator admitted
-    that caller from, and when the bearer token it was opened with expires."""
-
-    handler: ListenHandler
-    caller: CallerIdentity | None
-    gate: GateContext | None
-    expires: float | None
-
-    def caller_now(self) -> CallerIdentity | None:
-        """The caller to tell, None once its token expired (the stream ends then, by a
-        timer on the event loop's clock; that clock stands still while the host is
-        suspended, so the wall clock is asked at every notice too)."""
-        return None if _expired(self.expires) else self.caller
-
-
-def _expired(expires: float | None) -> bool:
-    """Whether a token expiring at ``expires`` (its ``exp``; None: never) has expired."""
-    return expires is not None and expires <= time.time()
 
 
 class ChangeNotifier:
@@ -160,8 +117,8 @@ class ChangeNotifier:
         self.views = views or Views(None)
         self.callers_from_token = callers_from_token
         self._notified = live.latest  # the snapshot clients were last told about
-        self._sessions: dict[str, _Session] = {}  # 2025-11-25, by session id
-        self._streams: dict[InMemorySubscriptionBus, _Stream] = {}  # 2026-07-28, by bus
+        self._sessions: dict[str, Session] = {}  # 2025-11-25, by session id
+        self._streams: dict[InMemorySubscriptionBus, Stream] = {}  # 2026-07-28, by bus
         self._streams_of: Counter[str | None] = Counter()  # open streams by caller id
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -214,12 +171,12 @@ class ChangeNotifier:
                 self._pending.cancel()
                 self._pending = None
 
-    def remember(self, session_id: str, session: ServerSession) -> _Session:
+    def remember(self, session_id: str, session: ServerSession) -> Session:
         """Keep a 2025-11-25 session to notify (its newest session object) until its
         connection ends."""
         known = self._sessions.pop(session_id, None)
         if known is None:
-            known = _Session(session)
+            known = Session(session)
             on_connection_close(session, lambda: self._forget(session_id))
             while len(self._sessions) >= self.max_sessions:
                 del self._sessions[next(iter(self._sessions))]  # the least recent
@@ -422,7 +379,7 @@ class ChangeNotifier:
         bus = InMemorySubscriptionBus()
         handler = ListenHandler(bus)
         expires = token_expiry()
-        self._streams[bus] = _Stream(handler, caller,
+        self._streams[bus] = Stream(handler, caller,
                                      held.asked if held is not None else None, expires)
         self._streams_of[key] += 1
         ending = None
@@ -458,12 +415,12 @@ class ChangeNotifier:
             known.uris.discard(str(params.uri))
         return mcp_types.EmptyResult()
 
-    def _current_session(self, ctx: Any) -> _Session | None:
+    def _current_session(self, ctx: Any) -> Session | None:
         session_id = notifiable_session_id()
         return None if session_id is None else self.remember(session_id, ctx.session)
 
 
-async def _send_legacy(known: _Session, change: ViewChange) -> bool:
+async def _send_legacy(known: Session, change: ViewChange) -> bool:
     session = known.session
     try:
         if change.tools:
