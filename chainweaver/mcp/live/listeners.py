@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import ListenHandler
 
-from chainweaver.mcp.gate.admission import token_expiry
+from chainweaver.mcp.gate.admission import token_caller_and_expiry, token_expiry
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 
 
@@ -25,8 +25,20 @@ class Session:
     gate: GateContext | None = None  # what the authenticator admitted the caller from
     expires: float | None = None  # when the token it was last admitted with expires
 
+    def came_on(self, session: ServerSession) -> None:
+        """A request came on this session as ``session`` (the SDK builds one session
+        object per request): the newest is the one to send on."""
+        self.session = session
+
     def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
+        """The gate admitted ``caller`` on this session, from ``gate`` (under an
+        authenticator, which is asked again with it when there is news)."""
         self.caller, self.gate, self.expires = caller, gate, token_expiry()
+
+    def follow_token(self) -> None:
+        """No authenticator decides: the caller is the verified bearer token's, which
+        rides on every request (and says when it stops being good)."""
+        self.caller, self.expires = token_caller_and_expiry()
 
     def caller_now(self) -> CallerIdentity | None:
         """The caller to tell, None once the token it came with has expired: an expired

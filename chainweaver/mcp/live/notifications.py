@@ -65,7 +65,6 @@ from chainweaver.mcp.gate.admission import (
     Admission,
     caller_from_token,
     pinned,
-    token_caller_and_expiry,
     token_expiry,
 )
 from chainweaver.mcp.gate.composition import published_uris
@@ -180,7 +179,8 @@ class ChangeNotifier:
             on_connection_close(session, lambda: self._forget(session_id))
             while len(self._sessions) >= self.max_sessions:
                 del self._sessions[next(iter(self._sessions))]  # the least recent
-        known.session = session
+        else:
+            known.came_on(session)
         self._sessions[session_id] = known  # most recent last
         return known
 
@@ -499,8 +499,7 @@ class SnapshotPins:
         if request is not None and session_id is not None:
             known = self.notifier.remember(session_id, request.session)
             if self.notifier.callers_from_token:
-                # The token rides on every request (and says when it stops being good).
-                known.caller, known.expires = token_caller_and_expiry()
+                known.follow_token()
             else:
                 learn = known.admit  # an authenticator decides: the gate tells the record
         return pinned(name, self.live, learn)
