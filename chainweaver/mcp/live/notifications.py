@@ -122,6 +122,7 @@ class ChangeNotifier:
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
+        self._telling: set[asyncio.Task[None]] = set()  # runs' changes being told
         self._server: FastMCP | None = None  # whose transforms name what clients list
 
     # -------------------------------------------------------------- wiring
@@ -169,6 +170,8 @@ class ChangeNotifier:
             if self._pending is not None:
                 self._pending.cancel()
                 self._pending = None
+            for telling in list(self._telling):
+                telling.cancel()
 
     def remember(self, session_id: str, session: ServerSession) -> Session:
         """Keep a 2025-11-25 session to notify (its newest session object) until its
@@ -340,6 +343,24 @@ class ChangeNotifier:
                    if _is(stream.caller_now(), caller_id)]
         if not (sessions or streams):
             return  # the common case, at every run's start and end (inside its call)
+        # Told beside the run, not inside its call: an authenticator asked again about
+        # each listener may take up to its hook_timeout.
+        telling = asyncio.get_running_loop().create_task(
+            self._tell_run_updated(caller_id, flow_name, uris, sessions, streams),
+            context=contextvars.Context())
+        self._telling.add(telling)
+        telling.add_done_callback(self._told)
+
+    def _told(self, telling: asyncio.Task[None]) -> None:
+        self._telling.discard(telling)
+        if not telling.cancelled() and telling.exception() is not None:
+            logger.error("could not tell a run's listeners that it changed",
+                         exc_info=telling.exception())
+
+    async def _tell_run_updated(self, caller_id: str, flow_name: str, uris: list[str],
+                                sessions: list[tuple[str, Session]],
+                                streams: list[tuple[InMemorySubscriptionBus, Stream]]
+                                ) -> None:
         latest = self.live.latest
         exposed = latest.flow(flow_name)
 

@@ -1,7 +1,8 @@
 """Listeners' callers asked again when there is news, in memory: the authenticator is
 asked in no request's context (a change a tool makes inside another caller's request
-tells a listener nothing of that caller's view), and one notice is told at a time (a
-change while listeners are being asked about waits for it)."""
+tells a listener nothing of that caller's view), one notice is told at a time (a
+change while listeners are being asked about waits for it), and a run is not held up
+while its caller's listeners are asked about."""
 
 from __future__ import annotations
 
@@ -17,10 +18,18 @@ from support.notices import Heard, listening
 from support.views import schema_uri
 
 from chainweaver import FlowExecutor
-from chainweaver.mcp import CallerIdentity, FlowServer, GateContext, SecurityConfig, visible_claim
+from chainweaver.mcp import (
+    CallerIdentity,
+    FlowServer,
+    GateContext,
+    RunHistory,
+    SecurityConfig,
+    visible_claim,
+)
 
 pytestmark = pytest.mark.anyio
 
+BOUND = 30.0  # only stops a broken test from hanging
 TEAMS = {"sam": ["search-team", "common"], "olga": ["orders-team", "pricing-team", "common"]}
 
 
@@ -86,20 +95,21 @@ class Blocking:
     answers are waited for at once."""
 
     def __init__(self) -> None:
-        self.seen: set[int] = set()
+        self.seen: list[GateContext] = []
         self.waiting = 0
         self.most_waiting = 0
         self.go = asyncio.Event()
 
     async def __call__(self, ctx: GateContext) -> CallerIdentity:
-        if id(ctx) in self.seen:
+        if any(seen is ctx for seen in self.seen):
             self.waiting += 1
             self.most_waiting = max(self.most_waiting, self.waiting)
             try:
                 await self.go.wait()
             finally:
                 self.waiting -= 1
-        self.seen.add(id(ctx))
+        else:
+            self.seen.append(ctx)
         return CallerIdentity("sam", {"teams": TEAMS["sam"]}, subject="sam")
 
 
@@ -129,3 +139,22 @@ async def test_a_change_while_listeners_are_asked_about_waits_for_that_notice() 
         assert told == ["ToolsListChanged"] * 2
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(stream.__anext__(), 0.5)
+
+
+async def test_a_run_is_not_held_up_while_its_callers_listeners_are_asked_about() -> None:
+    """A run's record changes at its start and end, inside its call; its caller's
+    listeners were told there, each asked about again first: an authenticator slow to
+    answer (up to hook_timeout each) held the call up. They are told beside it now."""
+    callers = Blocking()
+    server = FlowServer(build_catalogue(), run_history=RunHistory(),
+                        security=SecurityConfig(authenticator=callers, hook_timeout=60.0))
+    async with Client(server.fastmcp) as sam, \
+            listen(sam.session, resource_subscriptions=["chainweaver://runs"]) as stream:
+        called = await asyncio.wait_for(
+            sam.call_tool("product_search", {"query": "lamp"}), BOUND)
+        assert not called.is_error
+        assert callers.waiting >= 1  # the listener is being asked about meanwhile
+        callers.go.set()
+        event = await asyncio.wait_for(stream.__anext__(), BOUND)
+        assert (type(event).__name__, str(event.uri)) == ("ResourceUpdated",
+                                                          "chainweaver://runs")
