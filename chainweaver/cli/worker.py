@@ -69,8 +69,12 @@ def run_worker(server: Any, args: argparse.Namespace) -> int:
         # its graceful Ctrl-C handler, which SIGTERM stops the worker with, only over
         # the default one; without it a SIGTERM would abandon the runs under way.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Imported here: the command module loads on a core-only install too (the mcp
+    # extra, which brings anyio, is needed once a server was built).
+    import anyio
+
     try:
-        server.run_worker()
+        anyio.run(_working, server, ignored)
     except KeyboardInterrupt:
         pass
     finally:
@@ -80,6 +84,17 @@ def run_worker(server: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _working(server: Any, ctrl_c_ignored: bool) -> None:
+    """``server.run_worker()``, on the loop whose graceful Ctrl-C handler SIGTERM uses.
+    Started with Ctrl-C ignored, the worker keeps ignoring it (the shell asked for a
+    background job a terminal's Ctrl-C does not reach); SIGTERM keeps the handler."""
+    if ctrl_c_ignored:
+        graceful = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if callable(graceful):
+            signal.signal(signal.SIGTERM, lambda signum, frame: graceful(signal.SIGINT, frame))
+    await server.run_worker_async()
+
+
 def _stop_as_on_ctrl_c(signum: int, frame: Any) -> None:
     """SIGTERM, which service and container managers stop a process with, does what
     Ctrl-C does: the worker finishes the runs it holds and exits with 0, instead of
@@ -87,5 +102,5 @@ def _stop_as_on_ctrl_c(signum: int, frame: Any) -> None:
     on_ctrl_c = signal.getsignal(signal.SIGINT)
     if callable(on_ctrl_c):  # the event loop's own handler: it stops the worker cleanly
         on_ctrl_c(signal.SIGINT, frame)
-    else:  # Ctrl-C ignored (started with nohup or in the background): stop anyway
+    else:  # no handler of the loop to call (see _working): stop anyway
         raise KeyboardInterrupt

@@ -31,12 +31,16 @@ CHAINWEAVER = str(Path(sys.executable).parent / "chainweaver")
 SECRET = "s3cret-pw"
 
 
+async def working(calls: list[FlowServer], server: FlowServer) -> None:
+    calls.append(server)  # what the worker command runs, not running it
+
+
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FlowServer]]:
     calls: list[FlowServer] = []
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(FlowServer, "serve", lambda self, *a, **k: calls.append(self))
-    monkeypatch.setattr(FlowServer, "run_worker", lambda self: calls.append(self))
+    monkeypatch.setattr(FlowServer, "run_worker_async", lambda self: working(calls, self))
     yield calls
 
 

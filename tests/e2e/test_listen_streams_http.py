@@ -1,20 +1,25 @@
 """2026-07-28 listen streams over streamable HTTP on loopback: a caller over its cap of
-open streams is refused with -32001 and the server keeps serving, and the streams of
-a client process that dies are forgotten, giving their places back."""
+open streams is refused with -32001 and the server keeps serving, the streams of
+a client process that dies are forgotten, giving their places back, and a stream
+whose bearer token expired by the wall clock hears nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
+import time
 from contextlib import AsyncExitStack
 
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
+from fastmcp.server.auth.providers.jwt import JWTVerifier
 from mcp import MCPError
 from mcp.client.subscriptions import listen
 from support.catalogue import build_catalogue
 from support.procs import serving_http
+from support.tokens import AUDIENCE, ISSUER, KeyPair
 
 from chainweaver.mcp import GATE_REFUSED, FlowServer, SecurityConfig
 
@@ -81,3 +86,33 @@ async def test_listen_streams_are_capped_and_a_dead_clients_streams_are_forgotte
                 child.kill()
                 await child.wait()
     assert server._notifier.listeners == 0
+
+
+async def test_a_stream_hears_nothing_once_the_wall_clock_passed_its_tokens_expiry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream ended at its token's ``exp`` by a timer alone, on the event loop's
+    clock, which stands still while the host is suspended and does not follow a
+    stepped wall clock: a stream whose token the wall clock says expired was still
+    told of changes. Every notice now checks the wall clock (here it jumps two hours,
+    past one token's ``exp`` and not the other's)."""
+    keys = KeyPair()
+    executor = build_catalogue()
+    server = FlowServer(executor, security=SecurityConfig(
+        auth=JWTVerifier(public_key=keys.public_pem, issuer=ISSUER, audience=AUDIENCE)))
+
+    def transport(url: str, hours: int) -> StreamableHttpTransport:
+        token = keys.token(f"for-{hours}h", [], expires_in=hours * 3600)
+        return StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
+
+    async with serving_http(server) as url, \
+            Client(transport(url, 1)) as short, Client(transport(url, 3)) as long, \
+            listen(short.session, tools_list_changed=True) as short_stream, \
+            listen(long.session, tools_list_changed=True) as long_stream:
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 2 * 3600)
+        current = executor.registry.get_flow("product_search")
+        executor.registry.register_flow(dataclasses.replace(current, version="9.0.0"))
+        event = await asyncio.wait_for(long_stream.__anext__(), BOUND)
+        assert type(event).__name__ == "ToolsListChanged"
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(short_stream.__anext__(), 1.0)

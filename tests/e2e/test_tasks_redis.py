@@ -379,3 +379,28 @@ async def test_a_worker_stopped_with_sigterm_finishes_its_run_and_exits_0(
     assert code == 0
     assert done.status == "completed"
     assert count(queue, key) == 1
+
+
+@pytest.mark.anyio
+async def test_a_worker_started_with_ctrl_c_ignored_keeps_ignoring_it(
+        replicas: list[int], workers: Workers, queue: str) -> None:
+    # A script's background job starts with Ctrl-C ignored so that a Ctrl-C in the
+    # terminal does not reach it (Python itself keeps such a SIGINT ignored). The
+    # worker put the default handler back for as long as it ran: a Ctrl-C stopped it.
+    working = workers.start(sleep=1.0, ctrl_c_ignored=True)
+    async with client(replicas[0]) as on_a:
+        charge = await call_tool_task(on_a, "charge_order", {"order": "I-1"})
+        for _ in range(int(LIMIT / 0.05)):  # the run has started its side effect
+            if count(queue, "charge:I-1"):
+                break
+            await asyncio.sleep(0.05)
+        working.send_signal(signal.SIGINT)
+        assert (await final(charge)).status == "completed"
+        with pytest.raises(subprocess.TimeoutExpired):  # it did not stop
+            await asyncio.to_thread(working.wait, 2.0)
+        again = await call_tool_task(on_a, "charge_order", {"order": "I-2"})
+        assert (await final(again)).status == "completed"
+        working.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(working.wait, LIMIT)
+    assert code == 0
+    assert count(queue, "charge:I-2") == 1

@@ -72,3 +72,18 @@ async def test_a_namespaced_servers_card_names_what_its_lists_name(tool_forms: b
         [tool["name"] for tool in primitives(card)["tools"]]
     # The flow outside the view is named nowhere, under any name.
     assert HIDDEN not in response.text
+
+
+@pytest.mark.anyio
+async def test_what_the_server_disabled_is_not_on_its_card() -> None:
+    """``server.fastmcp.disable()`` adds a visibility transform, which only marks what
+    it hides (the server leaves marked components out of its lists at the end): the
+    card named the disabled tool, prompt and schema resource."""
+    server = FlowServer(build_catalogue(), expose_schemas=True, expose_prompts=True)
+    server.fastmcp.disable(names={"price_quote", "chainweaver://flows/price_quote/schema"})
+    card = server.server_card()
+    check_card(card)
+    listed = await lists(server)
+    assert named(card) == listed
+    assert "price_quote" not in listed["tools"] | listed["prompts"]
+    assert "order_status" in listed["tools"]

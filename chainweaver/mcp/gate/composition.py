@@ -29,13 +29,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastmcp import FastMCP
 from fastmcp.prompts import Prompt
 from fastmcp.resources import Resource, ResourceTemplate, TextResource
 from fastmcp.server.middleware import MiddlewareContext
 from fastmcp.server.transforms import Namespace, Transform
+from fastmcp.server.transforms.visibility import is_enabled
 from fastmcp.tools import Tool
 from pydantic import AnyUrl
 
@@ -168,7 +169,7 @@ async def published_uris(transforms: Sequence[Transform], uris: Sequence[str]
     for transform in transforms:
         listed = await transform.list_resources(listed)
     named: dict[str, str] = {}
-    for resource in listed:
+    for resource in _enabled(listed):
         if resource.name.isdigit() and int(resource.name) < len(uris):
             named[uris[int(resource.name)]] = str(resource.uri)
     return named
@@ -206,6 +207,7 @@ class Route:
         return await runs_root(self.transforms())
 
 
+ComponentT = TypeVar("ComponentT", Tool, Resource, ResourceTemplate, Prompt)
 Listed = tuple[Sequence[Tool], Sequence[Resource], Sequence[ResourceTemplate],
                Sequence[Prompt]]
 
@@ -227,7 +229,13 @@ def listed_through(transforms: Sequence[Transform], listed: Listed) -> Listed:
             resources = await transform.list_resources(resources)
             templates = await transform.list_resource_templates(templates)
             prompts = await transform.list_prompts(prompts)
-        return tools, resources, templates, prompts
+        return _enabled(tools), _enabled(resources), _enabled(templates), _enabled(prompts)
 
     with ThreadPoolExecutor(1, thread_name_prefix="chainweaver-card") as pool:
         return pool.submit(asyncio.run, through()).result()
+
+
+def _enabled(listed: Sequence[ComponentT]) -> list[ComponentT]:
+    """What a list shows of ``listed``: a visibility transform (``server.disable()``)
+    only marks the components it hides, and the server leaves them out at the end."""
+    return [component for component in listed if is_enabled(component)]

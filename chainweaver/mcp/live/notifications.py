@@ -11,8 +11,9 @@ each client what changed in its view: ``notifications/{tools,prompts,resources}/
 publishes to each ``subscriptions/listen`` stream it follows (one bus per stream; the
 requests are served by :mod:`.subscriptions`, on the server and on every parent it
 is mounted into); on 2025-11-25 it sends on each live session (stateful HTTP, stdio,
-memory; :mod:`.sessions`). Stateless HTTP has no channel back to the client: nothing
-is sent there. A resource is named as the listener's client lists it, through the listener's
+memory); :mod:`.listeners` holds the records of both. Stateless HTTP has no channel
+back to the client: nothing is sent there. A resource is named as the listener's
+client lists it, through the listener's
 :class:`~chainweaver.mcp.gate.composition.Route`: the transforms on the server (a
 ``Namespace("shop")`` sends ``chainweaver://shop/flows/x/schema`` and
 ``chainweaver://shop/runs/<id>``), then, for a client of a parent it is mounted into
@@ -25,18 +26,22 @@ compared. A listen stream follows the caller the gate admitted for the
 last admitted on it (the request's admission tells it), or, without an
 ``authenticator``, the caller of the verified bearer token. A session no caller was
 admitted on yet is told nothing. An ``authenticator`` (its answer may change) is asked
-again, with the request context it admitted the caller from, before anything is sent.
+again, with the request context it admitted the caller from, before anything is sent,
+in no request's context (a change made inside one caller's request never has another
+listener asked about as that caller). A listener whose bearer token expired (its
+``exp``, by the wall clock) is told nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import anyio
 from fastmcp import FastMCP
@@ -63,13 +68,17 @@ from chainweaver.mcp.gate.admission import (
     Admission,
     caller_from_token,
     pinned,
-    token_caller_and_expiry,
 )
 from chainweaver.mcp.gate.composition import Route
 from chainweaver.mcp.gate.views import View, Views
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.cursors import paged_by_view
-from chainweaver.mcp.live.sessions import Session, notifiable_session_id, send_legacy
+from chainweaver.mcp.live.listeners import (
+    Session,
+    Stream,
+    notifiable_session_id,
+    send_legacy,
+)
 from chainweaver.mcp.live.view_changes import NOTHING, ViewChange, view_changes
 from chainweaver.mcp.publish.exposure import Exposure
 from chainweaver.mcp.publish.live_exposure import LiveExposure
@@ -78,20 +87,10 @@ logger = logging.getLogger("chainweaver.mcp.live.notifications")
 
 # Authenticator calls in flight at once when listeners' callers are asked again.
 MAX_ASKING = 16
+# The gate's authenticator: the caller a request context names (raises to refuse).
+Authenticate = Callable[[GateContext], Coroutine[Any, Any, CallerIdentity]]
 LIST_METHODS = frozenset({"tools/list", "resources/list", "resources/templates/list",
                           "prompts/list"})
-
-
-@dataclass(frozen=True)
-class Stream:
-    """A 2026-07-28 listen stream to publish to: its handler, the caller it was opened
-    by, the request context the authenticator admitted that caller from, and how its
-    client names this server's resources."""
-
-    handler: ListenHandler
-    caller: CallerIdentity | None
-    gate: GateContext | None
-    route: Route | None = None
 
 
 class ChangeNotifier:
@@ -104,8 +103,7 @@ class ChangeNotifier:
     def __init__(self, live: LiveExposure, *, debounce: float = 0.05,
                  on_rebuilt: Callable[[Exposure], None] | None = None,
                  views: Views | None = None, callers_from_token: bool = True,
-                 authenticate: Callable[[GateContext], Awaitable[CallerIdentity]] | None
-                 = None, max_streams: int = 10_000,
+                 authenticate: Authenticate | None = None, max_streams: int = 10_000,
                  max_streams_per_caller: int = 100, owner: str = "") -> None:
         """``on_rebuilt(snapshot)`` runs in a worker thread once a new snapshot's
         catalogue is built (the provider forgets components it no longer needs).
@@ -132,6 +130,7 @@ class ChangeNotifier:
         self.authenticate = authenticate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: asyncio.Task[None] | None = None
+        self._telling: set[asyncio.Task[None]] = set()  # runs' changes being told
         self.route: Route | None = None  # how the server's own clients name resources
 
     # -------------------------------------------------------------- wiring
@@ -174,6 +173,8 @@ class ChangeNotifier:
             if self._pending is not None:
                 self._pending.cancel()
                 self._pending = None
+            for telling in list(self._telling):
+                telling.cancel()
 
     def remember(self, session_id: str, session: ServerSession) -> Session:
         """Keep a 2025-11-25 session to notify (its newest session object) until its
@@ -184,7 +185,8 @@ class ChangeNotifier:
             on_connection_close(session, lambda: self._forget(session_id))
             while len(self._sessions) >= self.max_sessions:
                 del self._sessions[next(iter(self._sessions))]  # the least recent
-        known.renew(session)
+        else:
+            known.came_on(session)
         self._sessions[session_id] = known  # most recent last
         return known
 
@@ -210,18 +212,34 @@ class ChangeNotifier:
 
     def _schedule(self) -> None:
         if self._pending is None and self._loop is not None:
-            self._pending = self._loop.create_task(self._flush())
+            # In a context of its own: the change may come from inside a request (a
+            # tool that changes the registry), and nothing a notice does, asking the
+            # authenticator again above all, may read that request's caller.
+            self._pending = self._loop.create_task(self._flush(),
+                                                   context=contextvars.Context())
 
     async def _flush(self) -> None:
+        # One notice at a time (a change while one is told, its listeners asked about
+        # again, is told after it): two at once would ask every listener twice and
+        # could tell an older snapshot last.
+        try:
+            while await self._notify_after_debounce():
+                pass
+        finally:
+            if self._pending is asyncio.current_task():
+                self._pending = None
+
+    async def _notify_after_debounce(self) -> bool:
+        """Tell clients what changed since the snapshot they last heard of; False:
+        nothing changed (or the snapshots could not be compared)."""
         await asyncio.sleep(self.debounce)
-        self._pending = None  # a change from now on schedules another notice
         old, new = self._notified, self.live.latest
         if new is old:
-            return
+            return False
         sessions = list(self._sessions.items())
         streams = list(self._streams.items())
         held = [(known.caller_now(), known.gate) for _, known in sessions]
-        held.extend((stream.caller, stream.gate) for _, stream in streams)
+        held.extend((stream.caller_now(), stream.gate) for _, stream in streams)
         callers: list[CallerIdentity | None] = [caller for caller, _ in held]
         if self.authenticate is not None:
             # Each listener's caller as the authenticator answers now, not as it did
@@ -249,7 +267,7 @@ class ChangeNotifier:
             legacy, listening = await anyio.to_thread.run_sync(compare)
         except Exception:
             logger.exception("could not compare snapshots; clients are not told this time")
-            return
+            return False
         self._notified = new
         # Named as each client lists them (once per distinct change and route: views
         # and clients of one server share theirs).
@@ -269,6 +287,7 @@ class ChangeNotifier:
             if change:
                 for event in _events(await as_listed(change, stream.route)):
                     await bus.publish(event)
+        return True
 
     async def _as_listed(self, change: ViewChange, route: Route | None) -> ViewChange:
         """``change`` with its URIs as the clients ``route`` reaches list them."""
@@ -311,7 +330,10 @@ class ChangeNotifier:
         if caller is None or gate is None or self.authenticate is None:
             return caller
         try:
-            return await self.authenticate(gate)
+            # In no request's context (a run's status is told from inside its call):
+            # the hook names the caller from ``gate`` alone.
+            return await asyncio.create_task(self.authenticate(gate),
+                                             context=contextvars.Context())
         except Exception:  # GateRefused, or anything else: tell this listener nothing
             return None
 
@@ -331,8 +353,33 @@ class ChangeNotifier:
         """A run's status changed: tell the sessions and listen streams of the caller
         that started it, while its flow is in their view, that ``uris`` (the run's and
         the listing's) were updated. Nobody else hears of it."""
+        sessions = [(session_id, known) for session_id, known in self._sessions.items()
+                    if _is(known.caller_now(), caller_id)]
+        streams = [(bus, stream) for bus, stream in self._streams.items()
+                   if _is(stream.caller_now(), caller_id)]
+        if not (sessions or streams):
+            return  # the common case, at every run's start and end (inside its call)
+        # Told beside the run, not inside its call: an authenticator asked again about
+        # each listener may take up to its hook_timeout.
+        telling = asyncio.get_running_loop().create_task(
+            self._tell_run_updated(caller_id, flow_name, uris, sessions, streams),
+            context=contextvars.Context())
+        self._telling.add(telling)
+        telling.add_done_callback(self._told)
+
+    def _told(self, telling: asyncio.Task[None]) -> None:
+        self._telling.discard(telling)
+        if not telling.cancelled() and telling.exception() is not None:
+            logger.error("could not tell a run's listeners that it changed",
+                         exc_info=telling.exception())
+
+    async def _tell_run_updated(self, caller_id: str, flow_name: str, uris: list[str],
+                                sessions: list[tuple[str, Session]],
+                                streams: list[tuple[InMemorySubscriptionBus, Stream]]
+                                ) -> None:
         latest = self.live.latest
         exposed = latest.flow(flow_name)
+        # As each listener's client lists them (once per route, once someone is told).
         named: dict[Route | None, frozenset[str]] = {}
 
         async def listed(route: Route | None) -> frozenset[str]:
@@ -342,30 +389,29 @@ class ChangeNotifier:
             return named[route]
 
         async def sees(caller: CallerIdentity | None, gate: GateContext | None) -> bool:
-            if caller is None or caller.id != caller_id:
-                return False
             now = await self.caller_now(caller, gate)
-            return now is not None and now.id == caller_id and \
-                self.views.of(latest, now).allows(exposed)
+            return _is(now, caller_id) and self.views.of(latest, now).allows(exposed)
 
-        for session_id, known in list(self._sessions.items()):
+        for session_id, known in sessions:
             if not await sees(known.caller_now(), known.gate):
                 continue
             if not await send_legacy(known, ViewChange(updated=await listed(known.route))):
                 self._sessions.pop(session_id, None)
-        for bus, stream in list(self._streams.items()):
-            if await sees(stream.caller, stream.gate):
+        for bus, stream in streams:
+            if await sees(stream.caller_now(), stream.gate):
                 for uri in sorted(await listed(stream.route)):
                     await bus.publish(ResourceUpdated(uri=uri))
 
     # ------------------------------------------------------- listeners
 
-    def stream(self, handler: ListenHandler, route: Route | None) -> Stream:
+    def stream(self, handler: ListenHandler, route: Route | None, expires: float | None
+               ) -> Stream:
         """A listen stream served by ``handler`` for the request being served (the
         gate admitted it like a list: it follows that caller), its client reaching
-        this server through ``route``."""
+        this server through ``route``, opened with a bearer token that expires at
+        ``expires`` (None: never; it is told nothing after that)."""
         caller, asked = self.admitted()
-        return Stream(handler, caller, asked, route)
+        return Stream(handler, caller, asked, route, expires)
 
     def refusal(self, stream: Stream) -> str | None:
         """Why ``stream`` cannot be opened now (a cap it is over), else None."""
@@ -399,6 +445,10 @@ class ChangeNotifier:
         client naming this server's resources through ``route``. Any URI may be
         subscribed to: a hidden one simply never fires."""
         return self.remember(session_id, session).reached_by(route)
+
+
+def _is(caller: CallerIdentity | None, caller_id: str) -> TypeGuard[CallerIdentity]:
+    return caller is not None and caller.id == caller_id
 
 
 def _events(change: ViewChange) -> list[ServerEvent]:
@@ -437,8 +487,7 @@ class SnapshotPins:
         if request is not None and session_id is not None:
             known = self.notifier.remember(session_id, request.session)
             if self.notifier.callers_from_token:
-                # The token rides on every request (and says when it stops being good).
-                known.follow_token(*token_caller_and_expiry())
+                known.follow_token()
             else:
                 learn = known.admit  # an authenticator decides: the gate tells the record
         return pinned(name, self.live, learn)

@@ -35,8 +35,8 @@ from chainweaver.mcp.fastmcp_seams import low_level_server
 from chainweaver.mcp.gate.admission import token_expiry
 from chainweaver.mcp.gate.composition import Route
 from chainweaver.mcp.gate.security import refusal_error
+from chainweaver.mcp.live.listeners import notifiable_session_id
 from chainweaver.mcp.live.notifications import ChangeNotifier
-from chainweaver.mcp.live.sessions import notifiable_session_id
 
 logger = logging.getLogger("chainweaver.mcp.live.subscriptions")
 
@@ -98,7 +98,9 @@ class Subscriptions:
         its result is the last frame; the client listens again with a new one)."""
         bus = InMemorySubscriptionBus()
         handler = ListenHandler(bus)
-        streams = [(member.notifier, member.notifier.stream(handler, member.route))
+        expires = token_expiry()
+        streams = [(member.notifier, member.notifier.stream(handler, member.route,
+                                                            expires))
                    for member in self.members]
         # Every cap checked, then every stream taken, with no await in between:
         # concurrent listens cannot pass the caps together. The gates audit the
@@ -111,7 +113,9 @@ class Subscriptions:
             notifier.open(bus, stream)
         ending = None
         try:
-            expires = token_expiry()
+            # The timer runs on the event loop's clock, which stands still while the
+            # host is suspended: each notice checks the wall clock too (the streams'
+            # records hold ``expires``).
             if expires is not None:
                 ending = asyncio.get_running_loop().call_later(
                     max(0.0, expires - time.time()), handler.close)

@@ -1,9 +1,12 @@
-"""The 2025-11-25 sessions a server's change notifications reach: each kept with the
-URIs it subscribed to and the caller it follows, and what is sent on it.
+"""Who change notifications are told to (:mod:`.notifications`): 2025-11-25 sessions
+and 2026-07-28 listen streams, each with the caller it follows, when the bearer token
+that caller came with expires, and how its client names the server's resources; and
+what is sent on a session.
 
 A 2025-11-25 client hears of changes on its session (stdio, in memory, stateful
 streamable HTTP); over stateless HTTP a request carries no session and nothing can
-reach the client afterwards (:func:`notifiable_session_id`).
+reach the client afterwards (:func:`notifiable_session_id`). A 2026-07-28 client
+hears of them on its listen streams (:mod:`.subscriptions` serves them).
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ from dataclasses import dataclass, field
 from fastmcp import Context
 from fastmcp.server.dependencies import get_context, get_http_request
 from mcp.server.session import ServerSession
+from mcp.server.subscriptions import ListenHandler
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from chainweaver.mcp.gate.admission import token_expiry
+from chainweaver.mcp.gate.admission import token_caller_and_expiry, token_expiry
 from chainweaver.mcp.gate.composition import Route
 from chainweaver.mcp.hooks import CallerIdentity, GateContext
 from chainweaver.mcp.live.view_changes import ViewChange
 
-logger = logging.getLogger("chainweaver.mcp.live.sessions")
+logger = logging.getLogger("chainweaver.mcp.live.listeners")
 
 
 @dataclass
@@ -39,16 +43,20 @@ class Session:
     # the server's own clients')
     route: Route | None = None
 
+    def came_on(self, session: ServerSession) -> None:
+        """A request came on this session as ``session`` (the SDK builds one session
+        object per request): the newest is the one to send on."""
+        self.session = session
+
     def admit(self, caller: CallerIdentity, gate: GateContext) -> None:
+        """The gate admitted ``caller`` on this session, from ``gate`` (under an
+        authenticator, which is asked again with it when there is news)."""
         self.caller, self.gate, self.expires = caller, gate, token_expiry()
 
-    def follow_token(self, caller: CallerIdentity, expires: float | None) -> None:
-        """Follow the verified token's ``caller`` (no authenticator decides callers)."""
-        self.caller, self.expires = caller, expires
-
-    def renew(self, session: ServerSession) -> None:
-        """The newest session object of its connection (the SDK makes one per request)."""
-        self.session = session
+    def follow_token(self) -> None:
+        """No authenticator decides: the caller is the verified bearer token's, which
+        rides on every request (and says when it stops being good)."""
+        self.caller, self.expires = token_caller_and_expiry()
 
     def reached_by(self, route: Route | None) -> set[str]:
         """Its client names the server's resources through ``route``; the URIs it is
@@ -59,12 +67,37 @@ class Session:
     def caller_now(self) -> CallerIdentity | None:
         """The caller to tell, None once the token it came with has expired: an expired
         credential hears nothing more until the client makes a request with a new one."""
-        if self.expires is not None and self.expires <= time.time():
-            return None
-        return self.caller
+        return None if _expired(self.expires) else self.caller
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A 2026-07-28 listen stream to notify: its handler, the caller the gate admitted
+    for it (None: it is told nothing), the request context the authenticator admitted
+    that caller from, how its client names this server's resources (None: as the
+    server's own clients do), and when the bearer token it was opened with expires."""
+
+    handler: ListenHandler
+    caller: CallerIdentity | None
+    gate: GateContext | None
+    route: Route | None
+    expires: float | None
+
+    def caller_now(self) -> CallerIdentity | None:
+        """The caller to tell, None once its token expired (the stream ends then, by a
+        timer on the event loop's clock; that clock stands still while the host is
+        suspended, so the wall clock is asked at every notice too)."""
+        return None if _expired(self.expires) else self.caller
+
+
+def _expired(expires: float | None) -> bool:
+    """Whether a token expiring at ``expires`` (its ``exp``; None: never) has expired."""
+    return expires is not None and expires <= time.time()
 
 
 async def send_legacy(known: Session, change: ViewChange) -> bool:
+    """Tell a 2025-11-25 session ``change`` (updates: only of URIs it subscribed to);
+    False: it cannot be reached any more (forget it)."""
     session = known.session
     try:
         if change.tools:
@@ -101,5 +134,3 @@ def notifiable_session_id(context: Context | None = None) -> str | None:
     except RuntimeError:
         return session_id  # stdio or in memory: one session per connection
     return session_id if http.headers.get("mcp-session-id") else None
-
-
