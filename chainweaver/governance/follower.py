@@ -304,9 +304,11 @@ def _unreadable(error: BaseException) -> bool:
 
 def _connection_error(error: BaseException) -> bool:
     """Redis could not be reached (refused, reset, timed out), as opposed to read."""
-    from redis.exceptions import ConnectionError as Unreachable
-    from redis.exceptions import TimeoutError as TimedOut
-
+    try:
+        from redis.exceptions import ConnectionError as Unreachable
+        from redis.exceptions import TimeoutError as TimedOut
+    except ImportError:  # no Redis client (the tasks extra): only the OS says so
+        return isinstance(error, OSError)
     return isinstance(error, (OSError, Unreachable, TimedOut))
 
 
