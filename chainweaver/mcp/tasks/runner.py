@@ -34,8 +34,8 @@ from chainweaver.checkpoints import INTERRUPTED, CheckpointStoreError
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.requests import completed
-from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.hooks import (
+    ANONYMOUS,
     AuditEvent,
     AuditHook,
     CallerIdentity,
@@ -154,14 +154,12 @@ class FlowTaskRunner(FastMCPTool):
         execution: Execution = CurrentExecution(),  # noqa: B008
         docket: Docket = CurrentDocket(),  # noqa: B008
     ) -> ToolResult:
-        # The leg runs as the caller that created the task, as far as its view goes: the
-        # exposure, the view and the names a run shows are judged as for that caller.
-        caller = task_caller(arguments)
+        # Every leg runs as the caller that created the task: the exposure, the view,
+        # the names a run shows and every step's grants are judged for that caller (as
+        # it is now, where refresh_caller is set), never for the token's caller.
         root = arguments.get("runs_root")
         root = root if isinstance(root, str) else RUNS_URI  # where its client reads runs
-        if caller is None and root == RUNS_URI:
-            return await self._run_leg(arguments, ctx, execution, docket)
-        with admission.admitted(admission.task_leg(execution, caller, root)):
+        with admission.admitted(admission.task_leg(execution, task_caller(arguments), root)):
             return await self._run_leg(arguments, ctx, execution, docket)
 
     async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
@@ -400,36 +398,31 @@ class _StepReports(RunObserver):
             await self.last
 
 
-def view_grant(views: Views, caller: CallerIdentity, *, steps: bool = False
-               ) -> dict[str, Any] | None:
-    """What a task keeps of its caller so that its legs see the caller's view: the
-    scopes and the claims the view rule reads (nothing without a rule). ``steps``: the
-    flow's steps are checked against the caller (step grants, a step authorizer), so
-    every claim is kept, for the worker that runs (or resumes) the task."""
-    visibility = views.visibility
-    if steps:
-        # The whole caller, as the step hooks of a call are shown it (a directory asked
-        # by refresh_caller may know it by its subject).
-        grant: dict[str, Any] = {"scopes": sorted(caller.scopes),
-                                 "claims": dict(caller.claims)}
-        if caller.subject is not None:
-            grant["subject"] = caller.subject
-        if caller.client_id is not None:
-            grant["client_id"] = caller.client_id
-        return grant
-    if visibility is None:
-        return None
-    claims = {name: caller.claims[name] for name in visibility.claims
-              if name in caller.claims}
-    return {"scopes": sorted(caller.scopes), "claims": claims}
+def kept_caller(caller: CallerIdentity) -> dict[str, Any]:
+    """What a task keeps of the caller that created it (its ``grant``), so that every
+    leg runs as that caller: its scopes and every claim, with its subject and client id
+    (a directory asked by ``refresh_caller`` may know it by its subject). Kept whatever
+    the server declares when the task is created: a leg runs the plan of its own moment,
+    and a grant (or a sub-flow's version asking for one) may appear meanwhile."""
+    grant: dict[str, Any] = {"scopes": sorted(caller.scopes), "claims": dict(caller.claims)}
+    if caller.subject is not None:
+        grant["subject"] = caller.subject
+    if caller.client_id is not None:
+        grant["client_id"] = caller.client_id
+    return grant
 
 
-def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
-    """The caller a task's leg runs as (None: the task kept no view grant)."""
+def task_caller(arguments: dict[str, Any]) -> CallerIdentity:
+    """The caller a task's leg runs as: the one that created it, never the token's.
+
+    A payload without a kept caller (written before every task kept one) names only
+    the caller's id: the leg runs as that caller holding no scope and no claim."""
     grant = arguments.get("grant")
     caller_id = arguments.get("caller")
-    if not isinstance(grant, dict) or not isinstance(caller_id, str):
-        return None
+    if not isinstance(caller_id, str):
+        caller_id = ANONYMOUS.id
+    if not isinstance(grant, dict):
+        return CallerIdentity(caller_id)
     scopes = grant.get("scopes")
     claims = grant.get("claims")
     subject, client_id = grant.get("subject"), grant.get("client_id")
@@ -437,8 +430,6 @@ def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
                           subject=subject if isinstance(subject, str) else None,
                           client_id=client_id if isinstance(client_id, str) else None,
                           scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
-
-
 
 
 async def mark_once(docket: Docket, name: str) -> bool:
