@@ -117,6 +117,31 @@ class TaskAudit:
             steps=note.steps if note is not None and phase == "completed" else None)
         await deliver_audit(self.hook, event, self.timeout)
 
+    async def refused(self, arguments: dict[str, Any], exposed: ExposedFlow | None,
+                      task_id: str, reason: str) -> None:
+        """A worker failed the task its payload (``arguments``) names without running
+        it: ``exposed`` is the flow this worker publishes under its tool name, if any."""
+        if self.hook is None:
+            return
+        caller_id, version = arguments.get("caller"), arguments.get("version")
+        event = AuditEvent(
+            timestamp=time.time(), phase="state", kind="task", name=str(arguments["tool"]),
+            flow_name=exposed.flow.name if exposed is not None else None,
+            flow_version=version if isinstance(version, str) else None,
+            caller_id=caller_id if isinstance(caller_id, str) else None,
+            decision="denied", reason=reason, task_id=task_id, task_status="failed")
+        await deliver_audit(self.hook, event, self.timeout)
+
+
+class WorkerRefusal(MCPError):
+    """This worker does not run the task: the task fails with the message as its status
+    message, and the refusal is audited with ``reason``."""
+
+    def __init__(self, reason: str, message: str, exposed: ExposedFlow | None) -> None:
+        super().__init__(code=INTERNAL_ERROR, message=message)
+        self.reason = reason
+        self.exposed = exposed
+
 
 class FlowTaskRunner(FastMCPTool):
     """The one component Docket registers: runs the exposed flow its payload names.
@@ -181,13 +206,15 @@ class FlowTaskRunner(FastMCPTool):
             while governance.overlay.suspended:
                 await asyncio.sleep(GOVERNANCE_POLL)
         try:
-            exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
-        except MCPError:
+            exposed = self._runnable(arguments)
+        except WorkerRefusal as refused_here:
             # Refused here: the task fails, and so does its run's record, which would
             # otherwise say "running" for good (read only while the flow is in view).
             run_log, refused = self._provider.run_log, arguments.get("run")
             if run_log is not None and run_log.records and isinstance(refused, str):
                 await run_log.refused(refused)
+            await self._audit.refused(arguments, refused_here.exposed, task_id,
+                                      refused_here.reason)
             raise
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
@@ -275,34 +302,34 @@ class FlowTaskRunner(FastMCPTool):
         ended(exposed, task_id, run_id, reports.outcome(), reports.restored)
         return result
 
-    async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
-                        docket: Docket, task_id: str) -> ExposedFlow:
+    def _runnable(self, arguments: dict[str, Any]) -> ExposedFlow:
         """The exposed flow the payload names, if this process may run it now; else the
-        task fails (MCPError) with the reason as its status message."""
+        task fails (:class:`WorkerRefusal`) with the reason as its status message."""
         exposed = self._provider.exposure.tool(arguments["tool"])
         if (exposed is None or exposed.flow.version != arguments["version"]
                 or not self._provider.view().allows(exposed)):
             # Not published any more, or no longer in the caller's view: the same words.
-            raise MCPError(code=INTERNAL_ERROR, message=(
+            raise WorkerRefusal("flow_unavailable", (
                 f"flow {arguments['tool']!r} version {arguments['version']} is no longer "
-                "published here; the task did not run"))
+                "published here; the task did not run"), exposed)
         if arguments.get("approval") and not exposed.needs_approval:
             # A worker whose policy differs (no --approval elicit, but
             # --allow-requires-approval) would otherwise run it without asking.
-            raise MCPError(code=INTERNAL_ERROR, message=(
+            raise WorkerRefusal("approval_not_configured", (
                 f"flow {arguments['tool']!r} asks for approval where the task was created, "
                 "but not on this worker (start it with --approval elicit); the task did "
-                "not run"))
+                "not run"), exposed)
         asked = arguments.get("step_checks")
         missing = [check for check in (asked if isinstance(asked, list) else ())
                    if check not in step_checks(self._provider.runs)]
         if missing:
             # A worker built without the replica's step authorizer (or refresh_caller)
             # would run the steps unchecked (or for the caller as it was).
-            raise MCPError(code=INTERNAL_ERROR, message=(
+            raise WorkerRefusal("step_checks_not_configured", (
                 f"the steps of flow {arguments['tool']!r} are checked by "
                 f"{' and '.join(map(str, missing))} where the task was created, but not on "
-                "this worker (give it the same SecurityConfig); the task did not run"))
+                "this worker (give it the same SecurityConfig); the task did not run"),
+                exposed)
         return exposed
 
 
