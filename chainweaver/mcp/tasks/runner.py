@@ -133,13 +133,15 @@ class TaskAudit:
         await deliver_audit(self.hook, event, self.timeout)
 
 
-class WorkerRefusal(MCPError):
-    """This worker does not run the task: the task fails with the message as its status
-    message, and the refusal is audited with ``reason``."""
+class WorkerRefusal(Exception):
+    """This worker does not run the task: it audits the refusal with ``reason``, and the
+    task fails with ``message`` as its status message. Never leaves the runner: the
+    task fails with a plain MCPError, which Docket pickles (``exposed`` cannot be)."""
 
     def __init__(self, reason: str, message: str, exposed: ExposedFlow | None) -> None:
-        super().__init__(code=INTERNAL_ERROR, message=message)
+        super().__init__(message)
         self.reason = reason
+        self.message = message
         self.exposed = exposed
 
 
@@ -149,7 +151,8 @@ class FlowTaskRunner(FastMCPTool):
     The payload is ``{"tool": published name, "version": flow version, "arguments":
     {...}, "caller": the gate's caller id, "approval": whether the flow asks for
     approval where the task was created, "client_can_answer": whether the creating
-    client declared elicitation}``, written by :meth:`FlowTasksExtension.create`.
+    client declared elicitation, "grant": the rest of that caller (:func:`kept_caller`),
+    ...}``, written by :meth:`FlowTasksExtension.create`.
     """
 
     _provider: FlowProvider = PrivateAttr()
@@ -215,7 +218,7 @@ class FlowTaskRunner(FastMCPTool):
                 await run_log.refused(refused)
             await self._audit.refused(arguments, refused_here.exposed, task_id,
                                       refused_here.reason)
-            raise
+            raise MCPError(code=INTERNAL_ERROR, message=refused_here.message) from None
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
 
