@@ -149,7 +149,7 @@ class StepFormat(_Part):
     flow: Name | Absent = Field(None, description="A registered flow to run as this step")
     id: Annotated[str, Field(pattern=STEP_ID_PATTERN)] | Absent = Field(
         None, description="Unique step id (default: the tool or flow name, when no other "
-        "step uses it); no '/' and no control characters")
+        "step uses it); no '/', no '#' and no control characters")
     after: list[str] | Absent = Field(None, json_schema_extra={"uniqueItems": True},
                                       description="Step ids this step waits for (default: "
                                       "the previous step; [] starts at once)")

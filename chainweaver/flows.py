@@ -31,9 +31,12 @@ from .versions import version_key
 # mistake (or a file written to stall whoever loads it), not a workflow.
 MAX_STEPS = 1000
 
-# A step id is text (shown in reports, graphs and records) and a part of step paths.
-STEP_ID_PATTERN = r"^[^/\u0000-\u001f\u007f-\u009f]+$"
-_NOT_IN_IDS = re.compile(r"[/\x00-\x1f\x7f-\x9f]")
+# A step id is text (shown in reports, graphs and records) and a part of step paths
+# ('/' joins a sub-flow's step ids) and of derived names ('#': a fallback's idempotency
+# key is its step's id + "#fallback", a hidden sub-flow step is shown as
+# "subflow#<index>"), so neither can be part of an id.
+STEP_ID_PATTERN = r"^[^/#\u0000-\u001f\u007f-\u009f]+$"
+_NOT_IN_IDS = re.compile(r"[/#\x00-\x1f\x7f-\x9f]")
 
 
 class FlowLifecycle(Enum):
@@ -149,7 +152,9 @@ class FlowStep:
             raise DefinitionError(f"{label}: id must be a non-empty string")
         if self.id is not None and _NOT_IN_IDS.search(self.id):
             raise DefinitionError(f"{label}: id must not hold '/' (it joins the ids of a "
-                                  "sub-flow's steps: 'outer/inner') or control characters")
+                                  "sub-flow's steps: 'outer/inner'), '#' (it names a "
+                                  "fallback's key and a hidden sub-flow: 'subflow#1') or "
+                                  "control characters")
         if self.after is not None:
             if isinstance(self.after, str):
                 raise DefinitionError(f"{label}: after must be a list of step ids, "

@@ -33,6 +33,7 @@ TASK_TEST_FILES = [
     "mcp/test_step_grants_tasks.py", "e2e/test_step_grants_redis.py",
     "mcp/tasks/test_task_status_writes.py", "e2e/test_task_round_trips.py",
     "mcp/tasks/test_worker_busy_poll.py", "e2e/test_shared_governance_task_asks.py",
+    "mcp/tasks/test_worker_refusals.py",
 ]
 collect_ignore = [] if TASKS_INSTALLED else TASK_TEST_FILES
 

@@ -103,7 +103,7 @@ def run_plain_step(state: RunState, planned: PlannedStep, stop: Stop | None = No
             return
         record.attempts = 1
         try:
-            raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
+            raw = tool.fn(keyed(state, planned, model) if tool.takes_key else model)
         except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
             raise call_failed(planned, tool, error) from None
         complete(state, planned, record, step_output(planned, tool, raw))
@@ -150,7 +150,7 @@ def run_plain_chain(state: RunState, stop: Stop | None = None) -> None:
                 return
             record.attempts = 1
             try:
-                raw = tool.fn(keyed(state, planned, tool, model) if tool.takes_key else model)
+                raw = tool.fn(keyed(state, planned, model) if tool.takes_key else model)
             except (Exception, asyncio.CancelledError) as error:  # a tool's failure is data
                 raise call_failed(planned, tool, error) from None
             check_output = planned.check_output
@@ -199,7 +199,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
             else:
                 model = step_input(state, planned, tool, arguments)
             if tool.takes_key:
-                model = keyed(state, planned, tool, model)
+                model = keyed(state, planned, model)
             record.attempts = 1
             try:
                 raw = yield (CALL, tool, model, step.timeout)
@@ -217,7 +217,7 @@ def run_step(state: RunState, planned: PlannedStep) -> Generator[LaneRequest, An
                 and record.inputs is not None:
             try:
                 outputs = yield from _call_tool(state, planned, planned.fallback,
-                                                record.inputs, record)
+                                                record.inputs, record, fallback=True)
             except StepRefused as refused:
                 record.attempt_errors += (failure.info,)
                 _refused(state, planned, record, refused)
@@ -363,18 +363,19 @@ def sleep_seconds(delay: Any) -> float:
 
 
 def _call_tool(state: RunState, planned: PlannedStep, tool: Tool | None,
-               arguments: dict[str, Any], record: StepRecord
+               arguments: dict[str, Any], record: StepRecord, *, fallback: bool = False
                ) -> Generator[LaneRequest, Any, dict[str, Any]]:
+    """Call ``tool``: the step's own, or its ``fallback`` (said, not told by the tool:
+    a step may fall back to its own tool)."""
     assert tool is not None  # plans with missing tools never run
     if state.guard is not None:
-        fallback = tool is planned.fallback
         model = yield from _checked_input(
             state, planned, "fallback" if fallback else "tool", tool, arguments,
             planned.fallback_grants if fallback else planned.grants, record.attempts + 1)
     else:
         model = step_input(state, planned, tool, arguments)
     if tool.takes_key:
-        model = keyed(state, planned, tool, model)
+        model = keyed(state, planned, model, fallback=fallback)
     record.attempts += 1
     try:
         raw = yield (CALL, tool, model, planned.step.timeout)

@@ -84,9 +84,12 @@ def _skipped(state: RunState, source: FieldSource) -> str:
     return f" (only step(s) {', '.join(map(repr, skipped))} could provide it, and were skipped)"
 
 
-def keyed(state: RunState, planned: PlannedStep, tool: Tool, model: Any) -> Keyed:
-    """A keyed tool's call: its input and the key of this step (a fallback's own)."""
-    path = planned.id if tool is not planned.fallback else f"{planned.id}#fallback"
+def keyed(state: RunState, planned: PlannedStep, model: Any, *,
+          fallback: bool = False) -> Keyed:
+    """A keyed tool's call: its input and the key of this step, or of its ``fallback``
+    (a key of its own, even when the fallback is the step's own tool). No step id holds
+    '#' (flows.py), so no step's key is a fallback's."""
+    path = f"{planned.id}#fallback" if fallback else planned.id
     return Keyed(model, step_key(state.scope(), path))
 
 

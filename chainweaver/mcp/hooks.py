@@ -89,7 +89,8 @@ class AuditEvent:
     """One audit record. ``phase`` is ``"decision"`` (the gate's verdict; for a task:
     created), ``"completed"`` (an allowed request, or a task, finished: ``outcome``
     ``"ok"``, ``"error"`` or ``"cancelled"`` by the client), ``"state"`` (a task
-    changed state) or ``"approval"`` (the user's answer when a flow run asked for
+    changed state; ``decision`` denied when a worker failed it without running it,
+    ``reason`` saying why) or ``"approval"`` (the user's answer when a flow run asked for
     approval: ``decision`` allowed or denied, ``reason`` the answer, e.g. ``accept``,
     ``decline``, ``cancel``, ``no_answer``, ``unavailable``; ``step_id`` the step
     that needs it) or ``"step"`` (a step the run refused for the caller: ``decision``

@@ -37,7 +37,7 @@ def test_a_key_with_an_escape_sequence_is_shown_escaped(capsys: pytest.CaptureFi
     assert out.startswith(f"{path}:1: esc: x\\x1b[2J\\x1b[31m: unknown key")
 
 
-@pytest.mark.parametrize("step_id", [f"a{ESC}b", "a/b", "tab\there", "nul\x00"])
+@pytest.mark.parametrize("step_id", [f"a{ESC}b", "a/b", "tab\there", "nul\x00", "a#b"])
 def test_a_step_id_with_a_control_character_or_a_slash_is_refused(
         capsys: pytest.CaptureFixture, tmp_path: Path, step_id: str) -> None:
     path = write(tmp_path, "ids.flow.json", json.dumps(
@@ -47,7 +47,8 @@ def test_a_step_id_with_a_control_character_or_a_slash_is_refused(
     [problem] = json.loads(out)["problems"]
     assert (problem["field"], problem["message"]) == (
         "steps[0]", f"step {step_id!r}: id must not hold '/' (it joins the ids of a "
-        "sub-flow's steps: 'outer/inner') or control characters")
+        "sub-flow's steps: 'outer/inner'), '#' (it names a fallback's key and a hidden "
+        "sub-flow: 'subflow#1') or control characters")
     code, out, err = run(capsys, "run", "ids", path, "--tools", TOOLS, "--input",
                          '{"order_id": "A-1001"}')
     assert code == 2 and "\x1b" not in out + err and "\t" not in err

@@ -190,19 +190,22 @@ def test_a_fallback_with_the_same_model_or_a_declared_output_is_fine(flow) -> No
 
 
 def test_mermaid_escapes_backticks_hashes_and_line_breaks() -> None:
-    graph = mermaid(Flow("f", "", [FlowStep("a", id="`odd` #1"),
-                                   FlowStep("b", when="(x ==\n 1) and y != '`'")]))
+    graph = mermaid(Flow("f", "", [FlowStep("a", id="`odd` 1"),
+                                   FlowStep("b", when="(x ==\n 1) and y != '`#'")]))
     assert "`" not in graph
-    assert 'n0["#96;odd#96; #35;1<br/>tool: a"]' in graph
-    assert "when: (x ==  1) and y != '#96;'" in graph
+    assert 'n0["#96;odd#96; 1<br/>tool: a"]' in graph
+    assert "when: (x ==  1) and y != '#96;#35;'" in graph
     assert len(graph.splitlines()) == 4
 
 
-@pytest.mark.parametrize("step_id", ["outer/inner", "a\x1b[31mb", "line\nbreak", "\x7f"])
-def test_a_step_id_holds_no_slash_and_no_control_character(step_id: str) -> None:
+@pytest.mark.parametrize("step_id", ["outer/inner", "a\x1b[31mb", "line\nbreak", "\x7f",
+                                     "x#fallback"])
+def test_a_step_id_holds_no_slash_no_hash_and_no_control_character(step_id: str) -> None:
     # '/' joins a sub-flow's step ids in paths (delegations, approvals, records): an id
-    # holding one would read as a sub-flow's step. Ids are shown in every report.
+    # holding one would read as a sub-flow's step. '#' names a fallback's key and a
+    # hidden sub-flow step. Ids are shown in every report.
     with pytest.raises(DefinitionError, match=r"id must not hold '/' \(it joins the ids of "
-                       r"a sub-flow's steps: 'outer/inner'\) or control characters$"):
+                       r"a sub-flow's steps: 'outer/inner'\), '#' \(it names a fallback's "
+                       r"key and a hidden sub-flow: 'subflow#1'\) or control characters$"):
         FlowStep("t", id=step_id)
-    assert FlowStep("t", id="`odd` #1 — ünïcode ok").id == "`odd` #1 — ünïcode ok"
+    assert FlowStep("t", id="`odd` 1 — ünïcode ok").id == "`odd` 1 — ünïcode ok"

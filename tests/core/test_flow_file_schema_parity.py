@@ -65,6 +65,7 @@ def minimal(**parts: Any) -> dict[str, Any]:
     minimal(steps=[{"tool": "t", "on_error": "fallback", "fallback": "a b"}]),
     minimal(steps=[{"tool": "t", "id": ""}]),
     minimal(steps=[{"tool": "t", "id": "a/b"}]),
+    minimal(steps=[{"tool": "t", "id": "x#fallback"}]),  # a fallback's key path
     minimal(steps=[{"tool": "t", "timeout": 0}]),
     minimal(steps=[{"tool": "t", "timeout": 2592001}]),
     minimal(steps=[{"tool": "t", "when": ""}]),

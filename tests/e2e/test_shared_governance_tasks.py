@@ -219,6 +219,14 @@ def task_states(audit: list[AuditEvent], task: ToolTask) -> list[tuple[str, str 
             if e.kind == "task" and e.task_id == task.task_id and e.task_status]
 
 
+def refusals(audit: list[AuditEvent], task: ToolTask) -> list[tuple[Any, ...]]:
+    """Every task record of ``task`` a worker wrote, as (phase, task_status, decision,
+    reason):
+    a worker that refused the task wrote only its refusal."""
+    return [(e.phase, e.task_status, e.decision, e.reason) for e in audit
+            if e.kind == "task" and e.task_id == task.task_id and e.task_status]
+
+
 # ---------------------------------------------------------------------------- tests
 
 
@@ -302,7 +310,9 @@ async def test_a_task_queued_before_the_archive_never_runs_a_step(
                 seen = applied(worker)
         assert done == ("failed", GONE)
         assert RAN == {}  # no step ran
-        assert task_states(audit, task) == []  # the worker never started a leg of it
+        # The worker never started a leg of it: it audited only its refusal.
+        assert refusals(audit, task) == [("state", "failed", "denied",
+                                            "flow_unavailable")]
         assert seen >= change.version  # and it did apply the change
     finally:
         await store.aclose()
@@ -331,7 +341,8 @@ async def test_a_worker_that_applied_the_archive_refuses_a_task_from_a_lagging_r
             assert (await task.status()).status == "failed"  # the lagging replica's view
         assert done == ("failed", GONE)
         assert RAN == {"hold": 1, "hold-finished": 1, "after": 1}  # the first task only
-        assert task_states(audit, task) == []
+        assert refusals(audit, task) == [("state", "failed", "denied",
+                                            "flow_unavailable")]
     finally:
         await store.aclose()
 

@@ -211,3 +211,112 @@ async def test_a_task_s_steps_see_the_caller_the_call_would_see() -> None:
     assert seen[0] == ("ann", "ann-subject", "desk", frozenset({"billing.read"}),
                        {"team": "billing"})
     assert seen == [seen[0], seen[0]]
+
+
+# A server that declares no step grant anywhere when the task is created: only the
+# sub-flow's version registered while the task waits for approval asks for one.
+@tool(safety=READ)
+def plain_load(account: str) -> dict:
+    RAN.append("plain_load")
+    return {"account": account}
+
+
+def grantless_server(authenticator: Any, refresh_caller: Any = None) -> FlowServer:
+    RAN.clear()
+    executor = FlowExecutor(FlowRegistry())
+    for item in (plain_load, ship):
+        executor.register_tool(item)
+    register = executor.registry.register_flow
+    register(Flow("inner", "d", [FlowStep("plain_load", id="inner_load")],
+                  governance=FlowGovernance(publish=False)))
+    register(Flow("shipping", "loads, then ships", [FlowStep(flow="inner"),
+                                                   FlowStep("ship")]))
+    return FlowServer(executor, tasks=TaskSettings(url="memory://", mode="optional"),
+                      policy=ExposurePolicy(allowed_side_effects=["read", "write"],
+                                            approval="elicit"),
+                      security=SecurityConfig(authenticator=authenticator,
+                                              refresh_caller=refresh_caller))
+
+
+async def answered_after_a_grant_appears(flows: FlowServer) -> tuple[Any, Any]:
+    """Create a task of ``shipping``, make ``inner``'s new version need ``billing.read``
+    while the task waits for approval, approve it; (its last status, its result)."""
+    async with answering(flows) as client:
+        task = await call_tool_task(client, "shipping", {"account": "acme"},
+                                    raise_on_error=False)
+        requests = await waiting(task)
+        flows.executor.registry.register_flow(Flow(
+            "inner", "d", [FlowStep("plain_load", id="inner_load",
+                                    requires=["billing.read"])],
+            version="2.0.0", governance=FlowGovernance(publish=False)))
+        status: Any = None
+        for _ in range(2):  # the changed grant decisions may be asked about once more
+            await update_task(task, reply(requests, "accept", {"approve": True}))
+            asked = set(requests)
+
+            async def moved_on(asked: set[str] = asked) -> Any:
+                now = await task.status()
+                if now.status == "input_required" and set(now.input_requests) != asked:
+                    return now
+                return now if now.status in ("completed", "failed") else None
+
+            status = await until(moved_on, "the task to ask again or end", LIMIT)
+            if status.status != "input_required":
+                break
+            requests = status.input_requests
+        result = await task.result() if status.status == "completed" else None
+    return status, result
+
+
+async def test_a_grant_that_appears_later_is_judged_for_the_task_s_caller() -> None:
+    # No grant anywhere at creation: the task's payload kept nothing of its caller, so
+    # the answered leg judged the new grant for the token's caller (nobody, in memory),
+    # not for "ann", who holds it; refresh_caller was asked about that other caller.
+    asked: list[tuple[str, str | None]] = []
+
+    def directory(caller: CallerIdentity) -> CallerIdentity:
+        asked.append((caller.id, caller.subject))
+        return caller
+
+    def ann(gate: GateContext) -> CallerIdentity:
+        return CallerIdentity("ann", {"team": "billing"}, subject="ann-subject",
+                              scopes=frozenset({"billing.read"}))
+
+    status, result = await answered_after_a_grant_appears(grantless_server(ann, directory))
+    assert status.status == "completed", status
+    assert not result.is_error, result.content
+    assert RAN == ["plain_load", "ship"]
+    assert asked and set(asked) == {("ann", "ann-subject")}
+
+
+async def test_a_grant_that_appears_later_is_never_judged_for_the_token_s_caller() -> None:
+    # The verified token names "app|olga"; the authenticator decides the caller is
+    # "ann". Both hold billing.read when the task is answered, and the directory
+    # (refresh_caller) has revoked ann's since: the leg must ask about ann and stop,
+    # never judge the step for the token's caller (it ran as olga).
+    from fastmcp.server.auth import AccessToken
+    from mcp.server.auth.middleware.auth_context import auth_context_var
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+
+    asked: list[str] = []
+
+    def directory(caller: CallerIdentity) -> CallerIdentity:
+        asked.append(caller.id)
+        if caller.id == "ann":
+            return CallerIdentity(caller.id, caller.claims, scopes=frozenset())
+        return caller
+
+    def ann(gate: GateContext) -> CallerIdentity:
+        return CallerIdentity("ann", {}, subject="ann", scopes=frozenset({"billing.read"}))
+
+    token = AccessToken(token="tok-olga", client_id="app", scopes=["billing.read"],
+                        claims={"sub": "olga"})
+    reset = auth_context_var.set(AuthenticatedUser(token))  # as a verified HTTP request
+    try:
+        status, result = await answered_after_a_grant_appears(
+            grantless_server(ann, directory))
+    finally:
+        auth_context_var.reset(reset)
+    assert status.status == "completed", status
+    assert result.is_error and "StepRefused" in result.content[0].text
+    assert RAN == [] and set(asked) == {"ann"}

@@ -296,9 +296,9 @@ def task_request(session: object, owner: str, method: str,
     return held._but(owner=owner, kind="task", name=method, target=target, decided=True)
 
 
-def task_leg(execution: object, caller: CallerIdentity | None, runs_root: str) -> Admission:
+def task_leg(execution: object, caller: CallerIdentity, runs_root: str) -> Admission:
     """The admission a background task's leg runs under: as the ``caller`` that created
-    the task (None: it kept no view grant), its client reading runs at ``runs_root``."""
+    the task, its client reading runs at ``runs_root``."""
     return Admission(execution, caller=caller, runs_root=runs_root)
 
 

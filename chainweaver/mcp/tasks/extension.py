@@ -87,9 +87,9 @@ from chainweaver.mcp.tasks.runner import (
     FLOW_TASK_KEYS,
     FlowTaskRunner,
     TaskAudit,
+    kept_caller,
     mark_once,
     step_checks,
-    view_grant,
 )
 
 logger = logging.getLogger("chainweaver.mcp")
@@ -177,15 +177,9 @@ class FlowTasksExtension(TasksExtension):
                    "arguments": arguments, "caller": caller_id,
                    "approval": exposed.needs_approval,
                    "client_can_answer": declared_elicitation(context)}
-        # Kept whenever the server declares a step grant anywhere, not only when this
-        # version's plan does now: the leg runs the plan its worker has then, and a
-        # sub-flow's newer version may ask for one (without the grant, the leg would be
-        # judged as the token's caller, not the gate's).
-        grant = view_grant(self.provider.views, caller, steps=bool(exposed.plan.needs)
-                           or self.provider.runs.step_authorizer is not None
-                           or self.provider.exposure.grant_claims is not None)
-        if grant is not None:
-            payload["grant"] = grant
+        # The whole caller, whatever the server declares now: every leg runs as it
+        # (kept_caller).
+        payload["grant"] = kept_caller(caller)
         checks = step_checks(self.provider.runs)
         if checks:
             # What this replica asks before every step: a worker that would not ask it

@@ -34,8 +34,8 @@ from chainweaver.checkpoints import INTERRUPTED, CheckpointStoreError
 from chainweaver.mcp.gate import admission
 from chainweaver.mcp.gate.admission import RunNote
 from chainweaver.mcp.gate.requests import completed
-from chainweaver.mcp.gate.views import Views
 from chainweaver.mcp.hooks import (
+    ANONYMOUS,
     AuditEvent,
     AuditHook,
     CallerIdentity,
@@ -117,6 +117,33 @@ class TaskAudit:
             steps=note.steps if note is not None and phase == "completed" else None)
         await deliver_audit(self.hook, event, self.timeout)
 
+    async def refused(self, arguments: dict[str, Any], exposed: ExposedFlow | None,
+                      task_id: str, reason: str) -> None:
+        """A worker failed the task its payload (``arguments``) names without running
+        it: ``exposed`` is the flow this worker publishes under its tool name, if any."""
+        if self.hook is None:
+            return
+        caller_id, version = arguments.get("caller"), arguments.get("version")
+        event = AuditEvent(
+            timestamp=time.time(), phase="state", kind="task", name=str(arguments["tool"]),
+            flow_name=exposed.flow.name if exposed is not None else None,
+            flow_version=version if isinstance(version, str) else None,
+            caller_id=caller_id if isinstance(caller_id, str) else None,
+            decision="denied", reason=reason, task_id=task_id, task_status="failed")
+        await deliver_audit(self.hook, event, self.timeout)
+
+
+class WorkerRefusal(Exception):
+    """This worker does not run the task: it audits the refusal with ``reason``, and the
+    task fails with ``message`` as its status message. Never leaves the runner: the
+    task fails with a plain MCPError, which Docket pickles (``exposed`` cannot be)."""
+
+    def __init__(self, reason: str, message: str, exposed: ExposedFlow | None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.exposed = exposed
+
 
 class FlowTaskRunner(FastMCPTool):
     """The one component Docket registers: runs the exposed flow its payload names.
@@ -124,7 +151,8 @@ class FlowTaskRunner(FastMCPTool):
     The payload is ``{"tool": published name, "version": flow version, "arguments":
     {...}, "caller": the gate's caller id, "approval": whether the flow asks for
     approval where the task was created, "client_can_answer": whether the creating
-    client declared elicitation}``, written by :meth:`FlowTasksExtension.create`.
+    client declared elicitation, "grant": the rest of that caller (:func:`kept_caller`),
+    ...}``, written by :meth:`FlowTasksExtension.create`.
     """
 
     _provider: FlowProvider = PrivateAttr()
@@ -154,14 +182,12 @@ class FlowTaskRunner(FastMCPTool):
         execution: Execution = CurrentExecution(),  # noqa: B008
         docket: Docket = CurrentDocket(),  # noqa: B008
     ) -> ToolResult:
-        # The leg runs as the caller that created the task, as far as its view goes: the
-        # exposure, the view and the names a run shows are judged as for that caller.
-        caller = task_caller(arguments)
+        # Every leg runs as the caller that created the task: the exposure, the view,
+        # the names a run shows and every step's grants are judged for that caller (as
+        # it is now, where refresh_caller is set), never for the token's caller.
         root = arguments.get("runs_root")
         root = root if isinstance(root, str) else RUNS_URI  # where its client reads runs
-        if caller is None and root == RUNS_URI:
-            return await self._run_leg(arguments, ctx, execution, docket)
-        with admission.admitted(admission.task_leg(execution, caller, root)):
+        with admission.admitted(admission.task_leg(execution, task_caller(arguments), root)):
             return await self._run_leg(arguments, ctx, execution, docket)
 
     async def _run_leg(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
@@ -183,14 +209,16 @@ class FlowTaskRunner(FastMCPTool):
             while governance.overlay.suspended:
                 await asyncio.sleep(GOVERNANCE_POLL)
         try:
-            exposed = await self._runnable(arguments, ctx, execution, docket, task_id)
-        except MCPError:
+            exposed = self._runnable(arguments)
+        except WorkerRefusal as refused_here:
             # Refused here: the task fails, and so does its run's record, which would
             # otherwise say "running" for good (read only while the flow is in view).
             run_log, refused = self._provider.run_log, arguments.get("run")
             if run_log is not None and run_log.records and isinstance(refused, str):
                 await run_log.refused(refused)
-            raise
+            await self._audit.refused(arguments, refused_here.exposed, task_id,
+                                      refused_here.reason)
+            raise MCPError(code=INTERNAL_ERROR, message=refused_here.message) from None
         await self._audit.record(exposed, task_id, "working", caller_id)
         tool = self._provider.flow_tool(exposed)
 
@@ -277,34 +305,34 @@ class FlowTaskRunner(FastMCPTool):
         ended(exposed, task_id, run_id, reports.outcome(), reports.restored)
         return result
 
-    async def _runnable(self, arguments: dict[str, Any], ctx: Context, execution: Execution,
-                        docket: Docket, task_id: str) -> ExposedFlow:
+    def _runnable(self, arguments: dict[str, Any]) -> ExposedFlow:
         """The exposed flow the payload names, if this process may run it now; else the
-        task fails (MCPError) with the reason as its status message."""
+        task fails (:class:`WorkerRefusal`) with the reason as its status message."""
         exposed = self._provider.exposure.tool(arguments["tool"])
         if (exposed is None or exposed.flow.version != arguments["version"]
                 or not self._provider.view().allows(exposed)):
             # Not published any more, or no longer in the caller's view: the same words.
-            raise MCPError(code=INTERNAL_ERROR, message=(
+            raise WorkerRefusal("flow_unavailable", (
                 f"flow {arguments['tool']!r} version {arguments['version']} is no longer "
-                "published here; the task did not run"))
+                "published here; the task did not run"), exposed)
         if arguments.get("approval") and not exposed.needs_approval:
             # A worker whose policy differs (no --approval elicit, but
             # --allow-requires-approval) would otherwise run it without asking.
-            raise MCPError(code=INTERNAL_ERROR, message=(
+            raise WorkerRefusal("approval_not_configured", (
                 f"flow {arguments['tool']!r} asks for approval where the task was created, "
                 "but not on this worker (start it with --approval elicit); the task did "
-                "not run"))
+                "not run"), exposed)
         asked = arguments.get("step_checks")
         missing = [check for check in (asked if isinstance(asked, list) else ())
                    if check not in step_checks(self._provider.runs)]
         if missing:
             # A worker built without the replica's step authorizer (or refresh_caller)
             # would run the steps unchecked (or for the caller as it was).
-            raise MCPError(code=INTERNAL_ERROR, message=(
+            raise WorkerRefusal("step_checks_not_configured", (
                 f"the steps of flow {arguments['tool']!r} are checked by "
                 f"{' and '.join(map(str, missing))} where the task was created, but not on "
-                "this worker (give it the same SecurityConfig); the task did not run"))
+                "this worker (give it the same SecurityConfig); the task did not run"),
+                exposed)
         return exposed
 
 
@@ -400,36 +428,31 @@ class _StepReports(RunObserver):
             await self.last
 
 
-def view_grant(views: Views, caller: CallerIdentity, *, steps: bool = False
-               ) -> dict[str, Any] | None:
-    """What a task keeps of its caller so that its legs see the caller's view: the
-    scopes and the claims the view rule reads (nothing without a rule). ``steps``: the
-    flow's steps are checked against the caller (step grants, a step authorizer), so
-    every claim is kept, for the worker that runs (or resumes) the task."""
-    visibility = views.visibility
-    if steps:
-        # The whole caller, as the step hooks of a call are shown it (a directory asked
-        # by refresh_caller may know it by its subject).
-        grant: dict[str, Any] = {"scopes": sorted(caller.scopes),
-                                 "claims": dict(caller.claims)}
-        if caller.subject is not None:
-            grant["subject"] = caller.subject
-        if caller.client_id is not None:
-            grant["client_id"] = caller.client_id
-        return grant
-    if visibility is None:
-        return None
-    claims = {name: caller.claims[name] for name in visibility.claims
-              if name in caller.claims}
-    return {"scopes": sorted(caller.scopes), "claims": claims}
+def kept_caller(caller: CallerIdentity) -> dict[str, Any]:
+    """What a task keeps of the caller that created it (its ``grant``), so that every
+    leg runs as that caller: its scopes and every claim, with its subject and client id
+    (a directory asked by ``refresh_caller`` may know it by its subject). Kept whatever
+    the server declares when the task is created: a leg runs the plan of its own moment,
+    and a grant (or a sub-flow's version asking for one) may appear meanwhile."""
+    grant: dict[str, Any] = {"scopes": sorted(caller.scopes), "claims": dict(caller.claims)}
+    if caller.subject is not None:
+        grant["subject"] = caller.subject
+    if caller.client_id is not None:
+        grant["client_id"] = caller.client_id
+    return grant
 
 
-def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
-    """The caller a task's leg runs as (None: the task kept no view grant)."""
+def task_caller(arguments: dict[str, Any]) -> CallerIdentity:
+    """The caller a task's leg runs as: the one that created it, never the token's.
+
+    A payload without a kept caller (written before every task kept one) names only
+    the caller's id: the leg runs as that caller holding no scope and no claim."""
     grant = arguments.get("grant")
     caller_id = arguments.get("caller")
-    if not isinstance(grant, dict) or not isinstance(caller_id, str):
-        return None
+    if not isinstance(caller_id, str):
+        caller_id = ANONYMOUS.id
+    if not isinstance(grant, dict):
+        return CallerIdentity(caller_id)
     scopes = grant.get("scopes")
     claims = grant.get("claims")
     subject, client_id = grant.get("subject"), grant.get("client_id")
@@ -437,8 +460,6 @@ def task_caller(arguments: dict[str, Any]) -> CallerIdentity | None:
                           subject=subject if isinstance(subject, str) else None,
                           client_id=client_id if isinstance(client_id, str) else None,
                           scopes=frozenset(s for s in scopes or () if isinstance(s, str)))
-
-
 
 
 async def mark_once(docket: Docket, name: str) -> bool:
