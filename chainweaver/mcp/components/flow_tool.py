@@ -119,10 +119,11 @@ class ServedFrom:
     exposure (every snapshot it swaps in) and the per-caller views."""
 
     def __init__(self, live: LiveExposure, views: Views,
-                 view: Callable[[], View] | None = None) -> None:
+                 view: Callable[[], View] | None = None, owner: str = "") -> None:
         self.live = live
         self.views = views
         self.view = view  # the current caller's view, as the publishing server admitted it
+        self.owner = owner  # the owner mark of the publishing server's gate
 
     def readmits(self, exposed: ExposedFlow) -> bool:
         """Whether a call of ``exposed`` would be admitted now: its version is the one
@@ -131,14 +132,14 @@ class ServedFrom:
         now = latest.tool(exposed.tool_name)
         return (now is not None and now.flow.name == exposed.flow.name
                 and now.flow.version == exposed.flow.version
-                and self.views.of(latest, admission.caller()).allows(now))
+                and self.views.of(latest, admission.caller(self.owner)).allows(now))
 
     def step_names(self, exposed: ExposedFlow) -> StepNames:
         """How ``exposed``'s steps are named to the current caller (its view of the
         snapshot the request pinned, as admitted), worked out once per view."""
         snapshot = self.live.current
         view = self.view() if self.view is not None \
-            else self.views.of(snapshot, admission.caller())
+            else self.views.of(snapshot, admission.caller(self.owner))
         return step_names(view, snapshot, exposed)
 
 
@@ -147,7 +148,7 @@ class FlowTool(PlainSlots, FastMCPTool):
 
     # Plain attributes, not pydantic private ones: a call reads them (plain_slots.py).
     __slots__ = ("_executor", "_exposed", "_error_detail", "_timeout", "_runs", "_served",
-                 "_run_log", "_outputs", "_sent")
+                 "_run_log", "_outputs", "_sent", "_owner")
     if TYPE_CHECKING:  # annotated at run time, pydantic would make them private again
         _executor: FlowExecutor = SET_BY_BUILD
         _exposed: ExposedFlow = SET_BY_BUILD
@@ -158,6 +159,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         _run_log: RunLog | None = SET_BY_BUILD
         _outputs: RunLog | None = SET_BY_BUILD
         _sent: tuple[str, int] | None = SET_BY_BUILD
+        _owner: str = SET_BY_BUILD  # the publishing server's gate: whose caller runs it
 
     @classmethod
     def build(
@@ -173,6 +175,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         view: Callable[[], View] | None = None,
         run_log: RunLog | None = None,
         outputs: RunLog | None = None,
+        owner: str = "",
     ) -> FlowTool:
         flow = exposed.flow
         tool = cls(
@@ -188,8 +191,8 @@ class FlowTool(PlainSlots, FastMCPTool):
         set_slots(tool, _executor=executor, _exposed=exposed, _error_detail=error_detail,
                   _timeout=timeout, _runs=runs if runs is not None else RunSettings(),
                   _served=None if live is None
-                  else ServedFrom(live, views or Views(None), view),
-                  _run_log=run_log, _outputs=outputs or run_log, _sent=None)
+                  else ServedFrom(live, views or Views(None), view, owner),
+                  _run_log=run_log, _outputs=outputs or run_log, _sent=None, _owner=owner)
         return tool
 
     def sent_size(self) -> int:
@@ -255,7 +258,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         plan = self._exposed.plan
         if not plan.needs and settings.step_authorizer is None:
             return None
-        caller = admission.caller()
+        caller = admission.caller(self._owner)
         refresh = settings.refresh_caller
         # A partial, not a lambda: the guard tells an async refresh_caller by it.
         source = fixed_caller(caller) if refresh is None else functools.partial(refresh,
@@ -268,7 +271,7 @@ class FlowTool(PlainSlots, FastMCPTool):
         """Which run a ``tools/call`` starts: the retry of a call that asked for approval
         continues that call's run (named by the state the client echoes)."""
         held = admission.current()
-        caller_id = admission.caller().id
+        caller_id = admission.caller(self._owner).id
         state = getattr(ctx, "request_state", None) if self._exposed.needs_approval else None
         return run_start(state_run_id(caller_id, state) if isinstance(state, str) else None,
                          caller_id, held.run if held is not None else None)
@@ -334,7 +337,8 @@ class FlowTool(PlainSlots, FastMCPTool):
                     error_type="ApprovalDenied")
             approval = approve = Approval(ctx, self.name, self._runs, in_task,
                                           arguments=arguments, readmit=self.readmits,
-                                          shown=names.shown, waiting=recorder)
+                                          shown=names.shown, waiting=recorder,
+                                          owner=self._owner)
         call.part = "the run"
         held = admission.current()
         watching = held.observers if held is not None and status is None else ()

@@ -145,7 +145,7 @@ class FlowProvider(Provider):
         # Where outputs too large for a result are kept: the run history, or without one
         # the server's output spill (its records are not readable: see RunResources).
         self.outputs = outputs or run_log
-        self.run_resources = RunResources(self.outputs, exposure, error_detail) \
+        self.run_resources = RunResources(self.outputs, exposure, error_detail, owner) \
             if self.outputs is not None else None
         self._run_templates = run_templates() if run_log is not None else []
         # Last: the runner runs this provider's flows.
@@ -317,7 +317,7 @@ class FlowProvider(Provider):
         return self.components.get("tool", exposed.tool_name, exposed, lambda: FlowTool.build(
             exposed, self.executor, error_detail=self.error_detail, timeout=self.flow_timeout,
             runs=self.runs, live=self.exposure, views=self.views, view=self.view,
-            run_log=self.run_log, outputs=self.outputs))
+            run_log=self.run_log, outputs=self.outputs, owner=self.owner))
 
     async def _list_tools(self) -> Sequence[Tool]:
         if self._resolving():

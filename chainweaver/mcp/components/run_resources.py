@@ -154,8 +154,10 @@ class RunResources:
     ``/output`` URIs answer (``records`` False): the listing and the records stay
     exactly as for a server that has none."""
 
-    def __init__(self, log: RunLog, live: LiveExposure, error_detail: str) -> None:
+    def __init__(self, log: RunLog, live: LiveExposure, error_detail: str,
+                 owner: str = "") -> None:
         self.log = log
+        self.owner = owner  # the owner mark of the server's gate: whose caller reads
         self.live = live
         self.error_types = error_detail != "generic"
         self.records = log.records
@@ -164,7 +166,7 @@ class RunResources:
         """The current caller's run ``run_id`` (None: none, or another caller's)."""
         if not RUN_ID.fullmatch(run_id):
             return None
-        caller = admission.caller().id
+        caller = admission.caller(self.owner).id
         try:
             record = await self.log.store.get(run_id, caller=caller)
         except RunStoreError as error:
@@ -238,7 +240,7 @@ class RunResources:
                 _json({"runs": [], "next_cursor": None}), mime_type=MIME_TYPE)])
         limit = address.value("limit")
         records, cursor = await self.log.store.page(RunQuery(
-            caller=admission.caller().id, flow=flow,
+            caller=admission.caller(self.owner).id, flow=flow,
             status=address.value("status"), cursor=address.value("cursor"),
             limit=int(limit) if limit else DEFAULT_PAGE, keep=keep))
         document = {"runs": [self._document(record, view) for record in records],
@@ -253,7 +255,7 @@ class RunResources:
 
     async def _record(self, uri: str, run_id: str, view: View) -> ResourceResult:
         # As it is now, not when resolved.
-        record = await self.log.store.get(run_id, caller=admission.caller().id)
+        record = await self.log.store.get(run_id, caller=admission.caller(self.owner).id)
         if record is None:
             # Dropped (retention) or no longer readable since it was found: exactly like
             # a run that never existed, never an empty record.
@@ -273,7 +275,7 @@ class RunResources:
                                     ranged=True)
         data = await self.log.store.output(record.run_id, int(offset or 0),
                                            int(length) if length else None,
-                                           caller=admission.caller().id)
+                                           caller=admission.caller(self.owner).id)
         if data is None:
             # Dropped (retention, or the spill's bounds) while its record is kept, or
             # since it was found: exactly like an output that never existed.

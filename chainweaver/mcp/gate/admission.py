@@ -238,7 +238,10 @@ def pinned(request: object, live: LiveExposure,
     if held is None or held.request is not request:
         return _BLANK._but(request=request, pins=((live, live.latest),), learn=learn)
     if held.snapshot_of(live) is None:
-        return held._but(pins=(*held.pins, (live, live.latest)), learn=learn or held.learn)
+        # Another server's first pin in this request: the session record told what
+        # its gate admits is this server's (None: it follows the token), never the
+        # other's (that gate admitted the request before passing it on).
+        return held._but(pins=(*held.pins, (live, live.latest)), learn=learn)
     return None if learn is None else held._but(learn=learn)
 
 
@@ -265,6 +268,17 @@ def gate_record(held: Admission | None, caller: CallerIdentity, view: View, owne
                      target=target, decided=decided, audit_approval=audit_approval,
                      outer=outer, observers=observers, run=run, runs_root=runs_root,
                      asked=asked)
+
+
+def beside(held: Admission | None, decided: Admission) -> Admission:
+    """What a request another gate found is not its server's is served as: ``held``
+    (the record so far) when a gate made it, with ``decided`` (the other gate's
+    record) kept beside it, where that server's components find it (:meth:`of`) but
+    nothing reads it as the request's own (its caller, its run, its runs root);
+    ``decided`` itself when no gate made ``held``."""
+    if held is None or held.owner is None:
+        return decided
+    return held._but(outer=decided._but(outer=held.outer))
 
 
 def list_request(session: object, page: ListPage) -> Admission:
@@ -308,11 +322,19 @@ def pinned_snapshot(live: LiveExposure) -> Exposure | None:
     return held.snapshot_of(live) if held is not None else None
 
 
-def caller() -> CallerIdentity:
-    """The caller of the request being served: the gate's, else the token's."""
+def caller(owner: str | None = None) -> CallerIdentity:
+    """The caller of the request being served: the gate's, else the token's.
+
+    ``owner``: as the gate with that owner mark admitted it. A component of a mounted
+    server asks so: another FlowServer mounted in the same parent (or the parent's
+    own FlowServer) admits the request too, and its caller is never this one's. A
+    request that gate has not admitted (yet: another gate looks a name up in its
+    caller's view) is its current record's."""
     held = _ADMISSION.get()
-    if held is not None and held.caller is not None:
-        return held.caller
+    record = held.of(owner) if held is not None and owner is not None else None
+    record = record or held
+    if record is not None and record.caller is not None:
+        return record.caller
     return caller_from_token()
 
 

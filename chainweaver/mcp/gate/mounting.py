@@ -97,6 +97,7 @@ class MountedGate(FrontDoor):
         # name resolved in its view. A flow hidden from it is then, like a name that
         # never existed, the parent's to answer. A run read is this server's whatever
         # run it names, unless another FlowServer's run answers it.
+        held = admission.current()
         caller = await self._caller_for(kind, name)
         probe = self._probe(caller, kind, name)
         with admission.admitted(probe):
@@ -107,8 +108,10 @@ class MountedGate(FrontDoor):
             and not owned_by_another(component, self.gate.owner)
         if meta is None and not run_read:
             # Not this server's, for this caller: served as the gate decided, so no
-            # later lookup finds a flow of this server under the name either.
-            with admission.admitted(probe.reaching_none()):
+            # later lookup finds a flow of this server under the name either; and as
+            # the gate that admitted it before (a FlowServer parent's own flow) keeps
+            # it: its caller and run are never this gate's.
+            with admission.admitted(admission.beside(held, probe.reaching_none())):
                 return await (otherwise or call_next)(context)
         exposed = flow_of(self.gate.exposure, meta) if meta is not None else None
 

@@ -312,7 +312,12 @@ class SecurityGate(FrontDoor):
             # may still move its run resources).
             own = RUNS_URI if self.serving.requests is None or kind != "resource" \
                 or server is None else await runs_root(server.transforms)
-            return await self.serving.count(held.of(self.owner), context, call_next, own)
+            # Served as this gate's record: another FlowServer mounted in the same
+            # parent admitted the request after it (its caller, its runs root).
+            record = held.of(self.owner)
+            assert record is not None
+            with admission.admitted(record):
+                return await self.serving.count(record, context, call_next, own)
         if self.active and not reached_directly(self, context):
             raise self._unsupported_composition(kind, name)
         renamed = server if server is not None and server.transforms else None

@@ -243,15 +243,17 @@ class ChangeNotifier:
         callers: list[CallerIdentity | None] = [caller for caller, _ in held]
         if self.authenticate is not None:
             # Each listener's caller as the authenticator answers now, not as it did
-            # when the listener was admitted (a few hooks at a time).
-            asking = asyncio.Semaphore(MAX_ASKING)
+            # when the listener was admitted: a few askers, each taking the next
+            # listener (a task per listener would be thousands at once).
+            waiting = iter(enumerate(held))
 
-            async def now(caller: CallerIdentity | None, gate: GateContext | None
-                          ) -> CallerIdentity | None:
-                async with asking:
-                    return await self.caller_now(caller, gate)
+            async def ask() -> None:
+                for index, (caller, gate) in waiting:
+                    callers[index] = await self.caller_now(caller, gate)
 
-            callers = list(await asyncio.gather(*(now(c, g) for c, g in held)))
+            async with anyio.create_task_group() as askers:
+                for _ in range(min(MAX_ASKING, len(held))):
+                    askers.start_soon(ask)
 
         def compare() -> tuple[list[ViewChange], list[ViewChange]]:
             # Deciding every flow and comparing views visit the catalogue: off the loop.
@@ -327,8 +329,10 @@ class ChangeNotifier:
                          ) -> CallerIdentity | None:
         """``caller``, admitted from ``gate``, as the authenticator answers now (None:
         it refuses; without an authenticator, ``caller`` itself)."""
-        if caller is None or gate is None or self.authenticate is None:
+        if caller is None or self.authenticate is None:
             return caller
+        if gate is None:  # nothing to ask it again with (no path makes one): tell nothing
+            return None
         try:
             # In no request's context (a run's status is told from inside its call):
             # the hook names the caller from ``gate`` alone.

@@ -227,8 +227,9 @@ class Approval:
                  arguments: Mapping[str, Any] | None = None,
                  readmit: Callable[[], bool] | None = None,
                  shown: Callable[[ApprovalRequest], ApprovalRequest] | None = None,
-                 waiting: Waiting | None = None) -> None:
+                 waiting: Waiting | None = None, owner: str | None = None) -> None:
         self._ctx = ctx
+        self._owner = owner  # the owner mark of the gate whose caller is asked
         self._waiting = waiting  # told while the user is asked (the run's record)
         self._name = tool_name
         self._settings = settings
@@ -356,7 +357,7 @@ class Approval:
     def _caller(self) -> str:
         if self._in_task is not None and self._in_task.caller_id is not None:
             return self._in_task.caller_id
-        return admission.caller().id
+        return admission.caller(self._owner).id
 
     def _binding(self, request: ApprovalRequest) -> str:
         """What a state approves (who, which flow version, which steps, which input), as

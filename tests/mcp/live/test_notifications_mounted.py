@@ -336,3 +336,28 @@ async def test_a_legacy_client_of_the_parent_unsubscribes() -> None:
         await client.session.unsubscribe_resource(uri)
         new_version(shop.executor, "order_status")
         assert await olga.take(2, quiet=0.15) == sorted([TOOLS, PROMPTS])  # no update
+
+
+async def test_a_session_keeps_its_caller_when_another_mounted_gate_admits_it() -> None:
+    # Two FlowServers in one parent: "shop" asks an authenticator, "desk" follows the
+    # bearer token (no authenticator; an audit hook keeps its gate in the chain). A
+    # request both gates admit (a list) must leave shop's record of the session on
+    # the caller shop's authenticator named: desk's admission is not shop's to learn.
+    shop = mounted()
+    desk = FlowServer(catalogue(), expose_schemas=True, serving=QUICK,
+                      security=SecurityConfig(audit_hook=lambda event: None))
+    desk.mount_into(shop.parent, namespace="desk")
+    runs = "chainweaver://shop/runs"
+    HOLD["open"] = asyncio.Event()
+    try:
+        async with follower(shop.parent, "legacy", [runs], shop.switch,
+                            "olga") as (client, olga):
+            call = asyncio.create_task(client.call_tool("shop_held_quote", {"sku": "A"}))
+            assert await told_of(olga, f"{UPDATED} {runs}") == [f"{UPDATED} {runs}"]
+            await client.list_tools()  # admitted by shop's gate, then by desk's
+            HOLD["open"].set()
+            assert not (await call).is_error
+            # Olga's run ended: she is told, as the caller shop admitted her as.
+            assert await told_of(olga, f"{UPDATED} {runs}") == [f"{UPDATED} {runs}"]
+    finally:
+        HOLD.clear()

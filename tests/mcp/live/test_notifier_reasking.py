@@ -7,8 +7,10 @@ while its caller's listeners are asked about."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
+import anyio
 import pytest
 from fastmcp import Client
 from fastmcp.server.dependencies import get_context
@@ -26,6 +28,7 @@ from chainweaver.mcp import (
     SecurityConfig,
     visible_claim,
 )
+from chainweaver.mcp.live.notifications import MAX_ASKING
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +161,33 @@ async def test_a_run_is_not_held_up_while_its_callers_listeners_are_asked_about(
         event = await asyncio.wait_for(stream.__anext__(), BOUND)
         assert (type(event).__name__, str(event.uri)) == ("ResourceUpdated",
                                                           "chainweaver://runs")
+
+
+async def test_listeners_are_asked_about_by_a_few_tasks_not_one_each() -> None:
+    """Up to 20,000 listeners (sessions and streams) are asked about at every notice:
+    one task each used to be made at once. A few askers take them in turn, so the
+    tasks alive while the authenticator is asked stay bounded, whatever the count."""
+    executor = build_catalogue()
+    alive: list[int] = []
+
+    def everyone(ctx: GateContext) -> CallerIdentity:
+        alive.append(len(asyncio.all_tasks()))
+        return CallerIdentity("sam", {"teams": TEAMS["sam"]}, subject="sam")
+
+    server = FlowServer(executor, expose_schemas=True, security=SecurityConfig(
+        authenticator=everyone, visible=visible_claim("teams"),
+        max_listen_streams_per_caller=200))
+    streams = 80
+    async with Client(server.fastmcp) as client:
+        told = [Heard() for _ in range(streams)]
+        async with contextlib.AsyncExitStack() as stack:
+            for heard in told:
+                await stack.enter_async_context(listening(client.session, heard, []))
+            baseline = len(asyncio.all_tasks())
+            alive.clear()
+            new_version(executor, "product_search", "9.0.0")  # in sam's view
+            with anyio.fail_after(BOUND):
+                while not all(heard.told for heard in told):
+                    await asyncio.sleep(0.02)
+    assert len(alive) >= streams  # every stream's caller was asked about again
+    assert max(alive) - baseline <= 2 * MAX_ASKING + 4

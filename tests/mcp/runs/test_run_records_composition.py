@@ -160,10 +160,30 @@ def namespaced_and_mounted(server: FlowServer) -> Served:
     return Served(parent, "shop_inner_", "chainweaver://shop/inner/runs")
 
 
+def mounted_before_another(server: FlowServer) -> Served:
+    # The other's gate (hooks, no authenticator: it follows the token) sees every
+    # request after this one's: it must never lend this server's runs its caller.
+    parent = FastMCP("gateway")
+    server.mount_into(parent, namespace="shop")
+    other = FlowServer(catalogue("other_"), run_history=RunHistory(),
+                       security=SecurityConfig(audit_hook=lambda e: None))
+    other.mount_into(parent, namespace="desk")
+    return Served(parent, "shop_", "chainweaver://shop/runs")
+
+
+def parent_of_another(server: FlowServer) -> Served:
+    # A FlowServer served with another mounted into it: its own flows' runs pass the
+    # mounted one's gate too.
+    other = FlowServer(catalogue("other_"), run_history=RunHistory(),
+                       security=SecurityConfig(audit_hook=lambda e: None))
+    other.mount_into(server.fastmcp, namespace="desk")
+    return Served(server.fastmcp, "", "chainweaver://runs")
+
+
 COMPOSITIONS: list[Callable[[FlowServer], Served]] = [
     standalone, namespaced, mounted, mounted_with_namespace, mounted_into_a_flow_server,
     mounted_into_a_hookless_flow_server, mounted_under_a_parent_namespace,
-    namespaced_and_mounted]
+    namespaced_and_mounted, mounted_before_another, parent_of_another]
 
 
 def composed(compose: Callable[[FlowServer], Served]) -> tuple[Hooks, Served]:
