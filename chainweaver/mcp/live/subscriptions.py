@@ -131,20 +131,21 @@ class Subscriptions:
                         ) -> mcp_types.EmptyResult:
         # Any URI may be subscribed to (a hidden one simply never fires): the answer
         # says nothing about what exists.
-        session_id = notifiable_session_id()
-        if session_id is not None:
-            for member in self.members:
-                if member.resources:
-                    member.notifier.subscribed(session_id, ctx.session,
-                                               member.route).add(str(params.uri))
+        for uris in self._subscribed(ctx):
+            uris.add(str(params.uri))
         return mcp_types.EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: mcp_types.UnsubscribeRequestParams
                           ) -> mcp_types.EmptyResult:
-        session_id = notifiable_session_id()
-        if session_id is not None:
-            for member in self.members:
-                if member.resources:
-                    member.notifier.subscribed(session_id, ctx.session,
-                                               member.route).discard(str(params.uri))
+        for uris in self._subscribed(ctx):
+            uris.discard(str(params.uri))
         return mcp_types.EmptyResult()
+
+    def _subscribed(self, ctx: Any) -> list[set[str]]:
+        """The URIs this request's session is subscribed to, as each member with
+        resources keeps them (none without a session to notify)."""
+        session_id = notifiable_session_id()
+        if session_id is None:
+            return []
+        return [member.notifier.subscribed(session_id, ctx.session, member.route)
+                for member in self.members if member.resources]
